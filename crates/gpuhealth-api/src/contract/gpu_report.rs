@@ -1,0 +1,157 @@
+//! `gpuhealth.io/gpus`: one entry per GPU, written by the node agent or any
+//! other detector. Versioned, so a reader refuses what it does not understand
+//! instead of guessing.
+
+use std::collections::HashSet;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use serde::{Deserialize, Serialize};
+
+use super::{
+    AnnotationValue, ContractError, GPU_REPORT_ANNOTATION,
+    checks::{bounded_text, dns_label, dns_subdomain, gpu_uuid, invalid, pci_bus_id},
+};
+use crate::types::GpuHealth;
+
+const MAX_GPUS: usize = 64;
+const MAX_XIDS_PER_GPU: usize = 32;
+const MAX_PODS_PER_GPU: usize = 64;
+const MAX_TEXT: usize = 512;
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct GpuReport {
+    /// The report format; this build reads [`GpuReport::VERSION`].
+    pub version: u32,
+    /// When the producer read the GPUs.
+    pub observed_at: Time,
+    /// Who wrote it (`gpuhealth-agent/nvml`, `gpuhealth-agent/fake`, ...).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<String>,
+    pub gpus: Vec<GpuEntry>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct GpuEntry {
+    /// NVML index; for display only, since index order is not stable.
+    pub index: u32,
+    pub uuid: String,
+    pub pci_bus_id: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub product: Option<String>,
+    pub health: GpuHealth,
+    /// Recent Xids, newest last.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub xids: Vec<XidEvent>,
+    /// NVML field 230 / the Xid 154 hex value: 0 none, 1 reset, 2 reboot, ...
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recovery_action: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub remapped_rows: Option<RemappedRows>,
+    /// Pods holding this GPU, from the kubelet PodResources API.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pods: Vec<PodRef>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct XidEvent {
+    pub code: u32,
+    pub at: Time,
+    #[serde(default)]
+    pub text: String,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RemappedRows {
+    pub pending: bool,
+    pub failure: bool,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PodRef {
+    pub namespace: String,
+    pub name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub container: Option<String>,
+}
+
+impl GpuReport {
+    pub const VERSION: u32 = 1;
+
+    /// GPUs that cannot serve as they are.
+    pub fn bad_gpus(&self) -> impl Iterator<Item = &GpuEntry> {
+        self.gpus.iter().filter(|g| !g.health.is_serving())
+    }
+}
+
+impl AnnotationValue for GpuReport {
+    const ANNOTATION: &'static str = GPU_REPORT_ANNOTATION;
+
+    fn check(&self) -> Result<(), ContractError> {
+        let bad = |field: String, reason: String| invalid(Self::ANNOTATION, field, reason);
+        if self.version != Self::VERSION {
+            return Err(ContractError::UnsupportedVersion {
+                annotation: Self::ANNOTATION,
+                found: self.version,
+                supported: Self::VERSION,
+            });
+        }
+        if let Some(source) = &self.source {
+            bounded_text(source, 128).map_err(|r| bad("source".into(), r))?;
+        }
+        if self.gpus.len() > MAX_GPUS {
+            return Err(bad(
+                "gpus".into(),
+                format!("{} entries, at most {MAX_GPUS}", self.gpus.len()),
+            ));
+        }
+        let mut indexes = HashSet::new();
+        let mut uuids = HashSet::new();
+        for (i, gpu) in self.gpus.iter().enumerate() {
+            let at = |f: &str| format!("gpus[{i}].{f}");
+            gpu_uuid(&gpu.uuid).map_err(|r| bad(at("uuid"), r))?;
+            pci_bus_id(&gpu.pci_bus_id).map_err(|r| bad(at("pciBusId"), r))?;
+            if !indexes.insert(gpu.index) {
+                return Err(bad(
+                    at("index"),
+                    format!("index {} appears twice", gpu.index),
+                ));
+            }
+            if !uuids.insert(gpu.uuid.as_str()) {
+                return Err(bad(at("uuid"), "uuid appears twice".into()));
+            }
+            if let Some(product) = &gpu.product {
+                bounded_text(product, 128).map_err(|r| bad(at("product"), r))?;
+            }
+            if gpu.xids.len() > MAX_XIDS_PER_GPU {
+                return Err(bad(
+                    at("xids"),
+                    format!("{} entries, at most {MAX_XIDS_PER_GPU}", gpu.xids.len()),
+                ));
+            }
+            for (j, xid) in gpu.xids.iter().enumerate() {
+                bounded_text(&xid.text, MAX_TEXT)
+                    .map_err(|r| bad(format!("gpus[{i}].xids[{j}].text"), r))?;
+            }
+            if gpu.pods.len() > MAX_PODS_PER_GPU {
+                return Err(bad(
+                    at("pods"),
+                    format!("{} entries, at most {MAX_PODS_PER_GPU}", gpu.pods.len()),
+                ));
+            }
+            for (j, pod) in gpu.pods.iter().enumerate() {
+                let pf = |f: &str| format!("gpus[{i}].pods[{j}].{f}");
+                dns_label(&pod.namespace).map_err(|r| bad(pf("namespace"), r))?;
+                dns_subdomain(&pod.name).map_err(|r| bad(pf("name"), r))?;
+                if let Some(c) = &pod.container {
+                    dns_label(c).map_err(|r| bad(pf("container"), r))?;
+                }
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,152 @@
+//! The operator's requests to the node agent and the agent's answer. Every
+//! request carries an id, so the operator recognises its own request after a
+//! restart and the agent never carries out the same request twice.
+
+use std::{fmt, str::FromStr};
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use serde::{Deserialize, Deserializer, Serialize, Serializer, de};
+
+use super::{
+    AnnotationValue, CORDONED_BY_ANNOTATION, ContractError, REBOOT_REQUEST_ANNOTATION,
+    REQUEST_RESULT_ANNOTATION, RESET_REQUEST_ANNOTATION,
+    checks::{bounded_text, excerpt, gpu_uuid, invalid},
+};
+
+/// A request or incident id: 1 to 63 characters of `[a-z0-9-]`, starting
+/// with a letter or digit.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct RequestId(String);
+
+impl RequestId {
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl FromStr for RequestId {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let ok = !s.is_empty()
+            && s.len() <= 63
+            && s.bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+            && !s.starts_with('-');
+        if ok {
+            Ok(RequestId(s.to_owned()))
+        } else {
+            Err(format!(
+                "{:?} is not an id (1-63 of a-z, 0-9, -)",
+                excerpt(s)
+            ))
+        }
+    }
+}
+
+impl fmt::Display for RequestId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl Serialize for RequestId {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.0)
+    }
+}
+
+impl<'de> Deserialize<'de> for RequestId {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let raw = String::deserialize(d)?;
+        raw.parse().map_err(de::Error::custom)
+    }
+}
+
+/// `gpuhealth.io/reset-request`: reset these GPUs (by UUID, never by index).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ResetRequest {
+    pub id: RequestId,
+    pub gpus: Vec<String>,
+    pub requested_at: Time,
+}
+
+impl AnnotationValue for ResetRequest {
+    const ANNOTATION: &'static str = RESET_REQUEST_ANNOTATION;
+
+    fn check(&self) -> Result<(), ContractError> {
+        if self.gpus.is_empty() || self.gpus.len() > 64 {
+            return Err(invalid(
+                Self::ANNOTATION,
+                "gpus",
+                "must list between 1 and 64 GPU UUIDs",
+            ));
+        }
+        for (i, uuid) in self.gpus.iter().enumerate() {
+            gpu_uuid(uuid).map_err(|r| invalid(Self::ANNOTATION, format!("gpus[{i}]"), r))?;
+        }
+        Ok(())
+    }
+}
+
+/// `gpuhealth.io/reboot-request`: reboot the node. Proven done by the node's
+/// `bootID` changing, not by the agent's word.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RebootRequest {
+    pub id: RequestId,
+    pub requested_at: Time,
+}
+
+impl AnnotationValue for RebootRequest {
+    const ANNOTATION: &'static str = REBOOT_REQUEST_ANNOTATION;
+
+    fn check(&self) -> Result<(), ContractError> {
+        Ok(())
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Outcome {
+    Succeeded,
+    Failed,
+    /// Not attempted: a precondition did not hold (a process still on the GPU).
+    Refused,
+}
+
+/// `gpuhealth.io/request-result`: the agent's answer to request `id`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RequestResult {
+    pub id: RequestId,
+    pub outcome: Outcome,
+    #[serde(default)]
+    pub message: String,
+    pub finished_at: Time,
+}
+
+impl AnnotationValue for RequestResult {
+    const ANNOTATION: &'static str = REQUEST_RESULT_ANNOTATION;
+
+    fn check(&self) -> Result<(), ContractError> {
+        bounded_text(&self.message, 1024).map_err(|r| invalid(Self::ANNOTATION, "message", r))
+    }
+}
+
+/// `gpuhealth.io/cordoned-by`: written in the same patch as
+/// `spec.unschedulable = true`, so ownership of the cordon is never in doubt.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CordonRecord {
+    /// The incident that cordoned the node.
+    pub incident: RequestId,
+    pub at: Time,
+}
+
+impl AnnotationValue for CordonRecord {
+    const ANNOTATION: &'static str = CORDONED_BY_ANNOTATION;
+
+    fn check(&self) -> Result<(), ContractError> {
+        Ok(())
+    }
+}

@@ -1,0 +1,169 @@
+//! `GpuNodeHealth`: one per managed node, named after it and owned by it. It
+//! has no spec to speak of; its status is where the operator records what it
+//! sees, what it intends and what it did (intent before each side effect).
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::types::{GpuHealth, RecoveryAction};
+
+/// How many past incidents a node keeps in `status.history`.
+pub const HISTORY_LIMIT: usize = 20;
+/// How many findings a node keeps in `status.findings`.
+pub const FINDINGS_LIMIT: usize = 50;
+
+/// The health of one managed GPU node. Written by the operator only.
+#[derive(CustomResource, Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[kube(
+    group = "gpuhealth.io",
+    version = "v1alpha1",
+    kind = "GpuNodeHealth",
+    shortname = "gnh",
+    category = "gpuhealth",
+    status = "GpuNodeHealthStatus",
+    doc = "The health of one managed GPU node, named after it: phase, GPUs, the action in flight, findings and history.",
+    printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase"),
+    printcolumn(name = "Policy", type_ = "string", json_path = ".status.policy"),
+    printcolumn(name = "Bad-GPUs", type_ = "integer", json_path = ".status.badGpus"),
+    printcolumn(name = "Action", type_ = "string", json_path = ".status.action.type"),
+    printcolumn(
+        name = "Attempt",
+        type_ = "integer",
+        json_path = ".status.action.attempt"
+    ),
+    printcolumn(name = "Reason", type_ = "string", json_path = ".status.reason"),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
+)]
+pub struct GpuNodeHealthSpec {}
+
+/// Where a node is on its way from first signal back to serving.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+pub enum Phase {
+    #[default]
+    Healthy,
+    /// A signal is present but has not held for its `for` duration yet.
+    Suspect,
+    /// Cordoned: no new pods land here.
+    Quarantined,
+    /// Pods are leaving per the policy's drain rules.
+    Draining,
+    /// A recovery action is in flight.
+    Remediating,
+    /// The action finished; waiting for signals to stay clear (and the
+    /// validation pod, if any) before uncordon.
+    Verifying,
+    /// Escalation exhausted or the drain timed out: stays cordoned for a person.
+    Failed,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct GpuNodeHealthStatus {
+    #[serde(default)]
+    pub phase: Phase,
+    /// The policy managing this node.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policy: Option<String>,
+    /// When the node entered its current phase.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase_since: Option<Time>,
+    /// Why the node is where it is, in CamelCase (`XidGpuResetRequired`,
+    /// `WaitingForBudget`, `CircuitOpen`, `DrainTimeout`, ...).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    /// Count of GPUs not serving; kept for the printer column.
+    #[serde(default)]
+    pub bad_gpus: u32,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64))]
+    pub gpus: Vec<GpuStatus>,
+    /// The recovery action in flight, recorded before it is requested.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub action: Option<ActionStatus>,
+    /// The current incident, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub incident: Option<String>,
+    /// The node's boot id when the current reboot was requested.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub boot_id_before_reboot: Option<String>,
+    /// What gpuhealth noticed that a person should know (a pod on a bad GPU,
+    /// a startup probe shorter than the observed cold start, ...).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 50))]
+    pub findings: Vec<Finding>,
+    /// Past incidents, newest first, at most `HISTORY_LIMIT`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 20))]
+    pub history: Vec<Incident>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
+    pub conditions: Vec<Condition>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct GpuStatus {
+    pub index: u32,
+    pub uuid: String,
+    pub pci_bus_id: String,
+    pub health: GpuHealth,
+    /// Pods holding this GPU, as `namespace/name`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pods: Vec<String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ActionStatus {
+    /// The request id carried by the node annotation, so a restarted operator
+    /// recognises its own request and never repeats it.
+    pub id: String,
+    #[serde(rename = "type")]
+    pub type_: RecoveryAction,
+    /// 1-based attempt of this rung.
+    pub attempt: u32,
+    /// GPU UUIDs the action targets (empty for a reboot).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub gpus: Vec<String>,
+    pub started_at: Time,
+    /// When the attempt times out.
+    pub deadline: Time,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Finding {
+    /// CamelCase kind: `PodOnBadGpu`, `StartupProbeTooShort`, `MalformedGpuReport`, ...
+    #[serde(rename = "type")]
+    pub type_: String,
+    /// The object concerned, e.g. `pod/ml/vllm-0`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub subject: Option<String>,
+    pub message: String,
+    pub observed_at: Time,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Incident {
+    pub id: String,
+    pub started_at: Time,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ended_at: Option<Time>,
+    /// What started it, e.g. `Xid 119 on GPU-...`.
+    pub trigger: String,
+    /// The actions taken, in order, e.g. `GpuReset#1 Failed`, `NodeReboot#1 Succeeded`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub actions: Vec<String>,
+    /// `Recovered`, `Failed`, `Replaced`, or unset while open.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub outcome: Option<String>,
+}

@@ -1,0 +1,518 @@
+//! `GpuHealthPolicy`: which nodes gpuhealth manages, what counts as unhealthy,
+//! how it recovers them and how much it may disrupt at once.
+//!
+//! Every field has a default, so a policy with only a `nodeSelector` is
+//! complete: detect from the GPU report, reset then reboot, drain only the pods
+//! on bad GPUs, one node at a time, stop when a quarter of the nodes are sick.
+//! The API server refuses invalid values (schema plus CEL rules); each rule's
+//! message names its field.
+
+use k8s_openapi::apimachinery::pkg::{
+    apis::meta::v1::{Condition, LabelSelector},
+    util::intstr::IntOrString,
+};
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::{
+    duration::Duration,
+    types::{GpuHealth, RecoveryAction, SignalAction},
+};
+
+/// A policy for keeping the GPU nodes it selects healthy.
+#[derive(CustomResource, Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[kube(
+    group = "gpuhealth.io",
+    version = "v1alpha1",
+    kind = "GpuHealthPolicy",
+    shortname = "ghp",
+    category = "gpuhealth",
+    status = "GpuHealthPolicyStatus",
+    doc = "A policy for keeping the GPU nodes it selects healthy: detection, escalation, drain, budgets and verification.",
+    printcolumn(name = "Mode", type_ = "string", json_path = ".spec.mode"),
+    printcolumn(name = "Nodes", type_ = "integer", json_path = ".status.nodes"),
+    printcolumn(name = "Healthy", type_ = "integer", json_path = ".status.healthy"),
+    printcolumn(
+        name = "Remediating",
+        type_ = "integer",
+        json_path = ".status.remediating"
+    ),
+    printcolumn(name = "Failed", type_ = "integer", json_path = ".status.failed"),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
+)]
+#[serde(rename_all = "camelCase")]
+pub struct GpuHealthPolicySpec {
+    /// The nodes this policy manages. An empty selector selects every node.
+    #[schemars(extend("x-kubernetes-validations" = [
+        {
+            "rule": "!has(self.matchExpressions) || self.matchExpressions.all(e, e.operator in ['In', 'NotIn', 'Exists', 'DoesNotExist'])",
+            "message": "nodeSelector.matchExpressions[].operator must be In, NotIn, Exists or DoesNotExist"
+        },
+        {
+            "rule": "!has(self.matchExpressions) || self.matchExpressions.all(e, (e.operator in ['In', 'NotIn']) == (has(e.values) && size(e.values) > 0))",
+            "message": "nodeSelector.matchExpressions[].values must be non-empty for In and NotIn, and empty for Exists and DoesNotExist"
+        }
+    ]))]
+    pub node_selector: LabelSelector,
+
+    /// `Enforce` acts; `DryRun` records the full plan and changes nothing
+    /// outside gpuhealth's own objects; `Paused` observes only.
+    #[serde(default)]
+    pub mode: Mode,
+
+    /// When selectors of several policies match a node, the highest priority
+    /// wins (then the name, alphabetically); the others report `Conflict`.
+    #[serde(default)]
+    #[schemars(range(min = -1000, max = 1000))]
+    pub priority: i32,
+
+    /// What counts as unhealthy.
+    #[serde(default)]
+    pub detection: Detection,
+
+    /// The escalation ladder, weakest action first. Each rung is tried up to
+    /// `attempts` times before the next; when the last is exhausted the node
+    /// is `Failed`: it stays cordoned for a person.
+    #[serde(default = "default_escalation")]
+    #[schemars(length(min = 1, max = 3))]
+    #[schemars(extend(
+        "x-kubernetes-list-type" = "map",
+        "x-kubernetes-list-map-keys" = ["action"],
+        "x-kubernetes-validations" = [{
+            "rule": "self.map(s, s.action == 'GpuReset' ? 0 : (s.action == 'NodeReboot' ? 1 : 2)).isSorted()",
+            "message": "escalation must go from weaker to stronger actions: GpuReset, then NodeReboot, then ReplaceNode"
+        }]
+    ))]
+    pub escalation: Vec<EscalationStep>,
+
+    /// How pods leave a node before it is acted on.
+    #[serde(default)]
+    pub drain: Drain,
+
+    /// How many nodes this policy may have cordoned for remediation at once:
+    /// a count (at least 1) or a percentage of the selected nodes.
+    #[serde(default = "default_max_concurrent")]
+    #[schemars(schema_with = "max_concurrent_schema")]
+    pub max_concurrent: IntOrString,
+
+    /// The circuit breaker: when more selected nodes than this are unhealthy
+    /// at once, something fleet-wide is wrong (a bad driver, a bad rollout), and
+    /// no new remediation starts. A count or a percentage of the selected nodes.
+    #[serde(default = "default_max_unhealthy")]
+    #[schemars(schema_with = "max_unhealthy_schema")]
+    pub max_unhealthy: IntOrString,
+
+    /// How a node proves it is healthy again before it is uncordoned.
+    #[serde(default)]
+    pub verification: Verification,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum Mode {
+    #[default]
+    Enforce,
+    DryRun,
+    Paused,
+}
+
+/// The signals that make a node unhealthy.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Detection {
+    /// The per-GPU report in the node annotation `gpuhealth.io/gpus`.
+    #[serde(default)]
+    pub gpu_report: GpuReportDetection,
+
+    /// Node conditions written by other detectors (node-problem-detector,
+    /// NVSentinel's `SysLogsXIDError`, EKS's `AcceleratedHardwareReady`, ...).
+    #[serde(default)]
+    #[schemars(length(max = 32))]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
+    pub node_conditions: Vec<ConditionRule>,
+
+    /// Per-Xid actions that replace the built-in table.
+    #[serde(default)]
+    #[schemars(length(max = 256))]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["xid"]))]
+    pub xid_overrides: Vec<XidOverride>,
+}
+
+impl Default for Detection {
+    fn default() -> Self {
+        Detection {
+            gpu_report: GpuReportDetection::default(),
+            node_conditions: Vec::new(),
+            xid_overrides: Vec::new(),
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-validations" = [
+    {
+        "rule": "!self.enabled || size(self.unhealthyStates) > 0",
+        "message": "detection.gpuReport.unhealthyStates must name at least one state while the report is enabled"
+    },
+    {
+        "rule": "!self.unhealthyStates.exists(s, s == 'Healthy')",
+        "message": "detection.gpuReport.unhealthyStates must not contain Healthy"
+    }
+]))]
+pub struct GpuReportDetection {
+    /// Read the `gpuhealth.io/gpus` annotation.
+    #[serde(default = "default_true")]
+    pub enabled: bool,
+
+    /// GPU states that start a remediation. `Degraded` GPUs are only reported.
+    #[serde(default = "default_unhealthy_states")]
+    #[schemars(length(max = 4))]
+    #[schemars(extend("x-kubernetes-list-type" = "set"))]
+    pub unhealthy_states: Vec<GpuHealth>,
+}
+
+impl Default for GpuReportDetection {
+    fn default() -> Self {
+        GpuReportDetection {
+            enabled: true,
+            unhealthy_states: default_unhealthy_states(),
+        }
+    }
+}
+
+/// A node condition that marks the node unhealthy.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ConditionRule {
+    /// The condition type, e.g. `SysLogsXIDError`.
+    #[schemars(length(min = 1, max = 316))]
+    #[schemars(extend("x-kubernetes-validations" = [{
+        "rule": "self.matches('^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\\\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$')",
+        "message": "detection.nodeConditions[].type must be a condition type such as SysLogsXIDError"
+    }]))]
+    #[serde(rename = "type")]
+    pub type_: String,
+
+    /// The status that means unhealthy: `True` for most detectors, `False`
+    /// for conditions named after health (`AcceleratedHardwareReady`).
+    pub status: ConditionStatus,
+
+    /// How long the condition must hold before it counts.
+    #[serde(rename = "for", default = "default_condition_for")]
+    pub for_: Duration,
+
+    /// The ladder rung this condition starts from. A condition names no GPU,
+    /// so `GpuReset` resets every GPU of the node.
+    #[serde(default = "default_condition_action")]
+    pub action: SignalAction,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum ConditionStatus {
+    True,
+    False,
+    Unknown,
+}
+
+/// The action for one Xid code, replacing the built-in default.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct XidOverride {
+    #[schemars(range(min = 1, max = 65535))]
+    pub xid: u32,
+    pub action: SignalAction,
+}
+
+/// One rung of the escalation ladder.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct EscalationStep {
+    pub action: RecoveryAction,
+
+    /// How many times to try this rung before the next.
+    #[serde(default = "default_attempts")]
+    #[schemars(range(min = 1, max = 5))]
+    pub attempts: u32,
+
+    /// How long one attempt may take, from the request to a verified result.
+    /// Defaults: 10m for `GpuReset`, 30m for `NodeReboot`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("x-kubernetes-validations" = [{
+        "rule": "duration(self) > duration('0s') && duration(self) <= duration('24h')",
+        "message": "escalation[].timeout must be more than 0s and at most 24h"
+    }]))]
+    pub timeout: Option<Duration>,
+}
+
+impl EscalationStep {
+    /// The timeout in force for this rung.
+    pub fn effective_timeout(&self) -> Duration {
+        self.timeout.unwrap_or(match self.action {
+            RecoveryAction::GpuReset => Duration::from_mins(10),
+            RecoveryAction::NodeReboot => Duration::from_mins(30),
+            RecoveryAction::ReplaceNode => Duration::ZERO,
+        })
+    }
+}
+
+/// Which pods a drain evicts.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum DrainScope {
+    /// Only pods holding the bad GPUs: enough for a single-GPU reset.
+    #[default]
+    AffectedPods,
+    /// Every pod that requests a GPU.
+    GpuPods,
+    /// Every pod but DaemonSet and mirror pods. A reboot always drains this wide.
+    AllPods,
+}
+
+/// What happens when pods have not left by `drain.timeout`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum DrainTimeoutAction {
+    /// Stop: the node stays cordoned and is marked `Failed` for a person.
+    #[default]
+    Fail,
+    /// Delete the remaining pods (tolerance `never` excepted), bypassing their
+    /// PodDisruptionBudgets. Only where the policy says so.
+    ForceDelete,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-validations" = [{
+    "rule": "!has(self.gracePeriod) || duration(self.gracePeriod) < duration(self.timeout)",
+    "message": "drain.gracePeriod must be shorter than drain.timeout"
+}]))]
+pub struct Drain {
+    #[serde(default)]
+    pub scope: DrainScope,
+
+    /// Termination grace for evicted pods; unset keeps each pod's own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub grace_period: Option<Duration>,
+
+    /// How long pods may take to leave, including `wait` pods finishing.
+    #[serde(default = "default_drain_timeout")]
+    #[schemars(extend("x-kubernetes-validations" = [{
+        "rule": "duration(self) > duration('0s')",
+        "message": "drain.timeout must be more than 0s"
+    }]))]
+    pub timeout: Duration,
+
+    #[serde(default)]
+    pub on_timeout: DrainTimeoutAction,
+
+    /// Namespaces whose pods are never evicted.
+    #[serde(default)]
+    #[schemars(length(max = 64))]
+    #[schemars(extend("x-kubernetes-list-type" = "set"))]
+    pub exclude_namespaces: Vec<String>,
+
+    /// Pods matching this selector are never evicted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exclude_pod_selector: Option<LabelSelector>,
+}
+
+impl Default for Drain {
+    fn default() -> Self {
+        Drain {
+            scope: DrainScope::default(),
+            grace_period: None,
+            timeout: default_drain_timeout(),
+            on_timeout: DrainTimeoutAction::default(),
+            exclude_namespaces: Vec::new(),
+            exclude_pod_selector: None,
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-validations" = [{
+    "rule": "duration(self.stableFor) < duration(self.timeout)",
+    "message": "verification.stableFor must be shorter than verification.timeout"
+}]))]
+pub struct Verification {
+    /// How long every signal must stay clear before the node is uncordoned.
+    #[serde(default = "default_stable_for")]
+    pub stable_for: Duration,
+
+    /// How long to wait for signals to clear after an action before the
+    /// attempt counts as failed.
+    #[serde(default = "default_verification_timeout")]
+    #[schemars(extend("x-kubernetes-validations" = [{
+        "rule": "duration(self) > duration('0s')",
+        "message": "verification.timeout must be more than 0s"
+    }]))]
+    pub timeout: Duration,
+
+    /// A pod run on the node (pinned to it, tolerating the quarantine) that
+    /// must succeed before uncordon, e.g. a short CUDA or NCCL test.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub validation_pod: Option<ValidationPod>,
+}
+
+impl Default for Verification {
+    fn default() -> Self {
+        Verification {
+            stable_for: default_stable_for(),
+            timeout: default_verification_timeout(),
+            validation_pod: None,
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ValidationPod {
+    /// A pod template (`metadata` and `spec`). Checked by the operator when it
+    /// runs it; an invalid template fails verification with a clear reason.
+    #[schemars(schema_with = "pod_template_schema")]
+    pub template: serde_json::Value,
+
+    /// How long the pod may take to succeed.
+    #[serde(default = "default_validation_timeout")]
+    #[schemars(extend("x-kubernetes-validations" = [{
+        "rule": "duration(self) > duration('0s')",
+        "message": "verification.validationPod.timeout must be more than 0s"
+    }]))]
+    pub timeout: Duration,
+}
+
+fn max_concurrent_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "description": "How many nodes this policy may have cordoned for remediation at once: a count (at least 1) or a percentage of the selected nodes.",
+        "default": 1,
+        "nullable": false,
+        "x-kubernetes-int-or-string": true,
+        "x-kubernetes-validations": [{
+            "rule": "type(self) == int ? self >= 1 : self.matches('^([1-9][0-9]?|100)%$')",
+            "message": "maxConcurrent must be a count of at least 1 or a percentage from 1% to 100%"
+        }]
+    })
+}
+
+fn max_unhealthy_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "description": "The circuit breaker: when more selected nodes than this are unhealthy at once, no new remediation starts. A count or a percentage of the selected nodes.",
+        "default": "25%",
+        "nullable": false,
+        "x-kubernetes-int-or-string": true,
+        "x-kubernetes-validations": [{
+            "rule": "type(self) == int ? self >= 0 : self.matches('^([0-9]|[1-9][0-9]|100)%$')",
+            "message": "maxUnhealthy must be a count of at least 0 or a percentage from 0% to 100%"
+        }]
+    })
+}
+
+/// A loose schema for the validation pod template: embedding the full PodSpec
+/// schema would make the CRD hundreds of kilobytes; the API server still
+/// checks the shape we rely on.
+fn pod_template_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "type": "object",
+        "x-kubernetes-preserve-unknown-fields": true,
+        "x-kubernetes-validations": [{
+            "rule": "has(self.spec) && has(self.spec.containers) && size(self.spec.containers) > 0",
+            "message": "verification.validationPod.template must have spec.containers with at least one container"
+        }]
+    })
+}
+
+/// The policy's view of its fleet, written by the operator.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct GpuHealthPolicyStatus {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// Nodes this policy manages.
+    #[serde(default)]
+    pub nodes: u32,
+    #[serde(default)]
+    pub healthy: u32,
+    /// Nodes between `Suspect` and `Verifying`.
+    #[serde(default)]
+    pub remediating: u32,
+    #[serde(default)]
+    pub failed: u32,
+    /// `Ready`, `CircuitOpen`, `Conflict`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
+    pub conditions: Vec<Condition>,
+}
+
+fn default_true() -> bool {
+    true
+}
+fn default_unhealthy_states() -> Vec<GpuHealth> {
+    vec![
+        GpuHealth::ResetRequired,
+        GpuHealth::RebootRequired,
+        GpuHealth::Lost,
+    ]
+}
+fn default_condition_for() -> Duration {
+    Duration::from_secs(30)
+}
+fn default_condition_action() -> SignalAction {
+    SignalAction::NodeReboot
+}
+fn default_attempts() -> u32 {
+    1
+}
+fn default_escalation() -> Vec<EscalationStep> {
+    vec![
+        EscalationStep {
+            action: RecoveryAction::GpuReset,
+            attempts: 1,
+            timeout: None,
+        },
+        EscalationStep {
+            action: RecoveryAction::NodeReboot,
+            attempts: 1,
+            timeout: None,
+        },
+    ]
+}
+fn default_drain_timeout() -> Duration {
+    Duration::from_mins(15)
+}
+fn default_max_concurrent() -> IntOrString {
+    IntOrString::Int(1)
+}
+fn default_max_unhealthy() -> IntOrString {
+    IntOrString::String("25%".into())
+}
+fn default_stable_for() -> Duration {
+    Duration::from_mins(2)
+}
+fn default_verification_timeout() -> Duration {
+    Duration::from_mins(10)
+}
+fn default_validation_timeout() -> Duration {
+    Duration::from_mins(10)
+}
+
+impl GpuHealthPolicySpec {
+    /// A policy with only a node selector, everything else defaulted: what
+    /// the API server stores for `spec: {nodeSelector: ...}`.
+    pub fn for_selector(node_selector: LabelSelector) -> Self {
+        GpuHealthPolicySpec {
+            node_selector,
+            mode: Mode::default(),
+            priority: 0,
+            detection: Detection::default(),
+            escalation: default_escalation(),
+            drain: Drain::default(),
+            max_concurrent: default_max_concurrent(),
+            max_unhealthy: default_max_unhealthy(),
+            verification: Verification::default(),
+        }
+    }
+}
