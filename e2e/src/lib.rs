@@ -1,1 +1,39 @@
+//! The e2e harness: a client for the local test cluster (started on first
+//! use, or taken from `GPUHEALTH_E2E_KUBECONFIG`), unique names per test,
+//! waits on conditions with deadlines, and simulated GPU nodes and pods.
+//!
+//! Everything here talks to a real kube-apiserver; nothing is mocked.
 
+pub mod cluster;
+pub mod crds;
+pub mod names;
+pub mod sim;
+pub mod wait;
+
+pub use cluster::{client, kubectl};
+pub use names::unique;
+
+/// Errors of the harness itself (tests turn them into failures with context).
+#[derive(Debug, thiserror::Error)]
+pub enum HarnessError {
+    #[error("starting the local cluster failed: {0}")]
+    ClusterStart(String),
+    #[error("kubeconfig {path}: {source}")]
+    Kubeconfig {
+        path: String,
+        source: kube::config::KubeconfigError,
+    },
+    #[error("client: {0}")]
+    Client(#[from] kube::Error),
+    #[error("timed out after {secs}s waiting for {what}")]
+    Timeout { what: String, secs: u64 },
+    #[error("watch for {what} failed: {source}")]
+    Watch {
+        what: String,
+        source: kube::runtime::watcher::Error,
+    },
+    #[error("running kubectl {args}: {detail}")]
+    Kubectl { args: String, detail: String },
+}
+
+pub type Result<T, E = HarnessError> = std::result::Result<T, E>;

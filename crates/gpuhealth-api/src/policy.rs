@@ -415,13 +415,22 @@ fn max_unhealthy_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
 /// schema would make the CRD hundreds of kilobytes; the API server still
 /// checks the shape we rely on.
 fn pod_template_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    let open_object =
+        serde_json::json!({"type": "object", "x-kubernetes-preserve-unknown-fields": true});
     schemars::json_schema!({
         "type": "object",
-        "x-kubernetes-preserve-unknown-fields": true,
-        "x-kubernetes-validations": [{
-            "rule": "has(self.spec) && has(self.spec.containers) && size(self.spec.containers) > 0",
-            "message": "verification.validationPod.template must have spec.containers with at least one container"
-        }]
+        "required": ["spec"],
+        "properties": {
+            "metadata": open_object,
+            "spec": {
+                "type": "object",
+                "x-kubernetes-preserve-unknown-fields": true,
+                "required": ["containers"],
+                "properties": {
+                    "containers": {"type": "array", "minItems": 1, "maxItems": 16, "items": open_object}
+                }
+            }
+        }
     })
 }
 

@@ -1,0 +1,211 @@
+#!/usr/bin/env bash
+# A real local Kubernetes control plane on loopback, with KWOK simulating
+# nodes: etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kwok.
+#
+#   cluster.sh up      start (or reuse) the cluster; prints the kubeconfig path
+#   cluster.sh down    stop every process and remove the state directory
+#   cluster.sh status  exit 0 when the cluster answers
+#
+# State (certificates, etcd data, logs, pids) lives in $GPUHEALTH_CLUSTER_DIR,
+# default <repo>/target/e2e-cluster. Ports are picked free at start.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+repo=$(cd "$here/../.." && pwd)
+state=${GPUHEALTH_CLUSTER_DIR:-$repo/target/e2e-cluster}
+log() { echo "[cluster] $*" >&2; }
+
+kubeconfig="$state/admin.kubeconfig"
+components=(etcd kube-apiserver kube-controller-manager kube-scheduler kwok)
+
+alive() {
+  [[ -f "$state/pids/$1" ]] && kill -0 "$(cat "$state/pids/$1")" 2>/dev/null
+}
+
+answers() {
+  [[ -f "$kubeconfig" && -f "$state/bin" ]] || return 1
+  local bin
+  bin=$(cat "$state/bin")
+  for c in "${components[@]}"; do alive "$c" || return 1; done
+  "$bin/kubectl" --kubeconfig "$kubeconfig" get --raw /readyz >/dev/null 2>&1
+}
+
+stop() {
+  [[ -d "$state" ]] || return 0
+  local c pid
+  # Reverse order: clients first, etcd last.
+  for ((i = ${#components[@]} - 1; i >= 0; i--)); do
+    c=${components[i]}
+    [[ -f "$state/pids/$c" ]] || continue
+    pid=$(cat "$state/pids/$c")
+    # Each component runs in its own process group (setsid).
+    kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null || true
+    for _ in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
+    kill -KILL -- "-$pid" 2>/dev/null || kill -KILL "$pid" 2>/dev/null || true
+  done
+  rm -rf "$state"
+}
+
+free_ports() {
+  python3 - "$1" <<'PY'
+import socket, sys
+socks = []
+for _ in range(int(sys.argv[1])):
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    socks.append(s)
+print(" ".join(str(s.getsockname()[1]) for s in socks))
+PY
+}
+
+pki() {
+  local d="$state/pki"
+  mkdir -p "$d"
+  (
+    cd "$d"
+    openssl req -x509 -newkey rsa:2048 -nodes -days 3650 -subj "/CN=gpuhealth-e2e-ca" \
+      -keyout ca.key -out ca.crt 2>/dev/null
+    sign() { # name subject extensions
+      openssl req -newkey rsa:2048 -nodes -subj "$2" -keyout "$1.key" -out "$1.csr" 2>/dev/null
+      printf '%s\n' "$3" >"$1.ext"
+      openssl x509 -req -in "$1.csr" -CA ca.crt -CAkey ca.key -CAcreateserial -days 3650 \
+        -extfile "$1.ext" -out "$1.crt" 2>/dev/null
+    }
+    sign apiserver "/CN=kube-apiserver" \
+      "subjectAltName=IP:127.0.0.1,IP:10.96.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc
+extendedKeyUsage=serverAuth"
+    sign admin "/O=system:masters/CN=admin" "extendedKeyUsage=clientAuth"
+    openssl genrsa -out sa.key 2048 2>/dev/null
+    openssl rsa -in sa.key -pubout -out sa.pub 2>/dev/null
+  )
+}
+
+write_kubeconfig() {
+  cat >"$kubeconfig" <<KC
+apiVersion: v1
+kind: Config
+clusters:
+- name: gpuhealth-e2e
+  cluster:
+    server: https://127.0.0.1:$1
+    certificate-authority: $state/pki/ca.crt
+users:
+- name: admin
+  user:
+    client-certificate: $state/pki/admin.crt
+    client-key: $state/pki/admin.key
+contexts:
+- name: gpuhealth-e2e
+  context:
+    cluster: gpuhealth-e2e
+    user: admin
+current-context: gpuhealth-e2e
+KC
+}
+
+launch() { # name args...
+  local name=$1
+  shift
+  setsid "$@" >"$state/logs/$name.log" 2>&1 </dev/null &
+  echo $! >"$state/pids/$name"
+}
+
+wait_for() { # description seconds command...
+  local what=$1 secs=$2
+  shift 2
+  local deadline=$((SECONDS + secs))
+  until "$@" >/dev/null 2>&1; do
+    if ((SECONDS >= deadline)); then
+      log "timed out after ${secs}s waiting for $what; last log lines:"
+      tail -n 30 "$state"/logs/*.log >&2 || true
+      return 1
+    fi
+    sleep 0.5
+  done
+}
+
+kwok_config() {
+  local stages="$1/stages" out="$state/kwok.yaml"
+  : >"$out"
+  for f in node/fast/node-initialize.yaml node/heartbeat-with-lease/node-heartbeat-with-lease.yaml \
+    pod/general/pod-create.yaml pod/general/pod-init-container-running.yaml \
+    pod/general/pod-init-container-completed.yaml pod/general/pod-ready.yaml \
+    pod/general/pod-complete.yaml pod/general/pod-delete.yaml; do
+    echo "---" >>"$out"
+    cat "$stages/$f" >>"$out"
+  done
+}
+
+start() {
+  if answers; then
+    log "reusing the running cluster in $state"
+    echo "$kubeconfig"
+    return 0
+  fi
+  stop
+  local bin
+  bin=$("$here/build.sh")
+  mkdir -p "$state/logs" "$state/pids" "$state/etcd"
+  echo "$bin" >"$state/bin"
+  pki
+  read -r etcd_client etcd_peer api cm sched kwok_port < <(free_ports 6)
+  write_kubeconfig "$api"
+  local k=(--kubeconfig "$kubeconfig")
+
+  log "starting etcd on 127.0.0.1:$etcd_client"
+  launch etcd "$bin/etcd" --name e2e --data-dir "$state/etcd" \
+    --listen-client-urls "http://127.0.0.1:$etcd_client" --advertise-client-urls "http://127.0.0.1:$etcd_client" \
+    --listen-peer-urls "http://127.0.0.1:$etcd_peer" --initial-advertise-peer-urls "http://127.0.0.1:$etcd_peer" \
+    --initial-cluster "e2e=http://127.0.0.1:$etcd_peer" --unsafe-no-fsync --log-level warn
+  wait_for etcd 60 curl -sf "http://127.0.0.1:$etcd_client/health"
+
+  log "starting kube-apiserver on 127.0.0.1:$api"
+  # The advertise address is a documentation address nothing connects to:
+  # with the endpoint reconciler off, the apiserver never uses it, but it
+  # refuses to start on a host without a default route unless one is given.
+  launch kube-apiserver "$bin/kube-apiserver" \
+    --etcd-servers "http://127.0.0.1:$etcd_client" \
+    --bind-address 127.0.0.1 --secure-port "$api" \
+    --advertise-address 192.0.2.1 --endpoint-reconciler-type none \
+    --service-cluster-ip-range 10.96.0.0/16 \
+    --client-ca-file "$state/pki/ca.crt" \
+    --tls-cert-file "$state/pki/apiserver.crt" --tls-private-key-file "$state/pki/apiserver.key" \
+    --service-account-issuer https://kubernetes.default.svc \
+    --service-account-key-file "$state/pki/sa.pub" \
+    --service-account-signing-key-file "$state/pki/sa.key" \
+    --authorization-mode RBAC --allow-privileged=true --profiling=false
+  wait_for kube-apiserver 120 "$bin/kubectl" "${k[@]}" get --raw /readyz
+
+  log "starting kube-controller-manager, kube-scheduler and kwok"
+  launch kube-controller-manager "$bin/kube-controller-manager" "${k[@]}" \
+    --authentication-kubeconfig "$kubeconfig" --authorization-kubeconfig "$kubeconfig" \
+    --bind-address 127.0.0.1 --secure-port "$cm" --leader-elect=false \
+    --service-account-private-key-file "$state/pki/sa.key" --root-ca-file "$state/pki/ca.crt" \
+    --use-service-account-credentials=false --profiling=false
+  launch kube-scheduler "$bin/kube-scheduler" "${k[@]}" \
+    --authentication-kubeconfig "$kubeconfig" --authorization-kubeconfig "$kubeconfig" \
+    --bind-address 127.0.0.1 --secure-port "$sched" --leader-elect=false --profiling=false
+  kwok_config "$bin"
+  launch kwok "$bin/kwok" "${k[@]}" --config "$state/kwok.yaml" \
+    --manage-all-nodes=false --manage-nodes-with-annotation-selector kwok.x-k8s.io/node=fake \
+    --node-lease-duration-seconds 40 --cidr 10.0.0.0/16 --node-ip 10.0.0.1 \
+    --server-address "127.0.0.1:$kwok_port"
+
+  # The controller manager is working once it has made the default
+  # ServiceAccount, which every pod needs.
+  wait_for "the default ServiceAccount" 120 "$bin/kubectl" "${k[@]}" get serviceaccount default -n default
+  for c in "${components[@]}"; do
+    alive "$c" || { log "$c exited; its log:"; tail -n 40 "$state/logs/$c.log" >&2; return 1; }
+  done
+  log "ready: export KUBECONFIG=$kubeconfig"
+  echo "$kubeconfig"
+}
+
+case "${1:-}" in
+  up) start ;;
+  down) stop ;;
+  status) answers ;;
+  *)
+    echo "usage: $0 up|down|status" >&2
+    exit 2
+    ;;
+esac

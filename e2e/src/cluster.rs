@@ -1,0 +1,104 @@
+//! Finding the test cluster and building a client for it.
+
+use std::{
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+use kube::{
+    Client, Config,
+    config::{KubeConfigOptions, Kubeconfig},
+};
+use tokio::sync::OnceCell;
+
+use crate::{HarnessError, Result};
+
+/// Points the tests at an existing cluster instead of starting one.
+pub const KUBECONFIG_ENV: &str = "GPUHEALTH_E2E_KUBECONFIG";
+
+static KUBECONFIG_PATH: OnceCell<PathBuf> = OnceCell::const_new();
+
+fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// The kubeconfig of the test cluster, starting the local cluster (or
+/// reusing the one already running) the first time it is asked for.
+pub async fn kubeconfig_path() -> Result<PathBuf> {
+    KUBECONFIG_PATH
+        .get_or_try_init(|| async {
+            if let Some(path) = std::env::var_os(KUBECONFIG_ENV) {
+                return Ok(PathBuf::from(path));
+            }
+            let script = repo_root().join("e2e/cluster/cluster.sh");
+            let out = tokio::task::spawn_blocking(move || Command::new(script).arg("up").output())
+                .await
+                .map_err(|e| HarnessError::ClusterStart(e.to_string()))?
+                .map_err(|e| HarnessError::ClusterStart(e.to_string()))?;
+            if !out.status.success() {
+                return Err(HarnessError::ClusterStart(
+                    String::from_utf8_lossy(&out.stderr).into_owned(),
+                ));
+            }
+            let path = String::from_utf8_lossy(&out.stdout)
+                .lines()
+                .last()
+                .unwrap_or_default()
+                .trim()
+                .to_owned();
+            Ok(PathBuf::from(path))
+        })
+        .await
+        .cloned()
+}
+
+/// A client for the test cluster.
+pub async fn client() -> Result<Client> {
+    let path = kubeconfig_path().await?;
+    let kubeconfig = Kubeconfig::read_from(&path).map_err(|source| HarnessError::Kubeconfig {
+        path: path.display().to_string(),
+        source,
+    })?;
+    let mut config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+        .await
+        .map_err(|source| HarnessError::Kubeconfig {
+            path: path.display().to_string(),
+            source,
+        })?;
+    // Tests see the API server's answers as they are. kube's default retry
+    // layer re-sends a 429 up to 15 times honouring Retry-After, which turns
+    // an eviction refused by a PodDisruptionBudget into minutes of silence.
+    config.default_retry = false;
+    Ok(Client::try_from(config)?)
+}
+
+/// The kubectl that matches the cluster: the one built with it, else `kubectl`
+/// from `PATH`.
+fn kubectl_binary(kubeconfig: &Path) -> PathBuf {
+    let built = kubeconfig
+        .parent()
+        .map(|state| state.join("bin"))
+        .and_then(|f| std::fs::read_to_string(f).ok());
+    match built {
+        Some(dir) => PathBuf::from(dir.trim()).join("kubectl"),
+        None => PathBuf::from("kubectl"),
+    }
+}
+
+/// Runs kubectl against the test cluster and returns its standard output.
+pub async fn kubectl(args: &[&str]) -> Result<String> {
+    let kubeconfig = kubeconfig_path().await?;
+    let mut cmd = tokio::process::Command::new(kubectl_binary(&kubeconfig));
+    cmd.arg("--kubeconfig").arg(&kubeconfig).args(args);
+    let out = cmd.output().await.map_err(|e| HarnessError::Kubectl {
+        args: args.join(" "),
+        detail: e.to_string(),
+    })?;
+    if !out.status.success() {
+        return Err(HarnessError::Kubectl {
+            args: args.join(" "),
+            detail: String::from_utf8_lossy(&out.stderr).into_owned(),
+        });
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}

@@ -1,0 +1,152 @@
+//! Simulated GPU nodes and GPU pods. KWOK manages every node that carries
+//! `kwok.x-k8s.io/node=fake`: it reports the node Ready, keeps its lease and
+//! runs the pods bound to it.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::{
+    api::{
+        apps::v1::{Deployment, DeploymentSpec},
+        core::v1::{
+            Container, Node, NodeSpec, NodeStatus, NodeSystemInfo, PodSpec, PodTemplateSpec,
+            ResourceRequirements, Toleration,
+        },
+    },
+    apimachinery::pkg::{
+        api::resource::Quantity,
+        apis::meta::v1::{LabelSelector, ObjectMeta},
+    },
+};
+
+/// The extended resource the NVIDIA device plugin advertises.
+pub const GPU_RESOURCE: &str = "nvidia.com/gpu";
+/// KWOK manages nodes with this annotation.
+pub const KWOK_ANNOTATION: (&str, &str) = ("kwok.x-k8s.io/node", "fake");
+/// Label every simulated GPU node carries, with the group it was made in.
+pub const SIM_GROUP_LABEL: &str = "gpuhealth.io/sim-group";
+/// The GPU product label set by NVIDIA's GPU feature discovery.
+pub const PRODUCT_LABEL: &str = "nvidia.com/gpu.product";
+
+/// A simulated GPU node as a cloud provider would register it.
+#[derive(Clone, Debug)]
+pub struct GpuNodeSpec {
+    pub gpus: u32,
+    pub product: String,
+    pub labels: BTreeMap<String, String>,
+}
+
+impl Default for GpuNodeSpec {
+    fn default() -> Self {
+        // The incident's node: eight RTX 5090 D cards.
+        GpuNodeSpec {
+            gpus: 8,
+            product: "NVIDIA-GeForce-RTX-5090-D".into(),
+            labels: BTreeMap::new(),
+        }
+    }
+}
+
+/// A KWOK-managed node named `name` in simulation group `group`.
+pub fn gpu_node(name: &str, group: &str, spec: &GpuNodeSpec) -> Node {
+    let mut labels = spec.labels.clone();
+    labels.extend([
+        (SIM_GROUP_LABEL.to_owned(), group.to_owned()),
+        ("kubernetes.io/hostname".to_owned(), name.to_owned()),
+        ("kubernetes.io/os".to_owned(), "linux".to_owned()),
+        ("kubernetes.io/arch".to_owned(), "amd64".to_owned()),
+        (
+            "node.kubernetes.io/instance-type".to_owned(),
+            "gpu-8x".to_owned(),
+        ),
+        (PRODUCT_LABEL.to_owned(), spec.product.clone()),
+        ("nvidia.com/gpu.count".to_owned(), spec.gpus.to_string()),
+        ("nvidia.com/gpu.present".to_owned(), "true".to_owned()),
+    ]);
+    let resources = BTreeMap::from([
+        ("cpu".to_owned(), Quantity("96".into())),
+        ("memory".to_owned(), Quantity("1024Gi".into())),
+        ("pods".to_owned(), Quantity("110".into())),
+        (GPU_RESOURCE.to_owned(), Quantity(spec.gpus.to_string())),
+    ]);
+    Node {
+        metadata: ObjectMeta {
+            name: Some(name.to_owned()),
+            labels: Some(labels),
+            annotations: Some(BTreeMap::from([(
+                KWOK_ANNOTATION.0.to_owned(),
+                KWOK_ANNOTATION.1.to_owned(),
+            )])),
+            ..Default::default()
+        },
+        spec: Some(NodeSpec::default()),
+        status: Some(NodeStatus {
+            allocatable: Some(resources.clone()),
+            capacity: Some(resources),
+            node_info: Some(NodeSystemInfo {
+                boot_id: format!("boot-{name}-1"),
+                architecture: "amd64".into(),
+                operating_system: "linux".into(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+    }
+}
+
+/// A Deployment of pods that each hold `gpus_per_pod` GPUs, pinned to the
+/// nodes of simulation group `group`.
+pub fn gpu_deployment(
+    namespace: &str,
+    name: &str,
+    group: &str,
+    replicas: i32,
+    gpus_per_pod: u32,
+) -> Deployment {
+    let labels = BTreeMap::from([("app".to_owned(), name.to_owned())]);
+    let gpus = BTreeMap::from([(GPU_RESOURCE.to_owned(), Quantity(gpus_per_pod.to_string()))]);
+    Deployment {
+        metadata: ObjectMeta {
+            name: Some(name.to_owned()),
+            namespace: Some(namespace.to_owned()),
+            ..Default::default()
+        },
+        spec: Some(DeploymentSpec {
+            replicas: Some(replicas),
+            selector: LabelSelector {
+                match_labels: Some(labels.clone()),
+                ..Default::default()
+            },
+            template: PodTemplateSpec {
+                metadata: Some(ObjectMeta {
+                    labels: Some(labels),
+                    ..Default::default()
+                }),
+                spec: Some(PodSpec {
+                    node_selector: Some(BTreeMap::from([(
+                        SIM_GROUP_LABEL.to_owned(),
+                        group.to_owned(),
+                    )])),
+                    tolerations: Some(vec![Toleration {
+                        key: Some(GPU_RESOURCE.to_owned()),
+                        operator: Some("Exists".into()),
+                        effect: Some("NoSchedule".into()),
+                        ..Default::default()
+                    }]),
+                    containers: vec![Container {
+                        name: "server".into(),
+                        image: Some("vllm/vllm-openai:latest".into()),
+                        resources: Some(ResourceRequirements {
+                            limits: Some(gpus.clone()),
+                            requests: Some(gpus),
+                            ..Default::default()
+                        }),
+                        ..Default::default()
+                    }],
+                    ..Default::default()
+                }),
+            },
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}

@@ -1,0 +1,455 @@
+//! The API against a real kube-apiserver: the CRDs install and become
+//! Established, a minimal policy is stored with every default filled in, and
+//! invalid policies are refused with a message that names the field.
+
+use gpuhealth_api::{
+    GpuHealthPolicy, GpuHealthPolicySpec, GpuNodeHealth,
+    node_health::{ActionStatus, GpuNodeHealthStatus, Phase},
+    policy::GpuHealthPolicyStatus,
+    types::RecoveryAction,
+};
+use gpuhealth_e2e::{client, crds, kubectl, unique};
+use k8s_openapi::{
+    apimachinery::pkg::apis::meta::v1::{LabelSelector, Time},
+    jiff::Timestamp,
+};
+use kube::{
+    Api, Client,
+    api::{ApiResource, DynamicObject, Patch, PatchParams, PostParams},
+    core::GroupVersionKind,
+};
+use serde_json::{Value, json};
+
+async fn setup() -> Client {
+    let client = client().await.expect("test cluster");
+    crds::install(&client)
+        .await
+        .expect("CRDs install and become Established");
+    client
+}
+
+fn policies(client: &Client) -> Api<DynamicObject> {
+    let gvk = GroupVersionKind::gvk(
+        gpuhealth_api::GROUP,
+        gpuhealth_api::VERSION,
+        "GpuHealthPolicy",
+    );
+    Api::all_with(
+        client.clone(),
+        &ApiResource::from_gvk_with_plural(&gvk, "gpuhealthpolicies"),
+    )
+}
+
+fn policy(name: &str, spec: Value) -> DynamicObject {
+    serde_json::from_value(json!({
+        "apiVersion": "gpuhealth.io/v1alpha1",
+        "kind": "GpuHealthPolicy",
+        "metadata": {"name": name},
+        "spec": spec,
+    }))
+    .expect("well-formed object")
+}
+
+#[tokio::test]
+async fn minimal_policy_is_stored_with_its_defaults() {
+    let client = setup().await;
+    let name = unique("minimal");
+    let selector = json!({"matchLabels": {"nvidia.com/gpu.present": "true"}});
+    policies(&client)
+        .create(
+            &PostParams::default(),
+            &policy(&name, json!({"nodeSelector": selector})),
+        )
+        .await
+        .expect("a policy with only a nodeSelector is accepted");
+
+    // Compare the raw stored JSON, not a typed read: serde defaults on our
+    // side would hide a default the API server failed to apply.
+    let stored = policies(&client).get(&name).await.expect("read back");
+    let selector: LabelSelector = serde_json::from_value(selector).expect("selector");
+    let expected =
+        serde_json::to_value(GpuHealthPolicySpec::for_selector(selector)).expect("serialise");
+    assert_eq!(
+        stored.data["spec"], expected,
+        "the API server fills in every default"
+    );
+    assert_eq!(stored.data["spec"]["mode"], "Enforce");
+    assert_eq!(stored.data["spec"]["maxConcurrent"], 1);
+    assert_eq!(stored.data["spec"]["maxUnhealthy"], "25%");
+    assert_eq!(stored.data["spec"]["escalation"][0]["action"], "GpuReset");
+    assert_eq!(stored.data["spec"]["escalation"][1]["action"], "NodeReboot");
+    assert_eq!(stored.data["spec"]["drain"]["scope"], "AffectedPods");
+
+    // And the typed client reads it.
+    let typed: GpuHealthPolicy = Api::all(client.clone())
+        .get(&name)
+        .await
+        .expect("typed read");
+    assert_eq!(typed.spec.escalation.len(), 2);
+}
+
+/// Each case: a description, a spec that is invalid in exactly one way, and
+/// the field the refusal must name.
+fn invalid_policies() -> Vec<(&'static str, Value, &'static str)> {
+    let sel = json!({"matchLabels": {"gpu": "true"}});
+    let with = |extra: Value| {
+        let mut spec = json!({"nodeSelector": sel});
+        if let (Some(s), Some(e)) = (spec.as_object_mut(), extra.as_object()) {
+            s.extend(e.clone());
+        }
+        spec
+    };
+    vec![
+        (
+            "no nodeSelector",
+            json!({"mode": "Enforce"}),
+            "spec.nodeSelector",
+        ),
+        ("unknown mode", with(json!({"mode": "Yolo"})), "spec.mode"),
+        (
+            "priority out of range",
+            with(json!({"priority": 5000})),
+            "spec.priority",
+        ),
+        (
+            "empty escalation",
+            with(json!({"escalation": []})),
+            "spec.escalation",
+        ),
+        (
+            "repeated rung",
+            with(json!({"escalation": [{"action": "GpuReset"}, {"action": "GpuReset"}]})),
+            "spec.escalation[1]",
+        ),
+        (
+            "rungs out of order",
+            with(json!({"escalation": [{"action": "NodeReboot"}, {"action": "GpuReset"}]})),
+            "spec.escalation",
+        ),
+        (
+            "unknown action",
+            with(json!({"escalation": [{"action": "Explode"}]})),
+            "spec.escalation[0].action",
+        ),
+        (
+            "zero attempts",
+            with(json!({"escalation": [{"action": "GpuReset", "attempts": 0}]})),
+            "spec.escalation[0].attempts",
+        ),
+        (
+            "zero rung timeout",
+            with(json!({"escalation": [{"action": "GpuReset", "timeout": "0s"}]})),
+            "spec.escalation[0].timeout",
+        ),
+        (
+            "malformed duration",
+            with(json!({"drain": {"timeout": "ten minutes"}})),
+            "spec.drain.timeout",
+        ),
+        (
+            "hostile duration",
+            with(json!({"drain": {"timeout": "1e400h"}})),
+            "spec.drain.timeout",
+        ),
+        (
+            "zero drain timeout",
+            with(json!({"drain": {"timeout": "0s"}})),
+            "spec.drain.timeout",
+        ),
+        (
+            "grace longer than drain timeout",
+            with(json!({"drain": {"timeout": "5m", "gracePeriod": "10m"}})),
+            "drain.gracePeriod",
+        ),
+        (
+            "unknown drain scope",
+            with(json!({"drain": {"scope": "SomePods"}})),
+            "spec.drain.scope",
+        ),
+        (
+            "unknown onTimeout",
+            with(json!({"drain": {"onTimeout": "Shrug"}})),
+            "spec.drain.onTimeout",
+        ),
+        (
+            "maxConcurrent zero",
+            with(json!({"maxConcurrent": 0})),
+            "spec.maxConcurrent",
+        ),
+        (
+            "maxConcurrent over 100%",
+            with(json!({"maxConcurrent": "150%"})),
+            "spec.maxConcurrent",
+        ),
+        (
+            "maxUnhealthy negative",
+            with(json!({"maxUnhealthy": -1})),
+            "spec.maxUnhealthy",
+        ),
+        (
+            "maxUnhealthy not a percentage",
+            with(json!({"maxUnhealthy": "half"})),
+            "spec.maxUnhealthy",
+        ),
+        (
+            "stableFor longer than verification timeout",
+            with(json!({"verification": {"stableFor": "20m", "timeout": "10m"}})),
+            "verification.stableFor",
+        ),
+        (
+            "validation pod without containers",
+            with(json!({"verification": {"validationPod": {"template": {"spec": {}}}}})),
+            "verification.validationPod.template",
+        ),
+        (
+            "Healthy as an unhealthy state",
+            with(json!({"detection": {"gpuReport": {"unhealthyStates": ["Healthy"]}}})),
+            "detection.gpuReport.unhealthyStates",
+        ),
+        (
+            "no unhealthy states",
+            with(json!({"detection": {"gpuReport": {"unhealthyStates": []}}})),
+            "detection.gpuReport.unhealthyStates",
+        ),
+        (
+            "malformed condition type",
+            with(
+                json!({"detection": {"nodeConditions": [{"type": "bad type!", "status": "True"}]}}),
+            ),
+            "detection.nodeConditions[0].type",
+        ),
+        (
+            "repeated condition type",
+            with(json!({"detection": {"nodeConditions": [
+                {"type": "SysLogsXIDError", "status": "True"},
+                {"type": "SysLogsXIDError", "status": "False"}]}})),
+            "spec.detection.nodeConditions[1]",
+        ),
+        (
+            "condition status not a status",
+            with(
+                json!({"detection": {"nodeConditions": [{"type": "GpuHealthy", "status": "Maybe"}]}}),
+            ),
+            "spec.detection.nodeConditions[0].status",
+        ),
+        (
+            "xid zero",
+            with(json!({"detection": {"xidOverrides": [{"xid": 0, "action": "GpuReset"}]}})),
+            "spec.detection.xidOverrides[0].xid",
+        ),
+        (
+            "repeated xid override",
+            with(json!({"detection": {"xidOverrides": [
+                {"xid": 13, "action": "Ignore"}, {"xid": 13, "action": "GpuReset"}]}})),
+            "spec.detection.xidOverrides[1]",
+        ),
+        (
+            "unknown selector operator",
+            json!({"nodeSelector": {"matchExpressions": [{"key": "gpu", "operator": "Contains", "values": ["a"]}]}}),
+            "nodeSelector.matchExpressions[].operator",
+        ),
+        (
+            "In without values",
+            json!({"nodeSelector": {"matchExpressions": [{"key": "gpu", "operator": "In"}]}}),
+            "nodeSelector.matchExpressions[].values",
+        ),
+    ]
+}
+
+#[tokio::test]
+async fn invalid_policies_are_refused_naming_the_field() {
+    let client = setup().await;
+    let api = policies(&client);
+    let cases = invalid_policies();
+    assert!(cases.len() >= 15);
+    let mut failures = Vec::new();
+    for (what, spec, field) in cases {
+        let name = unique("invalid");
+        match api
+            .create(&PostParams::default(), &policy(&name, spec))
+            .await
+        {
+            Ok(_) => failures.push(format!("{what}: accepted")),
+            Err(kube::Error::Api(status)) => {
+                if status.code != 422 {
+                    failures.push(format!(
+                        "{what}: refused with {} instead of 422: {}",
+                        status.code, status.message
+                    ));
+                } else if !status.message.contains(field) {
+                    failures.push(format!(
+                        "{what}: message does not name {field}: {}",
+                        status.message
+                    ));
+                }
+            }
+            Err(other) => failures.push(format!("{what}: unexpected error {other}")),
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+fn now() -> Time {
+    Time(Timestamp::now())
+}
+
+#[tokio::test]
+async fn kubectl_lists_both_kinds_with_their_columns() {
+    let client = setup().await;
+    let policy_name = unique("columns");
+    let node_name = unique("gpu-node");
+    let apply = PatchParams::apply("gpuhealth-e2e").force();
+
+    let policy_api: Api<GpuHealthPolicy> = Api::all(client.clone());
+    let selector = LabelSelector {
+        match_labels: Some([("gpu".into(), "true".into())].into()),
+        ..Default::default()
+    };
+    let mut p = GpuHealthPolicy::new(&policy_name, GpuHealthPolicySpec::for_selector(selector));
+    policy_api
+        .create(&PostParams::default(), &p)
+        .await
+        .expect("policy created");
+    p.status = Some(GpuHealthPolicyStatus {
+        nodes: 10,
+        healthy: 8,
+        remediating: 1,
+        failed: 1,
+        ..Default::default()
+    });
+    policy_api
+        .patch_status(
+            &policy_name,
+            &apply,
+            &Patch::Apply(json!({
+            "apiVersion": "gpuhealth.io/v1alpha1", "kind": "GpuHealthPolicy", "status": p.status})),
+        )
+        .await
+        .expect("policy status written");
+
+    let gnh_api: Api<GpuNodeHealth> = Api::all(client.clone());
+    gnh_api
+        .create(
+            &PostParams::default(),
+            &GpuNodeHealth::new(&node_name, Default::default()),
+        )
+        .await
+        .expect("node health created");
+    let status = GpuNodeHealthStatus {
+        phase: Phase::Remediating,
+        policy: Some(policy_name.clone()),
+        reason: Some("XidGpuResetRequired".into()),
+        bad_gpus: 1,
+        action: Some(ActionStatus {
+            id: "r-1".into(),
+            type_: RecoveryAction::GpuReset,
+            attempt: 1,
+            gpus: vec!["GPU-5f2b1c3e-8a4d-4e6f-9b0a-1c2d3e4f5a6b".into()],
+            started_at: now(),
+            deadline: now(),
+        }),
+        ..Default::default()
+    };
+    gnh_api
+        .patch_status(
+            &node_name,
+            &apply,
+            &Patch::Apply(json!({
+            "apiVersion": "gpuhealth.io/v1alpha1", "kind": "GpuNodeHealth", "status": status})),
+        )
+        .await
+        .expect("node health status written");
+
+    let both = kubectl(&["get", "gpuhealth"])
+        .await
+        .expect("kubectl get gpuhealth");
+    assert!(
+        both.contains(&format!("gpuhealthpolicy.gpuhealth.io/{policy_name}")),
+        "{both}"
+    );
+    assert!(
+        both.contains(&format!("gpunodehealth.gpuhealth.io/{node_name}")),
+        "{both}"
+    );
+
+    let ghp = kubectl(&["get", "ghp", &policy_name])
+        .await
+        .expect("kubectl get ghp");
+    let words = |out: &str, line: usize| -> Vec<String> {
+        out.lines()
+            .nth(line)
+            .unwrap_or_default()
+            .split_whitespace()
+            .map(str::to_owned)
+            .collect()
+    };
+    assert_eq!(
+        words(&ghp, 0),
+        [
+            "NAME",
+            "MODE",
+            "NODES",
+            "HEALTHY",
+            "REMEDIATING",
+            "FAILED",
+            "AGE"
+        ],
+        "{ghp}"
+    );
+    assert_eq!(
+        words(&ghp, 1)[..6],
+        [policy_name.as_str(), "Enforce", "10", "8", "1", "1"],
+        "{ghp}"
+    );
+
+    let gnh = kubectl(&["get", "gnh", &node_name])
+        .await
+        .expect("kubectl get gnh");
+    assert_eq!(
+        words(&gnh, 0),
+        [
+            "NAME", "PHASE", "POLICY", "BAD-GPUS", "ACTION", "ATTEMPT", "REASON", "AGE"
+        ],
+        "{gnh}"
+    );
+    assert_eq!(
+        words(&gnh, 1)[..7],
+        [
+            node_name.as_str(),
+            "Remediating",
+            policy_name.as_str(),
+            "1",
+            "GpuReset",
+            "1",
+            "XidGpuResetRequired"
+        ],
+        "{gnh}"
+    );
+}
+
+#[tokio::test]
+async fn crds_are_established_with_names_and_categories() {
+    setup().await;
+    let out = kubectl(&["api-resources", "--api-group=gpuhealth.io", "-o", "wide"])
+        .await
+        .expect("api-resources");
+    for expected in [
+        "gpuhealthpolicies",
+        "ghp",
+        "gpunodehealths",
+        "gnh",
+        "gpuhealth",
+    ] {
+        assert!(
+            out.contains(expected),
+            "api-resources lacks {expected}:\n{out}"
+        );
+    }
+    // Cluster-scoped: the NAMESPACED column says false for both.
+    for line in out.lines().filter(|l| l.contains("gpuhealth.io")) {
+        assert!(
+            line.split_whitespace().any(|w| w == "false"),
+            "not cluster-scoped: {line}"
+        );
+    }
+}
