@@ -453,3 +453,16 @@ async fn crds_are_established_with_names_and_categories() {
         );
     }
 }
+
+#[tokio::test]
+async fn the_shipped_kustomizations_apply() {
+    setup().await;
+    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
+    for dir in ["config/default", "config/samples"] {
+        let path = format!("{root}/{dir}");
+        let out = kubectl(&["apply", "--dry-run=server", "--server-side", "--force-conflicts", "-k", &path])
+            .await
+            .unwrap_or_else(|e| panic!("kubectl apply -k {dir}: {e}"));
+        assert!(out.contains("serverside-applied") || out.contains("configured"), "{dir}: {out}");
+    }
+}

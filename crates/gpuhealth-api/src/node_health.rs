@@ -15,6 +15,9 @@ pub const HISTORY_LIMIT: usize = 20;
 pub const FINDINGS_LIMIT: usize = 50;
 
 /// The health of one managed GPU node. Written by the operator only.
+// Each printcolumn(...) repeats the same keys, which clippy mistakes for
+// duplicated attributes.
+#[allow(clippy::duplicated_attributes)]
 #[derive(CustomResource, Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[kube(
     group = "gpuhealth.io",

@@ -21,6 +21,9 @@ use crate::{
 };
 
 /// A policy for keeping the GPU nodes it selects healthy.
+// Each printcolumn(...) repeats the same keys, which clippy mistakes for
+// duplicated attributes.
+#[allow(clippy::duplicated_attributes)]
 #[derive(CustomResource, Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[kube(
     group = "gpuhealth.io",
@@ -121,7 +124,7 @@ pub enum Mode {
 }
 
 /// The signals that make a node unhealthy.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Detection {
     /// The per-GPU report in the node annotation `gpuhealth.io/gpus`.
@@ -142,15 +145,6 @@ pub struct Detection {
     pub xid_overrides: Vec<XidOverride>,
 }
 
-impl Default for Detection {
-    fn default() -> Self {
-        Detection {
-            gpu_report: GpuReportDetection::default(),
-            node_conditions: Vec::new(),
-            xid_overrides: Vec::new(),
-        }
-    }
-}
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
