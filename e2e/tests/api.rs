@@ -460,9 +460,19 @@ async fn the_shipped_kustomizations_apply() {
     let root = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
     for dir in ["config/default", "config/samples"] {
         let path = format!("{root}/{dir}");
-        let out = kubectl(&["apply", "--dry-run=server", "--server-side", "--force-conflicts", "-k", &path])
-            .await
-            .unwrap_or_else(|e| panic!("kubectl apply -k {dir}: {e}"));
-        assert!(out.contains("serverside-applied") || out.contains("configured"), "{dir}: {out}");
+        let out = kubectl(&[
+            "apply",
+            "--dry-run=server",
+            "--server-side",
+            "--force-conflicts",
+            "-k",
+            &path,
+        ])
+        .await
+        .unwrap_or_else(|e| panic!("kubectl apply -k {dir}: {e}"));
+        assert!(
+            out.contains("serverside-applied") || out.contains("configured"),
+            "{dir}: {out}"
+        );
     }
 }

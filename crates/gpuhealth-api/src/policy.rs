@@ -145,7 +145,6 @@ pub struct Detection {
     pub xid_overrides: Vec<XidOverride>,
 }
 
-
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 #[schemars(extend("x-kubernetes-validations" = [
