@@ -136,6 +136,10 @@ kwok_config() {
 }
 
 start() {
+  # One `up` at a time: concurrent test processes share the cluster.
+  mkdir -p "$(dirname "$state")"
+  exec 9>"$state.lock"
+  flock 9
   if answers; then
     log "reusing the running cluster in $state"
     echo "$kubeconfig"
