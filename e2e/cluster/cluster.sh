@@ -105,7 +105,8 @@ KC
 launch() { # name args...
   local name=$1
   shift
-  setsid "$@" >"$state/logs/$name.log" 2>&1 </dev/null &
+  # fd 9 is the `up` lock: the components must not hold it.
+  setsid "$@" >"$state/logs/$name.log" 2>&1 </dev/null 9>&- &
   echo $! >"$state/pids/$name"
 }
 
