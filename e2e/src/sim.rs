@@ -8,8 +8,8 @@ use k8s_openapi::{
     api::{
         apps::v1::{Deployment, DeploymentSpec},
         core::v1::{
-            Container, Node, NodeSpec, NodeStatus, NodeSystemInfo, PodSpec, PodTemplateSpec,
-            ResourceRequirements, Toleration,
+            Container, Node, NodeCondition, NodeSpec, NodeStatus, NodeSystemInfo, Pod,
+            PodCondition, PodSpec, PodTemplateSpec, ResourceRequirements, Toleration,
         },
     },
     apimachinery::pkg::{
@@ -149,4 +149,28 @@ pub fn gpu_deployment(
         }),
         ..Default::default()
     }
+}
+
+/// Whether a node reports `Ready=True`.
+pub fn node_is_ready(node: &Node) -> bool {
+    let conditions: &[NodeCondition] = node
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_deref())
+        .unwrap_or_default();
+    conditions
+        .iter()
+        .any(|c| c.type_ == "Ready" && c.status == "True")
+}
+
+/// Whether a pod reports `Ready=True`.
+pub fn pod_is_ready(pod: &Pod) -> bool {
+    let conditions: &[PodCondition] = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_deref())
+        .unwrap_or_default();
+    conditions
+        .iter()
+        .any(|c| c.type_ == "Ready" && c.status == "True")
 }

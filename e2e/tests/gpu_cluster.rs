@@ -7,7 +7,10 @@ use std::{collections::BTreeSet, time::Duration};
 
 use gpuhealth_e2e::{
     client,
-    sim::{GPU_RESOURCE, GpuNodeSpec, SIM_GROUP_LABEL, gpu_deployment, gpu_node},
+    sim::{
+        GPU_RESOURCE, GpuNodeSpec, SIM_GROUP_LABEL, gpu_deployment, gpu_node, node_is_ready,
+        pod_is_ready,
+    },
     unique,
     wait::{until, until_set},
 };
@@ -31,16 +34,13 @@ use kube::{
 const NODES: usize = 10;
 const WAIT: Duration = Duration::from_secs(180);
 
-fn node_ready(node: &Node) -> bool {
-    let status = node.status.as_ref();
-    let ready = status
-        .and_then(|s| s.conditions.as_ref())
-        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
-    let gpus = status
+fn ready_with_eight_gpus(node: &Node) -> bool {
+    let gpus = node
+        .status
+        .as_ref()
         .and_then(|s| s.allocatable.as_ref())
-        .and_then(|a| a.get(GPU_RESOURCE))
-        .is_some_and(|q| q.0 == "8");
-    ready && gpus
+        .and_then(|a| a.get(GPU_RESOURCE));
+    node_is_ready(node) && gpus.is_some_and(|q| q.0 == "8")
 }
 
 async fn gpu_nodes(client: &Client, group: &str) -> Vec<String> {
@@ -57,7 +57,7 @@ async fn gpu_nodes(client: &Client, group: &str) -> Vec<String> {
     }
     let config = watcher::Config::default().labels(&format!("{SIM_GROUP_LABEL}={group}"));
     until_set(nodes, config, "ten Ready GPU nodes", WAIT, |set| {
-        set.len() == NODES && set.values().all(node_ready)
+        set.len() == NODES && set.values().all(ready_with_eight_gpus)
     })
     .await
     .expect("ten simulated GPU nodes become Ready with nvidia.com/gpu: 8");
@@ -190,14 +190,7 @@ async fn gpu_pods_schedule_onto_simulated_nodes_and_pdbs_hold() {
         .expect("eviction within the budget succeeds");
     let config = watcher::Config::default().labels("app=vllm");
     until_set(pods, config, "replacement pod Ready", WAIT, |set| {
-        !set.contains_key(&victim)
-            && set.len() == NODES
-            && set.values().all(|p| {
-                p.status
-                    .as_ref()
-                    .and_then(|s| s.conditions.as_ref())
-                    .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
-            })
+        !set.contains_key(&victim) && set.len() == NODES && set.values().all(pod_is_ready)
     })
     .await
     .expect("the evicted pod is replaced and Ready");

@@ -7,7 +7,7 @@ use std::{process::ExitCode, time::Duration};
 use clap::{Parser, Subcommand};
 use gpuhealth_e2e::{
     client,
-    sim::{GpuNodeSpec, SIM_GROUP_LABEL, gpu_deployment, gpu_node},
+    sim::{GpuNodeSpec, SIM_GROUP_LABEL, gpu_deployment, gpu_node, node_is_ready},
     wait::{until, until_set},
 };
 use k8s_openapi::api::{
@@ -84,15 +84,7 @@ async fn run(command: Command) -> Result<(), Box<dyn std::error::Error>> {
             }
             let selector = watcher::Config::default().labels(&format!("{SIM_GROUP_LABEL}={group}"));
             until_set(nodes, selector, "simulated GPU nodes Ready", WAIT, |set| {
-                set.len() == count
-                    && set.values().all(|n| {
-                        n.status
-                            .as_ref()
-                            .and_then(|s| s.conditions.as_ref())
-                            .is_some_and(|cs| {
-                                cs.iter().any(|c| c.type_ == "Ready" && c.status == "True")
-                            })
-                    })
+                set.len() == count && set.values().all(node_is_ready)
             })
             .await?;
             println!("{count} simulated GPU nodes Ready ({gpus} GPUs each, group {group})");
