@@ -1,0 +1,408 @@
+//! From what a node shows to what it needs: evaluates a policy's detection
+//! rules against the node's conditions and GPU report.
+
+use gpuhealth_api::{
+    GpuHealth, RecoveryAction,
+    contract::{ContractError, GpuEntry, GpuReport},
+    policy::{ConditionStatus, Detection},
+    types::SignalAction,
+};
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
+
+use crate::xid::{self, XidClass};
+
+/// A node condition as observed.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ObservedCondition {
+    pub type_: String,
+    pub status: String,
+    pub last_transition: Timestamp,
+}
+
+/// One reason the node needs an action.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Signal {
+    pub action: RecoveryAction,
+    /// CamelCase, for status and Events: `XidGpuReset`, `GpuResetRequired`, `Condition`.
+    pub reason: String,
+    pub message: String,
+    /// The GPU concerned, if the signal names one.
+    pub gpu: Option<String>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Diagnosis {
+    /// Signals that hold now, strongest first.
+    pub signals: Vec<Signal>,
+    /// When the earliest signal still inside its `for` window becomes firm.
+    pub pending_until: Option<Timestamp>,
+    /// Why the GPU report could not be read, if it could not.
+    pub report_error: Option<ContractError>,
+    /// Xids seen that the table does not know: reported, never acted on.
+    pub unknown_xids: Vec<u32>,
+}
+
+impl Diagnosis {
+    /// The strongest action any signal asks for.
+    pub fn required(&self) -> Option<RecoveryAction> {
+        self.signals.iter().map(|s| s.action).max()
+    }
+
+    /// The GPUs named by signals, for a reset; empty when a signal names no
+    /// GPU (then every GPU of the node is concerned).
+    pub fn gpus(&self) -> Vec<String> {
+        if self.signals.iter().any(|s| s.gpu.is_none()) {
+            return Vec::new();
+        }
+        let mut gpus: Vec<String> = self.signals.iter().filter_map(|s| s.gpu.clone()).collect();
+        gpus.sort();
+        gpus.dedup();
+        gpus
+    }
+
+    /// The strongest signal, for the status reason.
+    pub fn headline(&self) -> Option<&Signal> {
+        self.signals.first()
+    }
+
+    pub fn is_clear(&self) -> bool {
+        self.signals.is_empty() && self.pending_until.is_none()
+    }
+}
+
+/// What the node shows, for diagnosis.
+pub struct Evidence<'a> {
+    pub conditions: &'a [ObservedCondition],
+    pub report: Option<&'a Result<GpuReport, ContractError>>,
+    /// Xids before this instant are history (a reset or reboot since has
+    /// answered them).
+    pub xids_since: Option<Timestamp>,
+}
+
+pub fn diagnose(now: Timestamp, detection: &Detection, evidence: &Evidence<'_>) -> Diagnosis {
+    let mut d = Diagnosis::default();
+    for rule in &detection.node_conditions {
+        let Some(action) = rule.action.recovery_action() else {
+            continue;
+        };
+        let wanted = match rule.status {
+            ConditionStatus::True => "True",
+            ConditionStatus::False => "False",
+            ConditionStatus::Unknown => "Unknown",
+        };
+        let Some(c) = evidence
+            .conditions
+            .iter()
+            .find(|c| c.type_ == rule.type_ && c.status == wanted)
+        else {
+            continue;
+        };
+        let firm_at = after(c.last_transition, rule.for_.as_std());
+        if firm_at <= now {
+            d.signals.push(Signal {
+                action,
+                reason: "NodeCondition".into(),
+                message: format!(
+                    "node condition {}={} since {}",
+                    c.type_, c.status, c.last_transition
+                ),
+                gpu: None,
+            });
+        } else {
+            d.pending_until = Some(d.pending_until.map_or(firm_at, |p| p.min(firm_at)));
+        }
+    }
+    if detection.gpu_report.enabled {
+        match evidence.report {
+            Some(Ok(report)) => {
+                for gpu in &report.gpus {
+                    gpu_signals(now, detection, gpu, evidence.xids_since, &mut d);
+                }
+            }
+            Some(Err(e)) => d.report_error = Some(e.clone()),
+            None => {}
+        }
+    }
+    // Strongest first; stable, so equal actions keep the order found.
+    d.signals.sort_by(|a, b| b.action.cmp(&a.action));
+    d
+}
+
+fn gpu_signals(
+    now: Timestamp,
+    detection: &Detection,
+    gpu: &GpuEntry,
+    since: Option<Timestamp>,
+    d: &mut Diagnosis,
+) {
+    let name = || format!("GPU {} ({}, {})", gpu.index, gpu.uuid, gpu.pci_bus_id);
+    let mut push = |action: SignalAction, reason: &str, message: String| {
+        if let Some(action) = action.recovery_action() {
+            d.signals.push(Signal {
+                action,
+                reason: reason.into(),
+                message,
+                gpu: Some(gpu.uuid.clone()),
+            });
+        }
+    };
+    if detection.gpu_report.unhealthy_states.contains(&gpu.health) {
+        let (action, reason) = match gpu.health {
+            GpuHealth::ResetRequired => (SignalAction::GpuReset, "GpuResetRequired"),
+            GpuHealth::RebootRequired => (SignalAction::NodeReboot, "GpuRebootRequired"),
+            GpuHealth::Lost => (SignalAction::NodeReboot, "GpuLost"),
+            // A policy may count Degraded as unhealthy: a reset is the mildest answer.
+            GpuHealth::Degraded => (SignalAction::GpuReset, "GpuDegraded"),
+            GpuHealth::Healthy => (SignalAction::Ignore, "GpuHealthy"),
+        };
+        push(
+            action,
+            reason,
+            format!("{} reports {:?}", name(), gpu.health),
+        );
+    }
+    if let Some(value) = gpu.recovery_action {
+        push(
+            xid::recovery_action(value),
+            "RecoveryAction",
+            format!("{} recovery action {value:#x}", name()),
+        );
+    }
+    let recent = gpu.xids.iter().filter(|x| since.is_none_or(|s| x.at.0 > s));
+    let mut app_faults = 0;
+    for x in recent {
+        match xid::class(x.code, &detection.xid_overrides) {
+            XidClass::Needs(action) => push(
+                action,
+                "Xid",
+                format!("Xid {} on {}: {}", x.code, name(), x.text),
+            ),
+            XidClass::RecoveryActionChanged => {
+                if let Some(value) = xid::recovery_action_in_text(&x.text) {
+                    push(
+                        xid::recovery_action(value),
+                        "Xid",
+                        format!("Xid 154 on {}: {}", name(), x.text),
+                    );
+                }
+            }
+            XidClass::AppFault => {
+                if now.duration_since(x.at.0)
+                    <= SignedDuration::from_secs(xid::APP_FAULT_WINDOW_SECS)
+                {
+                    app_faults += 1;
+                }
+            }
+            XidClass::Informational => {}
+            XidClass::Unknown => d.unknown_xids.push(x.code),
+        }
+    }
+    if app_faults >= xid::APP_FAULT_REPEATS {
+        push(
+            SignalAction::GpuReset,
+            "RepeatedAppXids",
+            format!("{app_faults} application Xids within an hour on {}", name()),
+        );
+    }
+}
+
+/// `t + d`, saturating rather than overflowing.
+pub fn after(t: Timestamp, d: std::time::Duration) -> Timestamp {
+    t.saturating_add(d).unwrap_or(Timestamp::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use gpuhealth_api::{
+        Duration,
+        contract::{AnnotationValue, XidEvent},
+        policy::{ConditionRule, GpuHealthPolicySpec},
+    };
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+    use super::*;
+
+    fn ts(s: &str) -> Timestamp {
+        s.parse().expect("timestamp")
+    }
+
+    fn incident_report() -> Result<GpuReport, ContractError> {
+        GpuReport::parse(include_str!(
+            "../../gpuhealth-api/tests/fixtures/incident-gpu-report.json"
+        ))
+    }
+
+    fn detection() -> Detection {
+        GpuHealthPolicySpec::for_selector(Default::default()).detection
+    }
+
+    #[test]
+    fn the_incident_needs_a_reset_of_gpu_7_only() {
+        let report = incident_report();
+        let evidence = Evidence {
+            conditions: &[],
+            report: Some(&report),
+            xids_since: None,
+        };
+        let d = diagnose(ts("2026-05-29T08:25:00Z"), &detection(), &evidence);
+        assert_eq!(d.required(), Some(RecoveryAction::GpuReset));
+        assert_eq!(d.gpus(), ["GPU-0a1b2c3d-0000-4000-8000-000000000007"]);
+        assert!(d.signals.iter().any(|s| s.message.contains("Xid 119")));
+        assert!(d.signals.iter().any(|s| s.message.contains("Xid 154")));
+    }
+
+    #[test]
+    fn xids_before_the_last_action_are_history() {
+        let mut report = incident_report().expect("valid");
+        report.gpus[7].health = GpuHealth::Healthy;
+        report.gpus[7].recovery_action = Some(0);
+        let report = Ok(report);
+        let evidence = Evidence {
+            conditions: &[],
+            report: Some(&report),
+            xids_since: Some(ts("2026-05-29T09:00:00Z")),
+        };
+        let d = diagnose(ts("2026-05-29T09:10:00Z"), &detection(), &evidence);
+        assert!(d.is_clear(), "{d:?}");
+    }
+
+    #[test]
+    fn xid_79_asks_for_a_reboot() {
+        let mut report = incident_report().expect("valid");
+        report.gpus[3].xids.push(XidEvent {
+            code: 79,
+            at: Time(ts("2026-05-29T08:20:00Z")),
+            text: "GPU has fallen off the bus.".into(),
+        });
+        let report = Ok(report);
+        let d = diagnose(
+            ts("2026-05-29T08:25:00Z"),
+            &detection(),
+            &Evidence {
+                conditions: &[],
+                report: Some(&report),
+                xids_since: None,
+            },
+        );
+        assert_eq!(d.required(), Some(RecoveryAction::NodeReboot));
+        assert_eq!(d.headline().map(|s| s.reason.as_str()), Some("Xid"));
+    }
+
+    #[test]
+    fn unknown_xids_are_reported_not_acted_on() {
+        let mut report = incident_report().expect("valid");
+        report.gpus[7] = report.gpus[6].clone();
+        report.gpus[7].index = 7;
+        report.gpus[7].uuid = "GPU-0a1b2c3d-0000-4000-8000-000000000007".into();
+        report.gpus[0].xids.push(XidEvent {
+            code: 4242,
+            at: Time(ts("2026-05-29T08:20:00Z")),
+            text: String::new(),
+        });
+        let report = Ok(report);
+        let d = diagnose(
+            ts("2026-05-29T08:25:00Z"),
+            &detection(),
+            &Evidence {
+                conditions: &[],
+                report: Some(&report),
+                xids_since: None,
+            },
+        );
+        assert!(d.signals.is_empty(), "{d:?}");
+        assert_eq!(d.unknown_xids, [4242]);
+    }
+
+    #[test]
+    fn conditions_wait_for_their_for_duration() {
+        let mut det = detection();
+        det.node_conditions.push(ConditionRule {
+            type_: "SysLogsXIDError".into(),
+            status: ConditionStatus::True,
+            for_: Duration::from_secs(60),
+            action: SignalAction::NodeReboot,
+        });
+        let conditions = [ObservedCondition {
+            type_: "SysLogsXIDError".into(),
+            status: "True".into(),
+            last_transition: ts("2026-05-29T08:00:00Z"),
+        }];
+        let ev = Evidence {
+            conditions: &conditions,
+            report: None,
+            xids_since: None,
+        };
+        let early = diagnose(ts("2026-05-29T08:00:30Z"), &det, &ev);
+        assert_eq!(early.required(), None);
+        assert_eq!(early.pending_until, Some(ts("2026-05-29T08:01:00Z")));
+        let late = diagnose(ts("2026-05-29T08:01:00Z"), &det, &ev);
+        assert_eq!(late.required(), Some(RecoveryAction::NodeReboot));
+        assert!(late.gpus().is_empty(), "a condition names no GPU");
+    }
+
+    #[test]
+    fn a_malformed_report_is_an_error_not_a_signal() {
+        let report = GpuReport::parse("{not json");
+        let d = diagnose(
+            ts("2026-05-29T08:25:00Z"),
+            &detection(),
+            &Evidence {
+                conditions: &[],
+                report: Some(&report),
+                xids_since: None,
+            },
+        );
+        assert!(d.signals.is_empty());
+        assert!(d.report_error.is_some());
+    }
+
+    #[test]
+    fn repeated_app_faults_escalate_to_a_reset() {
+        let mut report = incident_report().expect("valid");
+        report.gpus[7] = report.gpus[6].clone();
+        report.gpus[7].index = 7;
+        report.gpus[7].uuid = "GPU-0a1b2c3d-0000-4000-8000-000000000007".into();
+        for m in [1, 2] {
+            report.gpus[2].xids.push(XidEvent {
+                code: 13,
+                at: Time(ts(&format!("2026-05-29T08:0{m}:00Z"))),
+                text: String::new(),
+            });
+        }
+        let two = Ok(report.clone());
+        let now = ts("2026-05-29T08:30:00Z");
+        assert!(
+            diagnose(
+                now,
+                &detection(),
+                &Evidence {
+                    conditions: &[],
+                    report: Some(&two),
+                    xids_since: None
+                }
+            )
+            .signals
+            .is_empty()
+        );
+        report.gpus[2].xids.push(XidEvent {
+            code: 31,
+            at: Time(ts("2026-05-29T08:03:00Z")),
+            text: String::new(),
+        });
+        let three = Ok(report);
+        let d = diagnose(
+            now,
+            &detection(),
+            &Evidence {
+                conditions: &[],
+                report: Some(&three),
+                xids_since: None,
+            },
+        );
+        assert_eq!(d.required(), Some(RecoveryAction::GpuReset));
+        assert_eq!(
+            d.headline().map(|s| s.reason.as_str()),
+            Some("RepeatedAppXids")
+        );
+    }
+}
