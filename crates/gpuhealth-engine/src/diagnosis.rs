@@ -124,7 +124,7 @@ pub fn diagnose(now: Timestamp, detection: &Detection, evidence: &Evidence<'_>) 
         }
     }
     // Strongest first; stable, so equal actions keep the order found.
-    d.signals.sort_by(|a, b| b.action.cmp(&a.action));
+    d.signals.sort_by_key(|s| std::cmp::Reverse(s.action));
     d
 }
 
