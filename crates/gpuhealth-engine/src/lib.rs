@@ -2,5 +2,7 @@
 //! (time, policy, observed node, GPU report, pods, budgets, stored state),
 //! decisions out (next state, actions).
 
+pub mod budget;
 pub mod diagnosis;
+pub mod drain;
 pub mod xid;

@@ -1,0 +1,163 @@
+//! How much a policy may disrupt at once: `maxConcurrent` nodes in a
+//! disruptive phase, and the `maxUnhealthy` circuit breaker.
+
+use gpuhealth_api::policy::GpuHealthPolicySpec;
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+
+/// A policy's budget, resolved against its fleet right now.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Budget {
+    /// Nodes that may be in a disruptive phase at once.
+    pub max_concurrent: usize,
+    /// Unhealthy nodes tolerated before the breaker opens.
+    pub max_unhealthy: usize,
+    /// Other nodes of the policy in a disruptive phase now.
+    pub disruptive_elsewhere: usize,
+    /// Nodes of the policy with a firm signal now, this one included.
+    pub unhealthy: usize,
+}
+
+/// Why a remediation may not start now.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Hold {
+    /// `maxConcurrent` nodes are already being remediated.
+    Concurrency,
+    /// More nodes are unhealthy than `maxUnhealthy` allows.
+    CircuitOpen,
+}
+
+impl Hold {
+    pub fn reason(self) -> &'static str {
+        match self {
+            Hold::Concurrency => "WaitingForBudget",
+            Hold::CircuitOpen => "CircuitOpen",
+        }
+    }
+}
+
+impl Budget {
+    pub fn new(
+        spec: &GpuHealthPolicySpec,
+        nodes: usize,
+        disruptive_elsewhere: usize,
+        unhealthy: usize,
+    ) -> Self {
+        Budget {
+            // A percentage rounds down but never below one node: a policy
+            // that can never act is not what anyone means by 10%.
+            max_concurrent: resolve(&spec.max_concurrent, nodes, Rounding::Down).max(1),
+            // Rounds up, so that 25% of a three-node pool tolerates one sick node.
+            max_unhealthy: resolve(&spec.max_unhealthy, nodes, Rounding::Up),
+            disruptive_elsewhere,
+            unhealthy,
+        }
+    }
+
+    pub fn circuit_open(&self) -> bool {
+        self.unhealthy > self.max_unhealthy
+    }
+
+    /// Whether a new remediation may start on this node now.
+    pub fn may_start(&self) -> Result<(), Hold> {
+        if self.circuit_open() {
+            Err(Hold::CircuitOpen)
+        } else if self.disruptive_elsewhere >= self.max_concurrent {
+            Err(Hold::Concurrency)
+        } else {
+            Ok(())
+        }
+    }
+}
+
+#[derive(Clone, Copy)]
+enum Rounding {
+    Down,
+    Up,
+}
+
+/// A count, or a percentage of `total`. The API server has validated the
+/// format; anything else resolves to 0, which holds remediation back rather
+/// than allowing it.
+fn resolve(value: &IntOrString, total: usize, rounding: Rounding) -> usize {
+    match value {
+        IntOrString::Int(n) => usize::try_from(*n).unwrap_or(0),
+        IntOrString::String(s) => {
+            let Some(pct) = s.strip_suffix('%').and_then(|p| p.parse::<usize>().ok()) else {
+                return 0;
+            };
+            let scaled = total.saturating_mul(pct.min(100));
+            match rounding {
+                Rounding::Down => scaled / 100,
+                Rounding::Up => scaled.div_ceil(100),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(max_concurrent: IntOrString, max_unhealthy: IntOrString) -> GpuHealthPolicySpec {
+        let mut s = GpuHealthPolicySpec::for_selector(Default::default());
+        s.max_concurrent = max_concurrent;
+        s.max_unhealthy = max_unhealthy;
+        s
+    }
+
+    #[test]
+    fn defaults_on_ten_nodes() {
+        let b = Budget::new(
+            &GpuHealthPolicySpec::for_selector(Default::default()),
+            10,
+            0,
+            1,
+        );
+        assert_eq!((b.max_concurrent, b.max_unhealthy), (1, 3));
+        assert_eq!(b.may_start(), Ok(()));
+        assert_eq!(
+            Budget {
+                disruptive_elsewhere: 1,
+                ..b
+            }
+            .may_start(),
+            Err(Hold::Concurrency)
+        );
+        assert_eq!(
+            Budget { unhealthy: 4, ..b }.may_start(),
+            Err(Hold::CircuitOpen)
+        );
+    }
+
+    #[test]
+    fn percentages() {
+        let s = spec(
+            IntOrString::String("10%".into()),
+            IntOrString::String("25%".into()),
+        );
+        assert_eq!(
+            Budget::new(&s, 3, 0, 0).max_concurrent,
+            1,
+            "never below one"
+        );
+        assert_eq!(Budget::new(&s, 3, 0, 0).max_unhealthy, 1, "rounds up");
+        assert_eq!(Budget::new(&s, 100, 0, 0).max_concurrent, 10);
+        assert_eq!(Budget::new(&s, 0, 0, 0).max_unhealthy, 0);
+        let zero = spec(IntOrString::Int(1), IntOrString::String("0%".into()));
+        assert_eq!(
+            Budget::new(&zero, 10, 0, 1).may_start(),
+            Err(Hold::CircuitOpen)
+        );
+    }
+
+    #[test]
+    fn malformed_values_hold_back() {
+        let s = spec(
+            IntOrString::String("lots".into()),
+            IntOrString::String("x%".into()),
+        );
+        let b = Budget::new(&s, 10, 0, 1);
+        assert_eq!(b.max_unhealthy, 0);
+        assert_eq!(b.may_start(), Err(Hold::CircuitOpen));
+    }
+}

@@ -1,0 +1,218 @@
+//! The drain planner: which pods on a node leave, which may finish, which
+//! block the node, and which are left alone.
+
+use std::collections::BTreeMap;
+
+use gpuhealth_api::{
+    contract::{ContractError, DisruptionTolerance},
+    policy::{Drain, DrainScope},
+};
+use kube::core::{Selector, SelectorExt};
+
+/// A pod as the planner sees it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PodView {
+    pub namespace: String,
+    pub name: String,
+    pub labels: BTreeMap<String, String>,
+    /// Owned by a DaemonSet: it would come straight back; left alone.
+    pub daemon: bool,
+    /// A static pod mirrored by the kubelet: cannot be evicted; left alone.
+    pub mirror: bool,
+    /// Has a deletion timestamp: on its way out.
+    pub terminating: bool,
+    /// Succeeded or Failed: holds nothing.
+    pub finished: bool,
+    pub requests_gpu: bool,
+    /// UUIDs of the GPUs it holds, from the node's GPU report.
+    pub gpus: Vec<String>,
+    pub tolerance: Result<DisruptionTolerance, ContractError>,
+}
+
+impl PodView {
+    pub fn key(&self) -> String {
+        format!("{}/{}", self.namespace, self.name)
+    }
+}
+
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct DrainPlan {
+    /// Evict these now (through the Eviction API).
+    pub evict: Vec<String>,
+    /// Wait for these: terminating, or tolerance `wait` and still running.
+    pub waiting: Vec<String>,
+    /// These hold the node back until they go away, with why.
+    pub blocked: Vec<(String, String)>,
+}
+
+impl DrainPlan {
+    /// Nothing left in scope: the action may proceed.
+    pub fn is_done(&self) -> bool {
+        self.evict.is_empty() && self.waiting.is_empty() && self.blocked.is_empty()
+    }
+}
+
+/// Plans a drain of `pods` for an action on `bad_gpus` (empty: the whole node).
+pub fn plan(drain: &Drain, scope: DrainScope, bad_gpus: &[String], pods: &[PodView]) -> DrainPlan {
+    // The API server validated the selector; one that still fails to parse
+    // excludes nothing rather than everything.
+    let excluded_by_selector: Option<Selector> = drain
+        .exclude_pod_selector
+        .clone()
+        .and_then(|s| Selector::try_from(s).ok());
+    let mut plan = DrainPlan::default();
+    for pod in pods {
+        if pod.daemon || pod.mirror || pod.finished {
+            continue;
+        }
+        let in_scope = match scope {
+            DrainScope::AffectedPods if bad_gpus.is_empty() => pod.requests_gpu,
+            DrainScope::AffectedPods => pod.gpus.iter().any(|g| bad_gpus.contains(g)),
+            DrainScope::GpuPods => pod.requests_gpu,
+            DrainScope::AllPods => true,
+        };
+        if !in_scope {
+            continue;
+        }
+        if drain.exclude_namespaces.contains(&pod.namespace)
+            || excluded_by_selector
+                .as_ref()
+                .is_some_and(|s| s.matches(&pod.labels))
+        {
+            continue;
+        }
+        if pod.terminating {
+            plan.waiting.push(pod.key());
+            continue;
+        }
+        match &pod.tolerance {
+            Ok(DisruptionTolerance::Evict) => plan.evict.push(pod.key()),
+            Ok(DisruptionTolerance::Wait) => plan.waiting.push(pod.key()),
+            Ok(DisruptionTolerance::Never) => {
+                plan.blocked
+                    .push((pod.key(), "its disruption tolerance is `never`".into()));
+            }
+            // Bad input never triggers an action: treat it as `never`.
+            Err(e) => plan
+                .blocked
+                .push((pod.key(), format!("unreadable disruption tolerance: {e}"))),
+        }
+    }
+    plan
+}
+
+#[cfg(test)]
+mod tests {
+    use gpuhealth_api::policy::GpuHealthPolicySpec;
+
+    use super::*;
+
+    fn pod(name: &str, gpus: &[&str]) -> PodView {
+        PodView {
+            namespace: "ml".into(),
+            name: name.into(),
+            labels: BTreeMap::new(),
+            daemon: false,
+            mirror: false,
+            terminating: false,
+            finished: false,
+            requests_gpu: !gpus.is_empty(),
+            gpus: gpus.iter().map(|g| g.to_string()).collect(),
+            tolerance: Ok(DisruptionTolerance::Evict),
+        }
+    }
+
+    fn drain() -> Drain {
+        GpuHealthPolicySpec::for_selector(Default::default()).drain
+    }
+
+    #[test]
+    fn affected_pods_only_for_a_single_gpu() {
+        let pods = [
+            pod("vllm-0", &["GPU-7"]),
+            pod("vllm-1", &["GPU-1"]),
+            pod("web", &[]),
+        ];
+        let p = plan(&drain(), DrainScope::AffectedPods, &["GPU-7".into()], &pods);
+        assert_eq!(p.evict, ["ml/vllm-0"]);
+        let all = plan(&drain(), DrainScope::AllPods, &["GPU-7".into()], &pods);
+        assert_eq!(all.evict.len(), 3);
+        let gpu = plan(&drain(), DrainScope::GpuPods, &["GPU-7".into()], &pods);
+        assert_eq!(gpu.evict, ["ml/vllm-0", "ml/vllm-1"]);
+    }
+
+    #[test]
+    fn daemonsets_mirrors_and_finished_pods_are_left_alone() {
+        let mut ds = pod("exporter", &[]);
+        ds.daemon = true;
+        let mut mirror = pod("static", &[]);
+        mirror.mirror = true;
+        let mut done = pod("job", &[]);
+        done.finished = true;
+        let p = plan(&drain(), DrainScope::AllPods, &[], &[ds, mirror, done]);
+        assert!(p.is_done(), "{p:?}");
+    }
+
+    #[test]
+    fn tolerances() {
+        let mut never = pod("trainer", &["GPU-7"]);
+        never.tolerance = Ok(DisruptionTolerance::Never);
+        let mut wait = pod("batch", &["GPU-7"]);
+        wait.tolerance = Ok(DisruptionTolerance::Wait);
+        let mut bad = pod("odd", &["GPU-7"]);
+        bad.tolerance = "sometimes".parse::<DisruptionTolerance>();
+        let mut leaving = pod("leaving", &["GPU-7"]);
+        leaving.terminating = true;
+        let p = plan(
+            &drain(),
+            DrainScope::AffectedPods,
+            &["GPU-7".into()],
+            &[never, wait, bad, leaving],
+        );
+        assert!(p.evict.is_empty());
+        assert_eq!(p.waiting, ["ml/batch", "ml/leaving"]);
+        assert_eq!(
+            p.blocked
+                .iter()
+                .map(|(k, _)| k.as_str())
+                .collect::<Vec<_>>(),
+            ["ml/trainer", "ml/odd"]
+        );
+        assert!(p.blocked[0].1.contains("never"));
+    }
+
+    #[test]
+    fn exclusions_are_never_touched() {
+        let mut d = drain();
+        d.exclude_namespaces = vec!["kube-system".into()];
+        d.exclude_pod_selector = Some(
+            k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector {
+                match_labels: Some([("keep".to_owned(), "yes".to_owned())].into()),
+                ..Default::default()
+            },
+        );
+        let mut sys = pod("coredns", &[]);
+        sys.namespace = "kube-system".into();
+        let mut kept = pod("kept", &[]);
+        kept.labels.insert("keep".into(), "yes".into());
+        let p = plan(
+            &d,
+            DrainScope::AllPods,
+            &[],
+            &[sys, kept, pod("other", &[])],
+        );
+        assert_eq!(p.evict, ["ml/other"]);
+        assert!(p.blocked.is_empty());
+    }
+
+    #[test]
+    fn a_signal_without_a_gpu_drains_every_gpu_pod() {
+        let pods = [
+            pod("vllm-0", &["GPU-7"]),
+            pod("vllm-1", &["GPU-1"]),
+            pod("web", &[]),
+        ];
+        let p = plan(&drain(), DrainScope::AffectedPods, &[], &pods);
+        assert_eq!(p.evict, ["ml/vllm-0", "ml/vllm-1"]);
+    }
+}
