@@ -346,7 +346,8 @@ async fn kubectl_lists_both_kinds_with_their_columns() {
             attempt: 1,
             gpus: vec!["GPU-5f2b1c3e-8a4d-4e6f-9b0a-1c2d3e4f5a6b".into()],
             started_at: now(),
-            deadline: now(),
+            requested_at: Some(now()),
+            deadline: Some(now()),
         }),
         ..Default::default()
     };

@@ -97,6 +97,12 @@ pub struct GpuNodeHealthStatus {
     /// The node's boot id when the current reboot was requested.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub boot_id_before_reboot: Option<String>,
+    /// While verifying: since when every signal has been clear.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub clear_since: Option<Time>,
+    /// In `DryRun` mode: what gpuhealth would do now.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub plan: Option<Plan>,
     /// What gpuhealth noticed that a person should know (a pod on a bad GPU,
     /// a startup probe shorter than the observed cold start, ...).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -133,12 +139,43 @@ pub struct ActionStatus {
     pub type_: RecoveryAction,
     /// 1-based attempt of this rung.
     pub attempt: u32,
-    /// GPU UUIDs the action targets (empty for a reboot).
+    /// GPU UUIDs the action targets (empty: the whole node).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub gpus: Vec<String>,
+    /// When this attempt was decided (its drain starts then).
     pub started_at: Time,
-    /// When the attempt times out.
-    pub deadline: Time,
+    /// When the request went to the node; unset while draining.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub requested_at: Option<Time>,
+    /// When the attempt times out, counted from the request.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deadline: Option<Time>,
+}
+
+/// What a `DryRun` policy would do on this node now.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Plan {
+    /// Whether it would cordon the node (false when someone else already has).
+    pub cordon: bool,
+    /// The recovery action it would take first.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub action: Option<RecoveryAction>,
+    /// GPU UUIDs the action would target (empty: the whole node).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub gpus: Vec<String>,
+    /// Pods it would evict, as `namespace/name`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub evict: Vec<String>,
+    /// Pods it would wait for.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub wait_for: Vec<String>,
+    /// Pods that would hold the node back, with why.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub blocked_by: Vec<String>,
+    /// What the PodDisruptionBudgets of those pods allow now.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub disruption_budgets: Vec<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]

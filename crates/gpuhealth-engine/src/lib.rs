@@ -5,4 +5,5 @@
 pub mod budget;
 pub mod diagnosis;
 pub mod drain;
+pub mod machine;
 pub mod xid;

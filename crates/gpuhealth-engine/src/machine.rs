@@ -1,0 +1,770 @@
+//! The remediation state machine: one pure step from what is stored and
+//! what is observed to the next stored state and the actions that get there.
+//!
+//! `Healthy → Suspect → Quarantined → Draining → Remediating → Verifying →
+//! Healthy`, with `Failed` when escalation is exhausted. The operator writes
+//! the returned status *before* carrying out the actions, so every side
+//! effect is preceded by its recorded intent, and every request carries the
+//! id recorded with it: a restarted operator re-issues the same request,
+//! which the agent recognises, and never a second one.
+
+use std::time::Duration;
+
+use gpuhealth_api::{
+    RecoveryAction,
+    contract::{ContractError, GpuReport, Outcome, RequestResult},
+    node_health::{
+        ActionStatus, GpuNodeHealthStatus, GpuStatus, HISTORY_LIMIT, Incident, Phase, Plan,
+    },
+    policy::{DrainScope, DrainTimeoutAction, EscalationStep, GpuHealthPolicySpec, Mode},
+};
+use k8s_openapi::{apimachinery::pkg::apis::meta::v1::Time, jiff::Timestamp};
+
+use crate::{
+    budget::Budget,
+    diagnosis::{Diagnosis, Evidence, ObservedCondition, after, diagnose},
+    drain::{self, DrainPlan, PodView},
+};
+
+/// How often to look again while waiting on something that sends no event
+/// of its own (a timeout, a pod finishing on a schedule).
+pub const POLL: Duration = Duration::from_secs(10);
+
+/// The node as observed.
+#[derive(Clone, Debug, PartialEq)]
+pub struct NodeView {
+    pub name: String,
+    pub unschedulable: bool,
+    /// The incident named by `gpuhealth.io/cordoned-by`, if gpuhealth cordoned it.
+    pub cordoned_by: Option<String>,
+    pub boot_id: String,
+    pub conditions: Vec<ObservedCondition>,
+    pub report: Option<Result<GpuReport, ContractError>>,
+    /// The ids of the request annotations now on the node.
+    pub reset_request: Option<String>,
+    pub reboot_request: Option<String>,
+    pub result: Option<Result<RequestResult, ContractError>>,
+}
+
+/// Everything one step decides on.
+pub struct Input<'a> {
+    pub now: Timestamp,
+    pub policy: &'a str,
+    pub spec: &'a GpuHealthPolicySpec,
+    pub node: &'a NodeView,
+    /// The pods on the node; listed only while the node is under remediation.
+    pub pods: &'a [PodView],
+    pub budget: Budget,
+    pub state: &'a GpuNodeHealthStatus,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EventType {
+    Normal,
+    Warning,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Action {
+    /// Set `spec.unschedulable` and `gpuhealth.io/cordoned-by` in one write.
+    Cordon {
+        incident: String,
+    },
+    /// Clear both, only if `gpuhealth.io/cordoned-by` still names `incident`.
+    Uncordon {
+        incident: String,
+    },
+    /// Evict through the Eviction API (PodDisruptionBudgets hold).
+    Evict {
+        pod: String,
+    },
+    /// Delete with no grace, bypassing budgets: only where the policy says so.
+    ForceDelete {
+        pod: String,
+    },
+    RequestReset {
+        id: String,
+        gpus: Vec<String>,
+    },
+    RequestReboot {
+        id: String,
+    },
+    /// Label the node for replacement; it stays cordoned.
+    MarkForReplacement {
+        incident: String,
+    },
+    Event {
+        type_: EventType,
+        reason: String,
+        message: String,
+    },
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Decision {
+    pub status: GpuNodeHealthStatus,
+    pub actions: Vec<Action>,
+    /// When to look again if nothing changes before.
+    pub requeue_after: Option<Duration>,
+}
+
+/// Whether a phase holds a node out of service on gpuhealth's account (what
+/// `maxConcurrent` counts).
+pub fn is_disruptive(phase: Phase) -> bool {
+    matches!(
+        phase,
+        Phase::Quarantined | Phase::Draining | Phase::Remediating | Phase::Verifying
+    )
+}
+
+pub fn step(input: &Input<'_>) -> Decision {
+    let mut s = Stepper {
+        input,
+        status: input.state.clone(),
+        actions: Vec::new(),
+        requeue: None,
+        diagnosis: Diagnosis::default(),
+    };
+    s.status.policy = Some(input.policy.to_owned());
+    s.observe();
+    let mode = input.spec.mode;
+    if mode != Mode::Enforce
+        && !matches!(
+            input.state.phase,
+            Phase::Healthy | Phase::Suspect | Phase::Failed
+        )
+    {
+        // Switched to DryRun or Paused mid-remediation: hold where we are and
+        // touch nothing outside our own status until Enforce again.
+        let message = format!(
+            "policy mode is {mode:?}: remediation held in {:?}",
+            input.state.phase
+        );
+        s.status.reason = Some("Held".into());
+        s.status.message = Some(message);
+        return Decision {
+            status: s.status,
+            actions: Vec::new(),
+            requeue_after: None,
+        };
+    }
+    match input.state.phase {
+        Phase::Healthy | Phase::Suspect => s.healthy_or_suspect(),
+        Phase::Quarantined => s.quarantined(),
+        Phase::Draining => s.draining(),
+        Phase::Remediating => s.remediating(),
+        Phase::Verifying => s.verifying(),
+        Phase::Failed => s.failed(),
+    }
+    Decision {
+        status: s.status,
+        actions: s.actions,
+        requeue_after: s.requeue,
+    }
+}
+
+struct Stepper<'a> {
+    input: &'a Input<'a>,
+    status: GpuNodeHealthStatus,
+    actions: Vec<Action>,
+    requeue: Option<Duration>,
+    diagnosis: Diagnosis,
+}
+
+impl<'a> Stepper<'a> {
+    fn now(&self) -> Timestamp {
+        self.input.now
+    }
+
+    fn spec(&self) -> &'a GpuHealthPolicySpec {
+        self.input.spec
+    }
+
+    /// Xids from before the last request or the end of the last incident are
+    /// history: the action since has answered them.
+    fn xids_since(&self) -> Option<Timestamp> {
+        let requested = self
+            .status
+            .action
+            .as_ref()
+            .and_then(|a| a.requested_at.as_ref())
+            .map(|t| t.0);
+        let ended = self
+            .status
+            .history
+            .first()
+            .and_then(|i| i.ended_at.as_ref())
+            .map(|t| t.0);
+        requested.max(ended)
+    }
+
+    fn observe(&mut self) {
+        let node = self.input.node;
+        let evidence = Evidence {
+            conditions: &node.conditions,
+            report: node.report.as_ref(),
+            xids_since: self.xids_since(),
+        };
+        self.diagnosis = diagnose(self.now(), &self.spec().detection, &evidence);
+        if let Some(Ok(report)) = &node.report {
+            self.status.gpus = report
+                .gpus
+                .iter()
+                .map(|g| GpuStatus {
+                    index: g.index,
+                    uuid: g.uuid.clone(),
+                    pci_bus_id: g.pci_bus_id.clone(),
+                    health: g.health,
+                    pods: g
+                        .pods
+                        .iter()
+                        .map(|p| format!("{}/{}", p.namespace, p.name))
+                        .collect(),
+                })
+                .collect();
+            self.status.bad_gpus = report.bad_gpus().count() as u32;
+        }
+    }
+
+    fn wait(&mut self, after: Duration) {
+        self.requeue = Some(self.requeue.map_or(after, |r| r.min(after)));
+    }
+
+    fn event(&mut self, type_: EventType, reason: &str, message: String) {
+        self.actions.push(Action::Event {
+            type_,
+            reason: reason.into(),
+            message,
+        });
+    }
+
+    /// Moves to `phase` with a reason, emitting an Event when anything changed.
+    fn enter(&mut self, phase: Phase, reason: &str, message: String) {
+        let changed = self.status.phase != phase || self.status.reason.as_deref() != Some(reason);
+        if self.status.phase != phase {
+            self.status.phase_since = Some(Time(self.now()));
+        }
+        self.status.phase = phase;
+        if changed && phase != Phase::Healthy {
+            let type_ = if matches!(phase, Phase::Failed) || reason == "CircuitOpen" {
+                EventType::Warning
+            } else {
+                EventType::Normal
+            };
+            self.event(type_, reason, message.clone());
+        }
+        self.status.reason = (phase != Phase::Healthy).then(|| reason.to_owned());
+        self.status.message = (phase != Phase::Healthy).then_some(message);
+    }
+
+    fn phase_age(&self) -> Duration {
+        let since = self.status.phase_since.as_ref().map_or(self.now(), |t| t.0);
+        self.now()
+            .duration_since(since)
+            .try_into()
+            .unwrap_or(Duration::ZERO)
+    }
+
+    fn healthy_or_suspect(&mut self) {
+        self.status.plan = None;
+        let Some(required) = self.diagnosis.required() else {
+            match self.diagnosis.pending_until {
+                Some(at) => {
+                    let left = at
+                        .duration_since(self.now())
+                        .try_into()
+                        .unwrap_or(Duration::ZERO);
+                    self.enter(
+                        Phase::Suspect,
+                        "SignalPending",
+                        "a signal holds but not yet for its `for` duration".into(),
+                    );
+                    self.wait(left);
+                }
+                None => self.enter(Phase::Healthy, "", String::new()),
+            }
+            return;
+        };
+        let headline = self.headline();
+        if self.spec().mode == Mode::Paused {
+            self.enter(
+                Phase::Suspect,
+                "Paused",
+                format!("policy is Paused; would act on: {headline}"),
+            );
+            return;
+        }
+        if let Err(hold) = self.input.budget.may_start() {
+            let b = self.input.budget;
+            let why = match hold {
+                crate::budget::Hold::CircuitOpen => format!(
+                    "{} of the policy's nodes are unhealthy, more than maxUnhealthy allows ({}); no new remediation starts",
+                    b.unhealthy, b.max_unhealthy
+                ),
+                crate::budget::Hold::Concurrency => {
+                    format!(
+                        "{} node(s) already being remediated (maxConcurrent {})",
+                        b.disruptive_elsewhere, b.max_concurrent
+                    )
+                }
+            };
+            self.enter(
+                Phase::Suspect,
+                hold.reason(),
+                format!("{why}; waiting to act on: {headline}"),
+            );
+            self.wait(POLL);
+            return;
+        }
+        if self.spec().mode == Mode::DryRun {
+            self.status.plan = Some(self.dry_run_plan(required));
+            self.enter(
+                Phase::Suspect,
+                "DryRun",
+                format!("DryRun: would quarantine and {required:?} for: {headline}"),
+            );
+            return;
+        }
+        let incident = format!("inc-{}", self.now().as_second());
+        self.status.incident = Some(incident.clone());
+        self.status.action = None;
+        self.status.clear_since = None;
+        self.status.history.insert(
+            0,
+            Incident {
+                id: incident.clone(),
+                started_at: Time(self.now()),
+                ended_at: None,
+                trigger: headline.clone(),
+                actions: Vec::new(),
+                outcome: None,
+            },
+        );
+        self.status.history.truncate(HISTORY_LIMIT);
+        if !self.input.node.unschedulable {
+            self.actions.push(Action::Cordon { incident });
+        }
+        self.enter(
+            Phase::Quarantined,
+            &self.headline_reason(),
+            format!("cordoned for: {headline}"),
+        );
+    }
+
+    fn headline(&self) -> String {
+        self.diagnosis
+            .headline()
+            .map_or_else(String::new, |s| s.message.clone())
+    }
+
+    fn headline_reason(&self) -> String {
+        self.diagnosis
+            .headline()
+            .map_or_else(|| "Unhealthy".into(), |s| s.reason.clone())
+    }
+
+    fn ours(&self) -> bool {
+        self.input.node.cordoned_by.is_some() && self.input.node.cordoned_by == self.status.incident
+    }
+
+    fn quarantined(&mut self) {
+        let incident = self.status.incident.clone().unwrap_or_default();
+        if !self.input.node.unschedulable {
+            // Our cordon has not landed yet (or was undone): ask again.
+            self.actions.push(Action::Cordon { incident });
+            self.wait(POLL);
+            return;
+        }
+        let required = self
+            .diagnosis
+            .required()
+            .unwrap_or(RecoveryAction::GpuReset);
+        let ladder = &self.spec().escalation;
+        let rung = ladder
+            .iter()
+            .position(|r| r.action >= required)
+            .unwrap_or(ladder.len().saturating_sub(1));
+        self.start_attempt(rung, 1);
+    }
+
+    /// Records the next attempt (intent first) and moves to draining for it.
+    fn start_attempt(&mut self, rung: usize, attempt: u32) {
+        let Some(step) = self.spec().escalation.get(rung).cloned() else {
+            return self.exhausted();
+        };
+        let incident = self.status.incident.clone().unwrap_or_default();
+        let gpus = if step.action == RecoveryAction::GpuReset {
+            self.diagnosis.gpus()
+        } else {
+            Vec::new()
+        };
+        let gpus = if gpus.is_empty() && step.action == RecoveryAction::GpuReset {
+            self.status
+                .action
+                .as_ref()
+                .map(|a| a.gpus.clone())
+                .unwrap_or_default()
+        } else {
+            gpus
+        };
+        let kind = match step.action {
+            RecoveryAction::GpuReset => "reset",
+            RecoveryAction::NodeReboot => "reboot",
+            RecoveryAction::ReplaceNode => "replace",
+        };
+        self.status.action = Some(ActionStatus {
+            id: format!("{incident}-{kind}-{attempt}"),
+            type_: step.action,
+            attempt,
+            gpus,
+            started_at: Time(self.now()),
+            requested_at: None,
+            deadline: None,
+        });
+        self.status.clear_since = None;
+        self.enter(
+            Phase::Draining,
+            "Draining",
+            format!("draining for {:?} attempt {attempt}", step.action),
+        );
+        self.draining();
+    }
+
+    fn drain_scope(&self, action: RecoveryAction) -> DrainScope {
+        // A reboot takes every pod down with the node.
+        if action >= RecoveryAction::NodeReboot {
+            DrainScope::AllPods
+        } else {
+            self.spec().drain.scope
+        }
+    }
+
+    fn drain_plan(&self, action: RecoveryAction, gpus: &[String]) -> DrainPlan {
+        drain::plan(
+            &self.spec().drain,
+            self.drain_scope(action),
+            gpus,
+            self.input.pods,
+        )
+    }
+
+    fn dry_run_plan(&self, required: RecoveryAction) -> Plan {
+        let ladder = &self.spec().escalation;
+        let action = ladder
+            .iter()
+            .map(|r| r.action)
+            .find(|a| *a >= required)
+            .or(ladder.last().map(|r| r.action));
+        let gpus = self.diagnosis.gpus();
+        let drain = action
+            .map(|a| self.drain_plan(a, &gpus))
+            .unwrap_or_default();
+        Plan {
+            cordon: !self.input.node.unschedulable,
+            action,
+            gpus,
+            evict: drain.evict,
+            wait_for: drain.waiting,
+            blocked_by: drain
+                .blocked
+                .into_iter()
+                .map(|(pod, why)| format!("{pod}: {why}"))
+                .collect(),
+            disruption_budgets: Vec::new(),
+        }
+    }
+
+    fn draining(&mut self) {
+        let Some(action) = self.status.action.clone() else {
+            // Draining with no attempt recorded: decide one afresh.
+            return self.quarantined();
+        };
+        let plan = self.drain_plan(action.type_, &action.gpus);
+        if plan.is_done() {
+            return self.request(action);
+        }
+        let drain = &self.spec().drain;
+        let timed_out = self.phase_age() >= drain.timeout.as_std();
+        if timed_out && drain.on_timeout == DrainTimeoutAction::ForceDelete {
+            for pod in plan.evict.iter().chain(&plan.waiting) {
+                self.actions.push(Action::ForceDelete { pod: pod.clone() });
+            }
+        } else if timed_out {
+            let left: Vec<String> = plan
+                .evict
+                .iter()
+                .chain(&plan.waiting)
+                .cloned()
+                .chain(plan.blocked.iter().map(|(p, why)| format!("{p} ({why})")))
+                .collect();
+            return self.fail(
+                "DrainTimeout",
+                format!(
+                    "pods still on the node after drain.timeout {}: {}; the node stays cordoned: move or delete them, then uncordon",
+                    drain.timeout,
+                    left.join(", ")
+                ),
+            );
+        } else {
+            for pod in &plan.evict {
+                self.actions.push(Action::Evict { pod: pod.clone() });
+            }
+        }
+        match plan.blocked.first() {
+            Some((pod, why)) => {
+                let message = format!("waiting for pod {pod} to leave: {why}");
+                self.enter(Phase::Draining, "WaitingForPod", message);
+            }
+            None => {
+                let message = format!(
+                    "{} to evict, {} to finish",
+                    plan.evict.len(),
+                    plan.waiting.len()
+                );
+                self.enter(Phase::Draining, "Draining", message);
+            }
+        }
+        self.wait(POLL);
+    }
+
+    fn request(&mut self, mut action: ActionStatus) {
+        let timeout = self
+            .rung(action.type_)
+            .map_or(Duration::ZERO, |r| r.effective_timeout().as_std());
+        let now = self.now();
+        action.requested_at = Some(Time(now));
+        action.deadline = Some(Time(after(now, timeout)));
+        let incident = self.status.incident.clone().unwrap_or_default();
+        match action.type_ {
+            RecoveryAction::GpuReset => {
+                self.actions.push(Action::RequestReset {
+                    id: action.id.clone(),
+                    gpus: action.gpus.clone(),
+                });
+            }
+            RecoveryAction::NodeReboot => {
+                self.status.boot_id_before_reboot = Some(self.input.node.boot_id.clone());
+                self.actions.push(Action::RequestReboot {
+                    id: action.id.clone(),
+                });
+            }
+            RecoveryAction::ReplaceNode => {
+                self.actions.push(Action::MarkForReplacement { incident });
+                self.status.action = Some(action);
+                self.record("ReplaceNode requested");
+                return self.fail(
+                    "ReplacementRequested",
+                    "handed off for replacement: the node stays cordoned and is labelled gpuhealth.io/replace".into(),
+                );
+            }
+        }
+        let message = format!(
+            "{:?} attempt {} requested ({})",
+            action.type_, action.attempt, action.id
+        );
+        self.status.action = Some(action);
+        self.enter(Phase::Remediating, "ActionRequested", message);
+        self.wait(timeout.min(POLL));
+    }
+
+    fn rung(&self, action: RecoveryAction) -> Option<&EscalationStep> {
+        self.spec().escalation.iter().find(|r| r.action == action)
+    }
+
+    fn remediating(&mut self) {
+        let Some(action) = self.status.action.clone() else {
+            return self.quarantined();
+        };
+        let node = self.input.node;
+        let result = match &node.result {
+            Some(Ok(r)) if r.id.as_str() == action.id => Some(r),
+            _ => None,
+        };
+        match (action.type_, result) {
+            (_, Some(r)) if r.outcome != Outcome::Succeeded => {
+                return self
+                    .attempt_failed(format!("{:?} {:?}: {}", action.type_, r.outcome, r.message));
+            }
+            (RecoveryAction::GpuReset, Some(_)) => return self.begin_verifying(&action),
+            (RecoveryAction::NodeReboot, _)
+                if self
+                    .status
+                    .boot_id_before_reboot
+                    .as_deref()
+                    .is_some_and(|b| b != node.boot_id) =>
+            {
+                return self.begin_verifying(&action);
+            }
+            _ => {}
+        }
+        if action.deadline.as_ref().is_some_and(|d| self.now() >= d.0) {
+            return self.attempt_failed(format!(
+                "{:?} attempt {} timed out",
+                action.type_, action.attempt
+            ));
+        }
+        // Re-issue the same request if its annotation is not on the node
+        // (an operator that crashed after recording intent). Same id: the
+        // agent never carries it out twice.
+        let on_node = match action.type_ {
+            RecoveryAction::GpuReset => node.reset_request.as_deref(),
+            _ => node.reboot_request.as_deref(),
+        };
+        if on_node != Some(action.id.as_str()) {
+            match action.type_ {
+                RecoveryAction::GpuReset => {
+                    self.actions.push(Action::RequestReset {
+                        id: action.id.clone(),
+                        gpus: action.gpus.clone(),
+                    });
+                }
+                _ => self.actions.push(Action::RequestReboot {
+                    id: action.id.clone(),
+                }),
+            }
+        }
+        self.wait(POLL);
+    }
+
+    fn begin_verifying(&mut self, action: &ActionStatus) {
+        self.record(&format!("{:?}#{} Succeeded", action.type_, action.attempt));
+        self.status.clear_since = None;
+        self.enter(
+            Phase::Verifying,
+            "Verifying",
+            format!(
+                "{:?} done; waiting for every signal to stay clear",
+                action.type_
+            ),
+        );
+        self.verifying();
+    }
+
+    fn verifying(&mut self) {
+        let Some(action) = self.status.action.clone() else {
+            return self.quarantined();
+        };
+        let requested = action.requested_at.as_ref().map_or(self.now(), |t| t.0);
+        // Only a report written after the action says anything about it.
+        let fresh = match &self.input.node.report {
+            Some(Ok(r)) => r.observed_at.0 >= requested,
+            _ => !self.spec().detection.gpu_report.enabled,
+        };
+        let verification = &self.spec().verification;
+        if fresh && self.diagnosis.is_clear() {
+            let since = self.status.clear_since.get_or_insert(Time(self.now())).0;
+            let stable = after(since, verification.stable_for.as_std());
+            if self.now() >= stable {
+                return self.recovered();
+            }
+            let left = stable
+                .duration_since(self.now())
+                .try_into()
+                .unwrap_or(Duration::ZERO);
+            self.wait(left);
+            return;
+        }
+        self.status.clear_since = None;
+        if self.phase_age() >= verification.timeout.as_std() {
+            let why = if fresh {
+                self.headline()
+            } else {
+                "no GPU report newer than the action".into()
+            };
+            return self.attempt_failed(format!(
+                "not healthy {} after {:?}: {why}",
+                verification.timeout, action.type_
+            ));
+        }
+        self.wait(POLL);
+    }
+
+    fn recovered(&mut self) {
+        let incident = self.status.incident.clone().unwrap_or_default();
+        if self.ours() {
+            self.actions.push(Action::Uncordon {
+                incident: incident.clone(),
+            });
+        }
+        self.close("Recovered");
+        self.status.action = None;
+        self.status.incident = None;
+        self.status.clear_since = None;
+        self.status.boot_id_before_reboot = None;
+        let message = if self.ours() || !self.input.node.unschedulable {
+            format!("incident {incident} recovered; node back in service")
+        } else {
+            format!(
+                "incident {incident} recovered; the node stays cordoned: someone else cordoned it"
+            )
+        };
+        self.event(EventType::Normal, "Recovered", message);
+        self.enter(Phase::Healthy, "", String::new());
+    }
+
+    fn attempt_failed(&mut self, why: String) {
+        let Some(action) = self.status.action.clone() else {
+            return self.quarantined();
+        };
+        self.record(&format!("{:?}#{} Failed", action.type_, action.attempt));
+        self.event(EventType::Warning, "AttemptFailed", why);
+        let ladder = &self.spec().escalation;
+        let rung = ladder.iter().position(|r| r.action == action.type_);
+        match rung {
+            Some(i) if action.attempt < ladder[i].attempts => {
+                self.start_attempt(i, action.attempt + 1)
+            }
+            Some(i) => self.start_attempt(i + 1, 1),
+            // The policy changed under us: go to the next stronger rung.
+            None => match ladder.iter().position(|r| r.action > action.type_) {
+                Some(i) => self.start_attempt(i, 1),
+                None => self.exhausted(),
+            },
+        }
+    }
+
+    fn exhausted(&mut self) {
+        let tried = self
+            .status
+            .history
+            .first()
+            .map(|i| i.actions.join(", "))
+            .unwrap_or_default();
+        self.fail(
+            "EscalationExhausted",
+            format!(
+                "every rung of the escalation ladder failed ({tried}); the node stays cordoned: inspect its GPUs (nvidia-smi, kernel log), repair or replace it, then uncordon"
+            ),
+        );
+    }
+
+    fn fail(&mut self, reason: &str, message: String) {
+        self.close("Failed");
+        self.enter(Phase::Failed, reason, message);
+    }
+
+    /// A person takes over from `Failed`: once they uncordon the node and
+    /// its signals are clear, it is `Healthy` again.
+    fn failed(&mut self) {
+        if !self.input.node.unschedulable && self.diagnosis.is_clear() {
+            self.status.action = None;
+            self.status.incident = None;
+            self.enter(Phase::Healthy, "", String::new());
+        }
+    }
+
+    fn record(&mut self, what: &str) {
+        if let Some(incident) = self.status.history.first_mut() {
+            incident.actions.push(what.to_owned());
+        }
+    }
+
+    fn close(&mut self, outcome: &str) {
+        if let Some(incident) = self.status.history.first_mut()
+            && incident.ended_at.is_none()
+        {
+            incident.ended_at = Some(Time(self.input.now));
+            incident.outcome = Some(outcome.to_owned());
+        }
+    }
+}
