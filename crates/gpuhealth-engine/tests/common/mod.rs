@@ -1,0 +1,257 @@
+//! A small in-memory world for driving the engine through scenarios: it
+//! applies the engine's actions the way the operator and a cooperative agent
+//! would, and records every one of them.
+
+#![allow(dead_code)]
+
+use std::{collections::BTreeMap, time::Duration};
+
+use gpuhealth_api::{
+    GpuHealth,
+    contract::{
+        AnnotationValue, DisruptionTolerance, GpuReport, Outcome, RequestId, RequestResult,
+    },
+    node_health::GpuNodeHealthStatus,
+    policy::GpuHealthPolicySpec,
+};
+use gpuhealth_engine::{
+    budget::Budget,
+    drain::PodView,
+    machine::{Action, Input, NodeView, step},
+};
+use k8s_openapi::{apimachinery::pkg::apis::meta::v1::Time, jiff::Timestamp};
+
+pub const INCIDENT_REPORT: &str =
+    include_str!("../../../gpuhealth-api/tests/fixtures/incident-gpu-report.json");
+pub const BAD_GPU: &str = "GPU-0a1b2c3d-0000-4000-8000-000000000007";
+
+pub fn ts(s: &str) -> Timestamp {
+    s.parse().expect("timestamp")
+}
+
+pub fn gpu_pod(name: &str, gpu: &str) -> PodView {
+    PodView {
+        namespace: "ml-serving".into(),
+        name: name.into(),
+        labels: BTreeMap::new(),
+        daemon: false,
+        mirror: false,
+        terminating: false,
+        finished: false,
+        requests_gpu: true,
+        gpus: vec![gpu.into()],
+        tolerance: Ok(DisruptionTolerance::Evict),
+    }
+}
+
+/// How the simulated agent answers requests.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Agent {
+    Succeeds,
+    Fails,
+    /// Never answers (for timeouts).
+    Silent,
+}
+
+pub struct World {
+    pub now: Timestamp,
+    pub spec: GpuHealthPolicySpec,
+    pub node: NodeView,
+    pub pods: Vec<PodView>,
+    pub state: GpuNodeHealthStatus,
+    pub budget: Budget,
+    pub reset_agent: Agent,
+    pub reboot_agent: Agent,
+    /// Every action carried out, in order.
+    pub log: Vec<Action>,
+    /// Request ids the agent carried out.
+    pub executed: Vec<String>,
+    boots: u32,
+}
+
+impl World {
+    /// The incident: GPU 7 of an 8-GPU node needs a reset; eight vLLM pods,
+    /// one per GPU.
+    pub fn incident() -> World {
+        let report = GpuReport::parse(INCIDENT_REPORT).expect("fixture");
+        let pods = report
+            .gpus
+            .iter()
+            .map(|g| gpu_pod(&format!("vllm-{}", g.index), &g.uuid))
+            .collect();
+        let spec = GpuHealthPolicySpec::for_selector(Default::default());
+        let budget = Budget::new(&spec, 10, 0, 1);
+        World {
+            now: ts("2026-05-29T08:25:00Z"),
+            spec,
+            node: NodeView {
+                name: "192.168.1.1".into(),
+                unschedulable: false,
+                cordoned_by: None,
+                boot_id: "boot-1".into(),
+                conditions: Vec::new(),
+                report: Some(Ok(report)),
+                reset_request: None,
+                reboot_request: None,
+                result: None,
+            },
+            pods,
+            state: GpuNodeHealthStatus::default(),
+            budget,
+            reset_agent: Agent::Succeeds,
+            reboot_agent: Agent::Succeeds,
+            log: Vec::new(),
+            executed: Vec::new(),
+            boots: 1,
+        }
+    }
+
+    pub fn advance(&mut self, d: Duration) {
+        self.now = self.now.saturating_add(d).expect("time");
+    }
+
+    /// One reconcile: step, persist the status, carry out the actions.
+    pub fn reconcile(&mut self) -> Vec<Action> {
+        let decision = step(&Input {
+            now: self.now,
+            policy: "gpu-nodes",
+            spec: &self.spec,
+            node: &self.node,
+            pods: &self.pods,
+            budget: self.budget,
+            state: &self.state,
+        });
+        self.state = decision.status;
+        for action in &decision.actions {
+            self.apply(action);
+        }
+        self.log.extend(decision.actions.iter().cloned());
+        decision.actions
+    }
+
+    /// Reconciles at least once, then until `done` holds, failing if the
+    /// clock passes `limit`; the clock moves 10 s a round.
+    pub fn run_until(&mut self, done: impl Fn(&World) -> bool, limit: Duration) {
+        let deadline = self.now.saturating_add(limit).expect("time");
+        loop {
+            self.reconcile();
+            if done(self) {
+                return;
+            }
+            self.agent_turn();
+            self.advance(Duration::from_secs(10));
+            assert!(
+                self.now < deadline,
+                "not done by the deadline; state: {:#?}",
+                self.state
+            );
+        }
+    }
+
+    fn apply(&mut self, action: &Action) {
+        match action {
+            Action::Cordon { incident } => {
+                self.node.unschedulable = true;
+                self.node.cordoned_by = Some(incident.clone());
+            }
+            Action::Uncordon { incident } => {
+                if self.node.cordoned_by.as_ref() == Some(incident) {
+                    self.node.unschedulable = false;
+                    self.node.cordoned_by = None;
+                }
+            }
+            Action::Evict { pod } | Action::ForceDelete { pod } => {
+                self.pods.retain(|p| &p.key() != pod);
+                if let Some(Ok(report)) = &mut self.node.report {
+                    for g in &mut report.gpus {
+                        g.pods
+                            .retain(|p| &format!("{}/{}", p.namespace, p.name) != pod);
+                    }
+                }
+            }
+            Action::RequestReset { id, .. } => self.node.reset_request = Some(id.clone()),
+            Action::RequestReboot { id } => self.node.reboot_request = Some(id.clone()),
+            Action::MarkForReplacement { .. } | Action::Event { .. } => {}
+        }
+    }
+
+    /// The agent remembers what it carried out and never repeats an id.
+    fn answered(&self, id: &str) -> bool {
+        self.executed.iter().any(|e| e == id)
+    }
+
+    /// The agent carries out a pending request once and reports; a
+    /// successful reset or reboot leaves a healthy, fresh report.
+    pub fn agent_turn(&mut self) {
+        if let Some(id) = self.node.reset_request.clone()
+            && !self.answered(&id)
+            && self.reset_agent != Agent::Silent
+        {
+            self.executed.push(id.clone());
+            let ok = self.reset_agent == Agent::Succeeds;
+            self.answer(&id, ok);
+            if ok {
+                self.heal();
+            }
+        }
+        if let Some(id) = self.node.reboot_request.clone()
+            && !self.answered(&id)
+            && self.reboot_agent != Agent::Silent
+        {
+            self.executed.push(id.clone());
+            let ok = self.reboot_agent == Agent::Succeeds;
+            self.answer(&id, ok);
+            if ok {
+                self.boots += 1;
+                self.node.boot_id = format!("boot-{}", self.boots);
+                self.heal();
+            }
+        }
+    }
+
+    fn answer(&mut self, id: &str, ok: bool) {
+        self.node.result = Some(Ok(RequestResult {
+            id: id.parse::<RequestId>().expect("id"),
+            outcome: if ok {
+                Outcome::Succeeded
+            } else {
+                Outcome::Failed
+            },
+            message: if ok {
+                String::new()
+            } else {
+                "nvidia-smi --gpu-reset failed".into()
+            },
+            finished_at: Time(self.now),
+        }));
+    }
+
+    /// Every GPU healthy, in a report newer than now.
+    pub fn heal(&mut self) {
+        if let Some(Ok(report)) = &mut self.node.report {
+            report.observed_at = Time(
+                self.now
+                    .saturating_add(Duration::from_secs(1))
+                    .expect("time"),
+            );
+            for g in &mut report.gpus {
+                g.health = GpuHealth::Healthy;
+                g.recovery_action = Some(0);
+            }
+        }
+    }
+
+    pub fn evicted(&self) -> Vec<String> {
+        self.log
+            .iter()
+            .filter_map(|a| match a {
+                Action::Evict { pod } => Some(pod.clone()),
+                _ => None,
+            })
+            .collect()
+    }
+
+    pub fn count(&self, pred: impl Fn(&Action) -> bool) -> usize {
+        self.log.iter().filter(|a| pred(a)).count()
+    }
+}

@@ -1,0 +1,297 @@
+//! The engine walked through the incident and its harder variants, with no
+//! server: the in-memory world applies its actions as the operator would.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{Agent, BAD_GPU, World, gpu_pod};
+use gpuhealth_api::{
+    GpuHealth,
+    contract::{DisruptionTolerance, XidEvent},
+    node_health::Phase,
+    policy::{EscalationStep, Mode},
+    types::RecoveryAction,
+};
+use gpuhealth_engine::machine::Action;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+const HOUR: Duration = Duration::from_secs(3600);
+
+#[test]
+fn the_incident_resets_one_gpu_and_returns_to_healthy() {
+    let mut w = World::incident();
+    w.reconcile();
+    assert_eq!(w.state.phase, Phase::Quarantined);
+    assert!(w.node.unschedulable, "cordoned in the first step");
+    w.run_until(|w| w.state.phase == Phase::Healthy, HOUR);
+
+    assert_eq!(
+        w.evicted(),
+        ["ml-serving/vllm-7"],
+        "only the pod on GPU 7 leaves"
+    );
+    assert_eq!(
+        w.pods.len(),
+        7,
+        "the pods on the other seven GPUs keep running"
+    );
+    let resets: Vec<_> = w
+        .log
+        .iter()
+        .filter_map(|a| match a {
+            Action::RequestReset { gpus, .. } => Some(gpus.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        resets,
+        [vec![BAD_GPU.to_owned()]],
+        "one reset, of exactly that GPU"
+    );
+    assert!(!w.node.unschedulable, "uncordoned");
+    let incident = &w.state.history[0];
+    assert_eq!(incident.outcome.as_deref(), Some("Recovered"));
+    assert_eq!(incident.actions, ["GpuReset#1 Succeeded"]);
+    assert!(incident.trigger.contains("GPU 7"), "{}", incident.trigger);
+    let reasons: Vec<String> = w
+        .log
+        .iter()
+        .filter_map(|a| match a {
+            Action::Event { reason, .. } => Some(reason.clone()),
+            _ => None,
+        })
+        .collect();
+    for expected in ["Draining", "ActionRequested", "Verifying", "Recovered"] {
+        assert!(
+            reasons.iter().any(|r| r == expected),
+            "an Event for {expected}: {reasons:?}"
+        );
+    }
+}
+
+#[test]
+fn a_failed_reset_escalates_to_a_reboot() {
+    let mut w = World::incident();
+    w.reset_agent = Agent::Fails;
+    w.run_until(|w| w.state.phase == Phase::Healthy, HOUR);
+    assert_eq!(w.node.boot_id, "boot-2", "the node was rebooted");
+    assert_eq!(
+        w.state.history[0].actions,
+        ["GpuReset#1 Failed", "NodeReboot#1 Succeeded"]
+    );
+    assert!(w.pods.is_empty(), "a reboot drains every pod");
+}
+
+#[test]
+fn when_everything_fails_the_node_stays_cordoned_for_a_person() {
+    let mut w = World::incident();
+    w.reset_agent = Agent::Fails;
+    w.reboot_agent = Agent::Fails;
+    w.run_until(|w| w.state.phase == Phase::Failed, HOUR);
+    assert!(w.node.unschedulable);
+    assert_eq!(w.state.reason.as_deref(), Some("EscalationExhausted"));
+    let message = w.state.message.clone().unwrap_or_default();
+    assert!(
+        message.contains("inspect") && message.contains("uncordon"),
+        "{message}"
+    );
+    assert_eq!(w.state.history[0].outcome.as_deref(), Some("Failed"));
+    // It stays Failed until a person uncordons it.
+    w.advance(HOUR);
+    w.reconcile();
+    assert_eq!(w.state.phase, Phase::Failed);
+    assert!(w.count(|a| matches!(a, Action::Uncordon { .. })) == 0);
+}
+
+#[test]
+fn a_silent_agent_times_out_and_escalates() {
+    let mut w = World::incident();
+    w.reset_agent = Agent::Silent;
+    w.run_until(|w| w.state.phase == Phase::Healthy, 2 * HOUR);
+    assert_eq!(
+        w.state.history[0].actions,
+        ["GpuReset#1 Failed", "NodeReboot#1 Succeeded"]
+    );
+}
+
+#[test]
+fn xid_79_starts_at_the_reboot_rung_and_drains_everything() {
+    let mut w = World::incident();
+    if let Some(Ok(report)) = &mut w.node.report {
+        let gpu = &mut report.gpus[3];
+        gpu.xids.push(XidEvent {
+            code: 79,
+            at: Time(w.now),
+            text: "GPU has fallen off the bus.".into(),
+        });
+        gpu.health = GpuHealth::Lost;
+    }
+    w.run_until(|w| w.state.phase == Phase::Healthy, HOUR);
+    assert_eq!(w.count(|a| matches!(a, Action::RequestReset { .. })), 0);
+    assert_eq!(w.state.history[0].actions, ["NodeReboot#1 Succeeded"]);
+    assert_eq!(w.evicted().len(), 8);
+}
+
+#[test]
+fn someone_elses_cordon_is_left_in_place() {
+    let mut w = World::incident();
+    w.node.unschedulable = true; // cordoned by a person, with no record of ours
+    w.run_until(|w| w.state.phase == Phase::Healthy, HOUR);
+    assert_eq!(w.count(|a| matches!(a, Action::Cordon { .. })), 0);
+    assert_eq!(w.count(|a| matches!(a, Action::Uncordon { .. })), 0);
+    assert!(w.node.unschedulable, "still cordoned");
+}
+
+#[test]
+fn a_never_pod_holds_the_node_until_it_goes() {
+    let mut w = World::incident();
+    w.pods[7].tolerance = Ok(DisruptionTolerance::Never);
+    w.run_until(|w| w.state.reason.as_deref() == Some("WaitingForPod"), HOUR);
+    let message = w.state.message.clone().unwrap_or_default();
+    assert!(
+        message.contains("ml-serving/vllm-7"),
+        "the reason names the pod: {message}"
+    );
+    w.advance(Duration::from_secs(60));
+    w.reconcile();
+    assert_eq!(w.state.phase, Phase::Draining);
+    assert!(w.evicted().is_empty(), "never evicted");
+    // Its owner moves it away; remediation continues.
+    w.pods.retain(|p| p.name != "vllm-7");
+    w.run_until(|w| w.state.phase == Phase::Healthy, HOUR);
+    assert!(w.evicted().is_empty());
+}
+
+#[test]
+fn a_drain_that_times_out_fails_the_node_naming_the_pods() {
+    let mut w = World::incident();
+    w.pods[7].tolerance = Ok(DisruptionTolerance::Never);
+    w.run_until(|w| w.state.phase == Phase::Failed, HOUR);
+    assert_eq!(w.state.reason.as_deref(), Some("DrainTimeout"));
+    assert!(
+        w.state
+            .message
+            .clone()
+            .unwrap_or_default()
+            .contains("vllm-7")
+    );
+}
+
+#[test]
+fn dry_run_records_the_plan_and_touches_nothing() {
+    let mut w = World::incident();
+    w.spec.mode = Mode::DryRun;
+    for _ in 0..10 {
+        let actions = w.reconcile();
+        assert!(
+            actions.iter().all(|a| matches!(a, Action::Event { .. })),
+            "{actions:?}"
+        );
+        w.advance(Duration::from_secs(60));
+    }
+    assert_eq!(w.state.phase, Phase::Suspect);
+    let plan = w.state.plan.clone().expect("a plan");
+    assert!(plan.cordon);
+    assert_eq!(plan.action, Some(RecoveryAction::GpuReset));
+    assert_eq!(plan.gpus, [BAD_GPU]);
+    assert_eq!(plan.evict, ["ml-serving/vllm-7"]);
+    assert!(!w.node.unschedulable);
+}
+
+#[test]
+fn a_busy_budget_and_an_open_circuit_hold_the_start() {
+    let mut w = World::incident();
+    w.budget.disruptive_elsewhere = 1;
+    w.reconcile();
+    assert_eq!(
+        (w.state.phase, w.state.reason.as_deref()),
+        (Phase::Suspect, Some("WaitingForBudget"))
+    );
+    w.budget.disruptive_elsewhere = 0;
+    w.budget.unhealthy = 9;
+    w.reconcile();
+    assert_eq!(w.state.reason.as_deref(), Some("CircuitOpen"));
+    assert!(!w.node.unschedulable);
+    w.budget.unhealthy = 1;
+    w.reconcile();
+    assert_eq!(
+        w.state.phase,
+        Phase::Quarantined,
+        "starts once the budget allows"
+    );
+}
+
+#[test]
+fn a_restarted_operator_reissues_the_same_request_never_a_second() {
+    let mut w = World::incident();
+    w.reset_agent = Agent::Silent;
+    w.run_until(|w| w.state.phase == Phase::Remediating, HOUR);
+    let id = w.node.reset_request.clone().expect("request on the node");
+    // The request annotation is lost (the write after the status write never
+    // happened); the next reconcile re-issues the same id.
+    w.node.reset_request = None;
+    let actions = w.reconcile();
+    assert_eq!(
+        actions,
+        [Action::RequestReset {
+            id: id.clone(),
+            gpus: vec![BAD_GPU.into()]
+        }]
+    );
+    // With the annotation there, nothing more is asked.
+    assert!(w.reconcile().is_empty());
+    w.reset_agent = Agent::Succeeds;
+    w.run_until(|w| w.state.phase == Phase::Healthy, HOUR);
+    assert_eq!(
+        w.executed,
+        [id.clone()],
+        "the agent carried out exactly one reset"
+    );
+    let mut ids: Vec<String> = w
+        .log
+        .iter()
+        .filter_map(|a| match a {
+            Action::RequestReset { id, .. } => Some(id.clone()),
+            _ => None,
+        })
+        .collect();
+    ids.dedup();
+    assert_eq!(
+        ids,
+        [id],
+        "every request the engine made carried the same id"
+    );
+}
+
+#[test]
+fn a_second_attempt_uses_a_new_request_id() {
+    let mut w = World::incident();
+    w.spec.escalation = vec![EscalationStep {
+        action: RecoveryAction::GpuReset,
+        attempts: 2,
+        timeout: None,
+    }];
+    w.reset_agent = Agent::Fails;
+    w.run_until(|w| w.state.phase == Phase::Failed, HOUR);
+    assert_eq!(w.executed.len(), 2);
+    assert_ne!(w.executed[0], w.executed[1]);
+    assert_eq!(
+        w.state.history[0].actions,
+        ["GpuReset#1 Failed", "GpuReset#2 Failed"]
+    );
+}
+
+#[test]
+fn a_wait_pod_is_waited_for() {
+    let mut w = World::incident();
+    w.pods[7].tolerance = Ok(DisruptionTolerance::Wait);
+    w.run_until(|w| w.state.phase == Phase::Draining, HOUR);
+    w.advance(Duration::from_secs(120));
+    w.reconcile();
+    assert_eq!(w.state.phase, Phase::Draining);
+    w.pods[7].finished = true;
+    w.run_until(|w| w.state.phase == Phase::Healthy, HOUR);
+    assert!(w.evicted().is_empty());
+    let _ = gpu_pod("unused", BAD_GPU);
+}
