@@ -1,0 +1,236 @@
+//! The rules of DESIGN.md as properties of the engine, over random sequences
+//! of observations: health flapping, Xids, foreign cordons, pod tolerances,
+//! budgets, mode switches and agents that succeed, fail or stay silent.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{Agent, World, gpu_pod};
+use gpuhealth_api::{
+    GpuHealth,
+    contract::{DisruptionTolerance, XidEvent},
+    node_health::Phase,
+    policy::Mode,
+};
+use gpuhealth_engine::{
+    budget::Budget,
+    machine::{Action, is_disruptive},
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use proptest::prelude::*;
+
+#[derive(Clone, Debug)]
+enum Event {
+    Tick(u64),
+    Health(usize, GpuHealth),
+    Xid(usize, u32),
+    ForeignCordon(bool),
+    Tolerance(usize, u8),
+    PodLeaves(usize),
+    PodArrives(usize),
+    Budget { elsewhere: usize, unhealthy: usize },
+    Mode(Mode),
+    ResetAgent(Agent),
+    RebootAgent(Agent),
+    AgentTurn,
+    Reconcile,
+}
+
+fn health() -> impl Strategy<Value = GpuHealth> {
+    prop_oneof![
+        Just(GpuHealth::Healthy),
+        Just(GpuHealth::Degraded),
+        Just(GpuHealth::ResetRequired),
+        Just(GpuHealth::RebootRequired),
+        Just(GpuHealth::Lost),
+    ]
+}
+
+fn agent() -> impl Strategy<Value = Agent> {
+    prop_oneof![
+        Just(Agent::Succeeds),
+        Just(Agent::Fails),
+        Just(Agent::Silent)
+    ]
+}
+
+fn event() -> impl Strategy<Value = Event> {
+    prop_oneof![
+        4 => (1u64..900).prop_map(Event::Tick),
+        2 => (0usize..8, health()).prop_map(|(g, h)| Event::Health(g, h)),
+        1 => (0usize..8, prop::sample::select(vec![13u32, 31, 48, 79, 119, 154, 4242])).prop_map(|(g, x)| Event::Xid(g, x)),
+        1 => any::<bool>().prop_map(Event::ForeignCordon),
+        1 => (0usize..8, 0u8..4).prop_map(|(p, t)| Event::Tolerance(p, t)),
+        1 => (0usize..8).prop_map(Event::PodLeaves),
+        1 => (0usize..8).prop_map(Event::PodArrives),
+        1 => (0usize..3, 0usize..10).prop_map(|(elsewhere, unhealthy)| Event::Budget { elsewhere, unhealthy }),
+        1 => prop_oneof![Just(Mode::Enforce), Just(Mode::DryRun), Just(Mode::Paused)].prop_map(Event::Mode),
+        1 => agent().prop_map(Event::ResetAgent),
+        1 => agent().prop_map(Event::RebootAgent),
+        3 => Just(Event::AgentTurn),
+        6 => Just(Event::Reconcile),
+    ]
+}
+
+/// Applies a world event; returns the violations found by a reconcile.
+fn apply(w: &mut World, e: &Event) -> Vec<String> {
+    match e {
+        Event::Tick(s) => w.advance(Duration::from_secs(*s)),
+        Event::Health(g, h) => {
+            if let Some(Ok(r)) = &mut w.node.report {
+                r.gpus[*g].health = *h;
+                r.observed_at = Time(w.now);
+            }
+        }
+        Event::Xid(g, code) => {
+            if let Some(Ok(r)) = &mut w.node.report {
+                let text = if *code == 154 {
+                    "GPU recovery action changed from 0x0 (None) to 0x1 (GPU Reset Required)"
+                } else {
+                    ""
+                };
+                r.gpus[*g].xids.push(XidEvent {
+                    code: *code,
+                    at: Time(w.now),
+                    text: text.into(),
+                });
+                r.gpus[*g].xids.truncate(32);
+            }
+        }
+        Event::ForeignCordon(on) => {
+            // A person or another tool; it never writes our record.
+            if w.node.cordoned_by.is_none() {
+                w.node.unschedulable = *on;
+            }
+        }
+        Event::Tolerance(p, t) => {
+            if let Some(pod) = w.pods.get_mut(*p) {
+                pod.tolerance = match t {
+                    0 => Ok(DisruptionTolerance::Evict),
+                    1 => Ok(DisruptionTolerance::Wait),
+                    2 => Ok(DisruptionTolerance::Never),
+                    _ => "sometimes".parse(),
+                };
+            }
+        }
+        Event::PodLeaves(p) => {
+            if *p < w.pods.len() {
+                w.pods.remove(*p);
+            }
+        }
+        Event::PodArrives(g) => {
+            let uuid = format!("GPU-0a1b2c3d-0000-4000-8000-{g:012}");
+            let name = format!("late-{}", w.now.as_second());
+            w.pods.push(gpu_pod(&name, &uuid));
+        }
+        Event::Budget {
+            elsewhere,
+            unhealthy,
+        } => {
+            w.budget.disruptive_elsewhere = *elsewhere;
+            w.budget.unhealthy = *unhealthy;
+        }
+        Event::Mode(m) => w.spec.mode = *m,
+        Event::ResetAgent(a) => w.reset_agent = *a,
+        Event::RebootAgent(a) => w.reboot_agent = *a,
+        Event::AgentTurn => w.agent_turn(),
+        Event::Reconcile => return reconcile_checked(w),
+    }
+    Vec::new()
+}
+
+/// One reconcile, checking every rule against what the engine saw.
+fn reconcile_checked(w: &mut World) -> Vec<String> {
+    let mut bad = Vec::new();
+    let before = w.state.clone();
+    let node = w.node.clone();
+    let pods = w.pods.clone();
+    let budget = w.budget;
+    let mode = w.spec.mode;
+    let actions = w.reconcile();
+    let after = &w.state;
+    for a in &actions {
+        match a {
+            Action::Uncordon { incident } if node.cordoned_by.as_ref() != Some(incident) => {
+                bad.push(format!("uncordoned a cordon that is not ours: {node:?}"));
+            }
+            Action::Cordon { .. } if node.unschedulable => {
+                bad.push("cordoned an already cordoned node".into())
+            }
+            Action::Evict { pod } | Action::ForceDelete { pod } => {
+                if let Some(p) = pods.iter().find(|p| &p.key() == pod)
+                    && !matches!(
+                        p.tolerance,
+                        Ok(DisruptionTolerance::Evict) | Ok(DisruptionTolerance::Wait)
+                    )
+                {
+                    bad.push(format!(
+                        "evicted {pod} whose tolerance is {:?}",
+                        p.tolerance
+                    ));
+                }
+            }
+            Action::RequestReset { id, .. } | Action::RequestReboot { id } => {
+                if after.action.as_ref().map(|x| &x.id) != Some(id) {
+                    bad.push(format!(
+                        "request {id} not recorded in the status written before it"
+                    ));
+                }
+            }
+            _ => {}
+        }
+        if mode != Mode::Enforce && !matches!(a, Action::Event { .. }) {
+            bad.push(format!("{mode:?} took a side effect: {a:?}"));
+        }
+    }
+    let started =
+        !is_disruptive(before.phase) && before.phase != Phase::Failed && is_disruptive(after.phase);
+    if started && (budget.may_start().is_err() || mode != Mode::Enforce) {
+        bad.push(format!(
+            "started a remediation with budget {budget:?} in mode {mode:?}"
+        ));
+    }
+    bad
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+    #[test]
+    fn the_rules_hold_over_random_histories(events in prop::collection::vec(event(), 1..120)) {
+        let mut w = World::incident();
+        for e in &events {
+            let bad = apply(&mut w, e);
+            prop_assert!(bad.is_empty(), "after {e:?}: {bad:?}");
+        }
+    }
+
+    /// Several nodes of one policy, each deciding with the others' latest
+    /// phases: never more than `maxConcurrent` of them disruptive at once.
+    #[test]
+    fn never_more_than_max_concurrent(
+        max_concurrent in 1i32..3,
+        order in prop::collection::vec((0usize..4, 1u64..120, any::<bool>()), 1..200),
+    ) {
+        let mut nodes: Vec<World> = (0..4).map(|_| World::incident()).collect();
+        for n in &mut nodes {
+            n.spec.max_concurrent = k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(max_concurrent);
+            n.spec.max_unhealthy = k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(4);
+        }
+        for (i, secs, agent_turn) in order {
+            let elsewhere = nodes.iter().enumerate().filter(|(j, n)| *j != i && is_disruptive(n.state.phase)).count();
+            let n = &mut nodes[i];
+            n.budget = Budget::new(&n.spec, 4, elsewhere, 4);
+            n.reconcile();
+            if agent_turn {
+                n.agent_turn();
+            }
+            for m in &mut nodes {
+                m.advance(Duration::from_secs(secs));
+            }
+            let disruptive = nodes.iter().filter(|n| is_disruptive(n.state.phase)).count();
+            prop_assert!(disruptive <= max_concurrent as usize, "{disruptive} disruptive nodes, maxConcurrent {max_concurrent}");
+        }
+    }
+}
