@@ -121,8 +121,11 @@ fn apply(w: &mut World, e: &Event) -> Vec<String> {
         }
         Event::PodArrives(g) => {
             let uuid = format!("GPU-0a1b2c3d-0000-4000-8000-{g:012}");
-            let name = format!("late-{}", w.now.as_second());
-            w.pods.push(gpu_pod(&name, &uuid));
+            // Pod names are unique on a node, as in Kubernetes.
+            let name = (0..)
+                .map(|n| format!("late-{n}"))
+                .find(|n| w.pods.iter().all(|p| &p.name != n));
+            w.pods.push(gpu_pod(&name.unwrap_or_default(), &uuid));
         }
         Event::Budget {
             elsewhere,
@@ -171,12 +174,12 @@ fn reconcile_checked(w: &mut World) -> Vec<String> {
                     ));
                 }
             }
-            Action::RequestReset { id, .. } | Action::RequestReboot { id } => {
-                if after.action.as_ref().map(|x| &x.id) != Some(id) {
-                    bad.push(format!(
-                        "request {id} not recorded in the status written before it"
-                    ));
-                }
+            Action::RequestReset { id, .. } | Action::RequestReboot { id }
+                if after.action.as_ref().map(|x| &x.id) != Some(id) =>
+            {
+                bad.push(format!(
+                    "request {id} not recorded in the status written before it"
+                ));
             }
             _ => {}
         }
@@ -194,9 +197,8 @@ fn reconcile_checked(w: &mut World) -> Vec<String> {
     bad
 }
 
+// 256 cases each by default; PROPTEST_CASES=N runs more.
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
-
     #[test]
     fn the_rules_hold_over_random_histories(events in prop::collection::vec(event(), 1..120)) {
         let mut w = World::incident();
