@@ -4,9 +4,11 @@
 //!
 //! Everything here talks to a real kube-apiserver; nothing is mocked.
 
+pub mod agent;
 pub mod cluster;
 pub mod crds;
 pub mod names;
+pub mod operator;
 pub mod sim;
 pub mod wait;
 

@@ -1,0 +1,126 @@
+//! Turning cluster objects into what the engine reads.
+
+use std::collections::BTreeMap;
+
+use gpuhealth_api::contract::{
+    AnnotationValue, CORDONED_BY_ANNOTATION, CordonRecord, DISRUPTION_TOLERANCE_ANNOTATION,
+    DisruptionTolerance, GPU_REPORT_ANNOTATION, GpuReport, REBOOT_REQUEST_ANNOTATION,
+    REQUEST_RESULT_ANNOTATION, RESET_REQUEST_ANNOTATION, RebootRequest, RequestResult,
+    ResetRequest,
+};
+use gpuhealth_engine::{diagnosis::ObservedCondition, drain::PodView, machine::NodeView};
+use k8s_openapi::{
+    api::core::v1::{Node, Pod},
+    jiff::Timestamp,
+};
+use kube::ResourceExt;
+
+/// The node as the engine sees it.
+pub fn node_view(node: &Node) -> NodeView {
+    let annotations = node.annotations();
+    let parse_id =
+        |key: &str, f: fn(&str) -> Option<String>| annotations.get(key).and_then(|v| f(v));
+    let conditions = node
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .map(|cs| {
+            cs.iter()
+                .map(|c| ObservedCondition {
+                    type_: c.type_.clone(),
+                    status: c.status.clone(),
+                    last_transition: c
+                        .last_transition_time
+                        .as_ref()
+                        .map_or(Timestamp::UNIX_EPOCH, |t| t.0),
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    NodeView {
+        name: node.name_any(),
+        unschedulable: node
+            .spec
+            .as_ref()
+            .and_then(|s| s.unschedulable)
+            .unwrap_or(false),
+        cordoned_by: annotations
+            .get(CORDONED_BY_ANNOTATION)
+            .and_then(|v| CordonRecord::parse(v).ok())
+            .map(|r| r.incident.to_string()),
+        boot_id: node
+            .status
+            .as_ref()
+            .and_then(|s| s.node_info.as_ref())
+            .map(|i| i.boot_id.clone())
+            .unwrap_or_default(),
+        conditions,
+        report: annotations
+            .get(GPU_REPORT_ANNOTATION)
+            .map(|v| GpuReport::parse(v)),
+        reset_request: parse_id(RESET_REQUEST_ANNOTATION, |v| {
+            ResetRequest::parse(v).ok().map(|r| r.id.to_string())
+        }),
+        reboot_request: parse_id(REBOOT_REQUEST_ANNOTATION, |v| {
+            RebootRequest::parse(v).ok().map(|r| r.id.to_string())
+        }),
+        result: annotations
+            .get(REQUEST_RESULT_ANNOTATION)
+            .map(|v| RequestResult::parse(v)),
+    }
+}
+
+/// A pod as the drain planner sees it; `holders` maps `namespace/name` to the
+/// GPU UUIDs the node's report says it holds.
+pub fn pod_view(pod: &Pod, holders: &BTreeMap<String, Vec<String>>) -> PodView {
+    let key = format!("{}/{}", pod.namespace().unwrap_or_default(), pod.name_any());
+    let requests_gpu = pod.spec.as_ref().is_some_and(|s| {
+        s.containers.iter().any(|c| {
+            c.resources.as_ref().is_some_and(|r| {
+                let has = |m: &Option<BTreeMap<String, _>>| {
+                    m.as_ref().is_some_and(|m| m.contains_key("nvidia.com/gpu"))
+                };
+                has(&r.limits) || has(&r.requests)
+            })
+        })
+    });
+    let phase = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.phase.as_deref())
+        .unwrap_or_default();
+    PodView {
+        namespace: pod.namespace().unwrap_or_default(),
+        name: pod.name_any(),
+        labels: pod.labels().clone(),
+        daemon: pod.owner_references().iter().any(|o| o.kind == "DaemonSet"),
+        mirror: pod
+            .annotations()
+            .contains_key("kubernetes.io/config.mirror"),
+        terminating: pod.metadata.deletion_timestamp.is_some(),
+        finished: matches!(phase, "Succeeded" | "Failed"),
+        requests_gpu,
+        gpus: holders.get(&key).cloned().unwrap_or_default(),
+        tolerance: DisruptionTolerance::from_annotation(
+            pod.annotations()
+                .get(DISRUPTION_TOLERANCE_ANNOTATION)
+                .map(String::as_str),
+        ),
+    }
+}
+
+/// `namespace/name` → GPU UUIDs, from the node's report.
+pub fn gpu_holders(view: &NodeView) -> BTreeMap<String, Vec<String>> {
+    let mut holders: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    if let Some(Ok(report)) = &view.report {
+        for gpu in &report.gpus {
+            for p in &gpu.pods {
+                holders
+                    .entry(format!("{}/{}", p.namespace, p.name))
+                    .or_default()
+                    .push(gpu.uuid.clone());
+            }
+        }
+    }
+    holders
+}

@@ -1,0 +1,195 @@
+//! A fake node agent for simulated nodes, standing in for the real agent's
+//! fake backend until it exists: it writes the GPU report a scenario asks
+//! for, answers reset and reboot requests with the outcome the scenario
+//! chooses, and changes the node's bootID on a successful reboot.
+
+use std::{
+    collections::BTreeSet,
+    sync::{Arc, Mutex},
+};
+
+use futures::{StreamExt, TryStreamExt};
+use gpuhealth_api::{
+    GpuHealth,
+    contract::{
+        AnnotationValue, GPU_REPORT_ANNOTATION, GpuReport, Outcome, REBOOT_REQUEST_ANNOTATION,
+        REQUEST_RESULT_ANNOTATION, RESET_REQUEST_ANNOTATION, RebootRequest, RequestResult,
+        ResetRequest,
+    },
+};
+use k8s_openapi::{api::core::v1::Node, apimachinery::pkg::apis::meta::v1::Time, jiff::Timestamp};
+use kube::{
+    Api, Client, ResourceExt,
+    api::{Patch, PatchParams},
+    runtime::{WatchStreamExt, watcher},
+};
+use serde_json::json;
+use tokio::task::JoinHandle;
+
+use crate::sim::SIM_GROUP_LABEL;
+
+/// What the fake agent answers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Answer {
+    Succeed,
+    Fail,
+}
+
+/// What the agent was asked to do, for assertions.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Request {
+    Reset { id: String, gpus: Vec<String> },
+    Reboot { id: String },
+}
+
+#[derive(Clone)]
+pub struct FakeAgent {
+    pub reset: Arc<Mutex<Answer>>,
+    pub reboot: Arc<Mutex<Answer>>,
+    /// Every request carried out, in order. The agent never carries out the
+    /// same id twice, as the real one must not.
+    pub carried_out: Arc<Mutex<Vec<Request>>>,
+}
+
+impl Default for FakeAgent {
+    fn default() -> Self {
+        FakeAgent {
+            reset: Arc::new(Mutex::new(Answer::Succeed)),
+            reboot: Arc::new(Mutex::new(Answer::Succeed)),
+            carried_out: Arc::new(Mutex::new(Vec::new())),
+        }
+    }
+}
+
+/// Writes `report` on `node`, stamped now.
+pub async fn write_report(client: &Client, node: &str, mut report: GpuReport) -> kube::Result<()> {
+    report.observed_at = Time(Timestamp::now());
+    let patch =
+        json!({"metadata": {"annotations": {GPU_REPORT_ANNOTATION: report.to_annotation()}}});
+    Api::<Node>::all(client.clone())
+        .patch(node, &PatchParams::default(), &Patch::Merge(patch))
+        .await?;
+    Ok(())
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+impl FakeAgent {
+    pub fn requests(&self) -> Vec<Request> {
+        lock(&self.carried_out).clone()
+    }
+
+    /// Serves every node of simulation group `group` until the handle is aborted.
+    pub fn spawn(&self, client: Client, group: &str) -> JoinHandle<()> {
+        let agent = self.clone();
+        let nodes: Api<Node> = Api::all(client.clone());
+        let config = watcher::Config::default().labels(&format!("{SIM_GROUP_LABEL}={group}"));
+        tokio::spawn(async move {
+            let mut seen = BTreeSet::new();
+            let mut stream = watcher(nodes, config)
+                .default_backoff()
+                .applied_objects()
+                .boxed();
+            while let Ok(Some(node)) = stream.try_next().await {
+                if let Err(e) = agent.serve(&client, &node, &mut seen).await {
+                    eprintln!("fake agent: {e}");
+                }
+            }
+        })
+    }
+
+    async fn serve(
+        &self,
+        client: &Client,
+        node: &Node,
+        seen: &mut BTreeSet<String>,
+    ) -> kube::Result<()> {
+        let annotations = node.annotations();
+        let name = node.name_any();
+        if let Some(req) = annotations
+            .get(RESET_REQUEST_ANNOTATION)
+            .and_then(|v| ResetRequest::parse(v).ok())
+            && seen.insert(req.id.to_string())
+        {
+            lock(&self.carried_out).push(Request::Reset {
+                id: req.id.to_string(),
+                gpus: req.gpus.clone(),
+            });
+            let ok = *lock(&self.reset) == Answer::Succeed;
+            if ok {
+                heal(client, node).await?;
+            }
+            answer(
+                client,
+                &name,
+                &req.id.to_string(),
+                ok,
+                "nvidia-smi --gpu-reset",
+            )
+            .await?;
+        }
+        if let Some(req) = annotations
+            .get(REBOOT_REQUEST_ANNOTATION)
+            .and_then(|v| RebootRequest::parse(v).ok())
+            && seen.insert(req.id.to_string())
+        {
+            lock(&self.carried_out).push(Request::Reboot {
+                id: req.id.to_string(),
+            });
+            let ok = *lock(&self.reboot) == Answer::Succeed;
+            if ok {
+                let boot = format!("boot-{}", Timestamp::now().as_millisecond());
+                let status = json!({"status": {"nodeInfo": {"bootID": boot}}});
+                Api::<Node>::all(client.clone())
+                    .patch_status(&name, &PatchParams::default(), &Patch::Merge(status))
+                    .await?;
+                heal(client, node).await?;
+            }
+            answer(client, &name, &req.id.to_string(), ok, "reboot").await?;
+        }
+        Ok(())
+    }
+}
+
+/// A fresh report with every GPU healthy.
+async fn heal(client: &Client, node: &Node) -> kube::Result<()> {
+    let report = node
+        .annotations()
+        .get(GPU_REPORT_ANNOTATION)
+        .and_then(|v| GpuReport::parse(v).ok());
+    if let Some(mut report) = report {
+        for gpu in &mut report.gpus {
+            gpu.health = GpuHealth::Healthy;
+            gpu.recovery_action = Some(0);
+        }
+        write_report(client, &node.name_any(), report).await?;
+    }
+    Ok(())
+}
+
+async fn answer(client: &Client, node: &str, id: &str, ok: bool, what: &str) -> kube::Result<()> {
+    let result = RequestResult {
+        id: id
+            .parse()
+            .map_err(|e: String| kube::Error::Service(e.into()))?,
+        outcome: if ok {
+            Outcome::Succeeded
+        } else {
+            Outcome::Failed
+        },
+        message: if ok {
+            format!("{what} succeeded")
+        } else {
+            format!("{what} failed (simulated)")
+        },
+        finished_at: Time(Timestamp::now()),
+    };
+    let patch =
+        json!({"metadata": {"annotations": {REQUEST_RESULT_ANNOTATION: result.to_annotation()}}});
+    Api::<Node>::all(client.clone())
+        .patch(node, &PatchParams::default(), &Patch::Merge(patch))
+        .await?;
+    Ok(())
+}
