@@ -1,22 +1,25 @@
 #!/usr/bin/env bash
-# `make demo`: gpuhealth on a simulated GPU cluster.
+# `make demo`: the incident gpuhealth was built for, replayed on a simulated
+# GPU cluster. An 8-GPU node serves eight vLLM pods; GPU 7 logs Xid 119 and
+# Xid 154 (GPU Reset Required) while the node stays Ready. gpuhealth cordons
+# it, evicts only the pod on GPU 7, resets that GPU, verifies, uncordons.
 #
 # With KUBECONFIG unset, it starts the local cluster (real control plane,
 # KWOK GPU nodes) and leaves it running for you to explore. With KUBECONFIG
-# set, it installs into that cluster instead and creates no simulated nodes
-# unless GPUHEALTH_DEMO_SIM_NODES=1 (they need KWOK running there).
+# set, it installs the CRDs and sample policies there and stops: the replay
+# needs simulated nodes (KWOK) and the fake agent, which a real cluster lacks.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/.." && pwd)
 cd "$repo"
 say() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
 
-sim_nodes=${GPUHEALTH_DEMO_SIM_NODES:-}
+local_cluster=
 if [[ -z "${KUBECONFIG:-}" ]]; then
   say "Starting the local GPU cluster (the first run builds it: 15-25 minutes)"
   KUBECONFIG=$(e2e/cluster/cluster.sh up | tail -n 1)
   export KUBECONFIG
-  sim_nodes=1
+  local_cluster=1
   kubectl_bin="$(cat "$(dirname "$KUBECONFIG")/bin")/kubectl"
 else
   kubectl_bin=$(command -v kubectl)
@@ -24,47 +27,98 @@ fi
 export GPUHEALTH_E2E_KUBECONFIG=$KUBECONFIG
 k() { "$kubectl_bin" "$@"; }
 
-say "Building gpuhealth"
-cargo build -q -p gpuhealth-e2e --bin gpuhealth-sim
-
-say "Installing the CRDs: kubectl apply -k config/default"
+say "Installing the CRDs and the sample policies: kubectl apply -k"
 k apply --server-side -k config/default
 k wait --for condition=Established --timeout 60s crd/gpuhealthpolicies.gpuhealth.io crd/gpunodehealths.gpuhealth.io
+k apply --server-side -k config/samples
 
-if [[ -n "$sim_nodes" ]]; then
-  say "Ten simulated GPU nodes (KWOK; 8 x RTX 5090 D each, as in the incident)"
-  target/debug/gpuhealth-sim nodes --group gpu-node --count 10
-  k get nodes -l gpuhealth.io/sim-group=gpu-node \
-    -L nvidia.com/gpu.product -L nvidia.com/gpu.count
-
-  say "A vLLM Deployment holding one GPU per pod"
-  target/debug/gpuhealth-sim deploy --namespace ml-serving --name vllm --group gpu-node --replicas 8 --gpus-per-pod 1
-  k get pods -n ml-serving -o wide
+if [[ -z "$local_cluster" ]]; then
+  k get gpuhealth
+  echo "Installed. The incident replay needs the local simulated cluster: unset KUBECONFIG and run make demo."
+  exit 0
 fi
 
-say "Sample policies: kubectl apply -k config/samples"
-k apply --server-side -k config/samples
-k get ghp gpu-nodes -o yaml | sed -n '/^spec:/,/^status:/p'
+say "Building gpuhealth"
+cargo build -q -p gpuhealth-operator -p gpuhealth-e2e --bins
+sim=target/debug/gpuhealth-sim
+logs=target/demo
+mkdir -p "$logs"
+node=192.168.1.1
 
-say "An invalid policy is refused, naming the field"
-k apply --dry-run=server -f - <<'YAML' || true
+say "A GPU fleet: nine nodes, and node $node (8 x RTX 5090 D), all KWOK"
+$sim nodes --group fleet --count 9
+$sim nodes --group incident --name "$node"
+k get nodes -L nvidia.com/gpu.product -L nvidia.com/gpu.count
+
+say "vLLM on $node: eight pods, one GPU each, one disruption at a time"
+$sim deploy --namespace ml-serving --name vllm --group incident --replicas 8 --gpus-per-pod 1
+k apply --server-side -f - <<'YAML'
+apiVersion: policy/v1
+kind: PodDisruptionBudget
+metadata: {name: vllm, namespace: ml-serving}
+spec:
+  maxUnavailable: 1
+  selector: {matchLabels: {app: vllm}}
+YAML
+k get pods -n ml-serving -o wide
+$sim report --node "$node" --namespace ml-serving
+
+say "A policy for this fleet (defaults, but verification shortened to 10s for the demo)"
+k apply --server-side -f - <<'YAML'
 apiVersion: gpuhealth.io/v1alpha1
 kind: GpuHealthPolicy
-metadata:
-  name: broken
+metadata: {name: demo-fleet}
 spec:
-  nodeSelector: {}
-  escalation: [{action: NodeReboot}, {action: GpuReset}]
-  maxConcurrent: 150%
+  nodeSelector:
+    matchExpressions: [{key: gpuhealth.io/sim-group, operator: In, values: [fleet, incident]}]
+  priority: 100
+  verification: {stableFor: 10s}
 YAML
+
+say "Starting the operator and the fake node agent (logs in $logs/)"
+target/debug/gpuhealth-operator >"$logs/operator.log" 2>&1 &
+operator=$!
+$sim agent --group incident >"$logs/agent.log" 2>&1 &
+agent=$!
+trap 'kill $operator $agent 2>/dev/null || true' EXIT
+# kubectl wait needs the object to exist: the operator creates it.
+for _ in $(seq 1 120); do k get "gnh/$node" >/dev/null 2>&1 && break; sleep 0.5; done
+k wait --for=jsonpath='{.status.phase}'=Healthy "gnh/$node" --timeout 60s >/dev/null
+k get gpuhealth
+
+say "GPU 7 of $node fails; the node stays Ready"
+$sim xid --node "$node" --namespace ml-serving --gpu 7
+k get node "$node"
+
+say "gpuhealth takes it from here: kubectl get gnh $node, each time it changes"
+columns=PHASE:.status.phase,BAD-GPUS:.status.badGpus,ACTION:.status.action.type,ATTEMPT:.status.action.attempt,REASON:.status.reason,MESSAGE:.status.message
+printf '%-9s ' TIME; k get gnh "$node" -o custom-columns="$columns" | head -n 1
+last="" left_healthy="" deadline=$((SECONDS + 180))
+while ((SECONDS < deadline)); do
+  row=$(k get gnh "$node" -o custom-columns="$columns" --no-headers 2>/dev/null || true)
+  if [[ "$row" != "$last" ]]; then
+    printf '%-9s %s\n' "$(date +%T)" "$row"
+    last=$row
+  fi
+  phase=$(awk '{print $1}' <<<"$row")
+  [[ "$phase" != Healthy ]] && left_healthy=1
+  [[ -n "$left_healthy" && "$phase" == Healthy ]] && break
+  sleep 0.5
+done
+
+say "The pods: only the one on GPU 7 was moved; its replacement runs once the node is back"
+k rollout status deployment/vllm -n ml-serving --timeout 120s >/dev/null
+k get pods -n ml-serving -o wide
+
+say "The incident, as gpuhealth recorded it"
+k get gnh "$node" -o jsonpath='{range .status.history[0]}{"incident: "}{.id}{"\ntrigger:  "}{.trigger}{"\nactions:  "}{.actions}{"\noutcome:  "}{.outcome}{"\n"}{end}'
+k get events --field-selector "involvedObject.name=$node" --sort-by=.metadata.creationTimestamp \
+  -o custom-columns=TYPE:.type,REASON:.reason,MESSAGE:.message
 
 say "kubectl get gpuhealth"
 k get gpuhealth
 
 cat <<MSG
-
-The operator that fills in the NODES/HEALTHY columns and creates one
-GpuNodeHealth per node is the next piece of work (see README.md).
 
 Explore:  export KUBECONFIG=$KUBECONFIG
 Stop:     make cluster-down

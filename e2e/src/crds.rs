@@ -3,10 +3,9 @@
 
 use std::time::Duration;
 
-use gpuhealth_api::{GpuHealthPolicy, GpuNodeHealth};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::{
-    Api, Client, CustomResourceExt, ResourceExt,
+    Api, Client, ResourceExt,
     api::{Patch, PatchParams},
     runtime::{conditions, wait::await_condition},
 };
@@ -17,7 +16,7 @@ use crate::{Result, wait::within};
 pub async fn install(client: &Client) -> Result<()> {
     let api: Api<CustomResourceDefinition> = Api::all(client.clone());
     let params = PatchParams::apply("gpuhealth-e2e").force();
-    for crd in [GpuHealthPolicy::crd(), GpuNodeHealth::crd()] {
+    for crd in gpuhealth_api::crds::all() {
         let name = crd.name_any();
         api.patch(&name, &params, &Patch::Apply(&crd)).await?;
         within(

@@ -9,6 +9,7 @@ pub mod cluster;
 pub mod crds;
 pub mod names;
 pub mod operator;
+pub mod reports;
 pub mod sim;
 pub mod wait;
 

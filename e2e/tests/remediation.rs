@@ -8,15 +8,12 @@ use std::{
 };
 
 use futures::{StreamExt, TryStreamExt};
-use gpuhealth_api::{
-    GpuHealth, GpuHealthPolicy, GpuHealthPolicySpec, GpuNodeHealth,
-    contract::{AnnotationValue, GpuReport, PodRef, XidEvent},
-    node_health::Phase,
-};
+use gpuhealth_api::{GpuHealthPolicy, GpuHealthPolicySpec, GpuNodeHealth, node_health::Phase};
 use gpuhealth_e2e::{
     agent::{FakeAgent, Request, write_report},
     client, crds,
     operator::Operator,
+    reports,
     sim::{GpuNodeSpec, SIM_GROUP_LABEL, gpu_deployment, gpu_node, node_is_ready},
     unique,
     wait::until,
@@ -28,10 +25,9 @@ use k8s_openapi::{
         policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec},
     },
     apimachinery::pkg::{
-        apis::meta::v1::{LabelSelector, ObjectMeta, Time},
+        apis::meta::v1::{LabelSelector, ObjectMeta},
         util::intstr::IntOrString,
     },
-    jiff::Timestamp,
 };
 use kube::{
     Api, ResourceExt,
@@ -40,8 +36,6 @@ use kube::{
 };
 
 const WAIT: Duration = Duration::from_secs(180);
-const FIXTURE: &str =
-    include_str!("../../crates/gpuhealth-api/tests/fixtures/incident-gpu-report.json");
 
 #[tokio::test]
 async fn the_incident_gpu_7_is_reset_and_the_node_returns_to_service() {
@@ -121,18 +115,7 @@ async fn the_incident_gpu_7_is_reset_and_the_node_returns_to_service() {
         .map(|p| p.name_any())
         .collect();
     pod_names.sort();
-    let mut report = GpuReport::parse(FIXTURE).expect("fixture");
-    for (gpu, pod) in report.gpus.iter_mut().zip(&pod_names) {
-        gpu.health = GpuHealth::Healthy;
-        gpu.xids.clear();
-        gpu.recovery_action = Some(0);
-        gpu.remapped_rows = None;
-        gpu.pods = vec![PodRef {
-            namespace: ns.clone(),
-            name: pod.clone(),
-            container: Some("server".into()),
-        }];
-    }
+    let mut report = reports::healthy(&ns, &pod_names);
     write_report(&client, &node_name, report.clone())
         .await
         .expect("healthy report");
@@ -191,21 +174,7 @@ async fn the_incident_gpu_7_is_reset_and_the_node_returns_to_service() {
     // GPU 7: Xid 119, then Xid 154 asking for a reset.
     let bad_uuid = report.gpus[7].uuid.clone();
     let bad_pod = pod_names[7].clone();
-    let now = Time(Timestamp::now());
-    report.gpus[7].health = GpuHealth::ResetRequired;
-    report.gpus[7].recovery_action = Some(1);
-    report.gpus[7].xids = vec![
-        XidEvent {
-            code: 119,
-            at: now.clone(),
-            text: "Timeout after 45s of waiting for RPC response from GPU GSP".into(),
-        },
-        XidEvent {
-            code: 154,
-            at: now,
-            text: "GPU recovery action changed from 0x0 (None) to 0x1 (GPU Reset Required)".into(),
-        },
-    ];
+    reports::xid_119_and_154(&mut report, 7);
     let written = Instant::now();
     write_report(&client, &node_name, report)
         .await

@@ -681,23 +681,24 @@ impl<'a> Stepper<'a> {
 
     fn recovered(&mut self) {
         let incident = self.status.incident.clone().unwrap_or_default();
-        if self.ours() {
+        let ours = self.ours();
+        if ours {
             self.actions.push(Action::Uncordon {
                 incident: incident.clone(),
             });
         }
-        self.close("Recovered");
-        self.status.action = None;
-        self.status.incident = None;
-        self.status.clear_since = None;
-        self.status.boot_id_before_reboot = None;
-        let message = if self.ours() || !self.input.node.unschedulable {
+        let message = if ours || !self.input.node.unschedulable {
             format!("incident {incident} recovered; node back in service")
         } else {
             format!(
                 "incident {incident} recovered; the node stays cordoned: someone else cordoned it"
             )
         };
+        self.close("Recovered");
+        self.status.action = None;
+        self.status.incident = None;
+        self.status.clear_since = None;
+        self.status.boot_id_before_reboot = None;
         self.event(EventType::Normal, "Recovered", message);
         self.enter(Phase::Healthy, "", String::new());
     }

@@ -141,6 +141,13 @@ fn someone_elses_cordon_is_left_in_place() {
     assert_eq!(w.count(|a| matches!(a, Action::Cordon { .. })), 0);
     assert_eq!(w.count(|a| matches!(a, Action::Uncordon { .. })), 0);
     assert!(w.node.unschedulable, "still cordoned");
+    let recovered = w.log.iter().find_map(|a| match a {
+        Action::Event {
+            reason, message, ..
+        } if reason == "Recovered" => Some(message.clone()),
+        _ => None,
+    });
+    assert!(recovered.is_some_and(|m| m.contains("someone else cordoned it")));
 }
 
 #[test]

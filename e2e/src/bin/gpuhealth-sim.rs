@@ -6,17 +6,18 @@ use std::{process::ExitCode, time::Duration};
 
 use clap::{Parser, Subcommand};
 use gpuhealth_e2e::{
-    client,
+    agent::{FakeAgent, write_report},
+    client, reports,
     sim::{GpuNodeSpec, SIM_GROUP_LABEL, gpu_deployment, gpu_node, node_is_ready},
     wait::{until, until_set},
 };
 use k8s_openapi::api::{
     apps::v1::Deployment,
-    core::v1::{Namespace, Node},
+    core::v1::{Namespace, Node, Pod},
 };
 use kube::{
-    Api,
-    api::{ObjectMeta, Patch, PatchParams},
+    Api, ResourceExt,
+    api::{ListParams, ObjectMeta, Patch, PatchParams},
     runtime::watcher,
 };
 
@@ -35,6 +36,9 @@ enum Command {
     Nodes {
         #[arg(long)]
         group: String,
+        /// Name a single node (instead of `<group>-<i>`).
+        #[arg(long, conflicts_with = "count")]
+        name: Option<String>,
         #[arg(long, default_value_t = 4)]
         count: usize,
         #[arg(long, default_value_t = 8)]
@@ -53,6 +57,28 @@ enum Command {
         #[arg(long, default_value_t = 1)]
         gpus_per_pod: u32,
     },
+    /// Write a healthy GPU report on a node, GPU i held by the i-th pod
+    /// (by name) of a namespace that runs on it.
+    Report {
+        #[arg(long)]
+        node: String,
+        #[arg(long)]
+        namespace: String,
+    },
+    /// The incident on a node: Xid 119 then Xid 154 (0x1 GPU Reset Required) on one GPU.
+    Xid {
+        #[arg(long)]
+        node: String,
+        #[arg(long)]
+        namespace: String,
+        #[arg(long, default_value_t = 7)]
+        gpu: usize,
+    },
+    /// Run the fake node agent for a node group until interrupted.
+    Agent {
+        #[arg(long)]
+        group: String,
+    },
 }
 
 #[tokio::main(flavor = "current_thread")]
@@ -70,14 +96,23 @@ async fn run(command: Command) -> Result<(), Box<dyn std::error::Error>> {
     let client = client().await?;
     let apply = PatchParams::apply("gpuhealth-sim").force();
     match command {
-        Command::Nodes { group, count, gpus } => {
+        Command::Nodes {
+            group,
+            name,
+            count,
+            gpus,
+        } => {
             let nodes: Api<Node> = Api::all(client);
             let spec = GpuNodeSpec {
                 gpus,
                 ..Default::default()
             };
-            for i in 0..count {
-                let name = format!("{group}-{i}");
+            let names: Vec<String> = match name {
+                Some(n) => vec![n],
+                None => (0..count).map(|i| format!("{group}-{i}")).collect(),
+            };
+            let count = names.len();
+            for name in names {
                 nodes
                     .patch(&name, &apply, &Patch::Apply(gpu_node(&name, &group, &spec)))
                     .await?;
@@ -117,6 +152,45 @@ async fn run(command: Command) -> Result<(), Box<dyn std::error::Error>> {
             .await?;
             println!("deployment {namespace}/{name} Ready: {replicas} pods x {gpus_per_pod} GPU");
         }
+        Command::Report { node, namespace } => {
+            let report = reports::healthy(&namespace, &pods_on(&client, &node, &namespace).await?);
+            write_report(&client, &node, report).await?;
+            println!("healthy GPU report written on {node}");
+        }
+        Command::Xid {
+            node,
+            namespace,
+            gpu,
+        } => {
+            let mut report =
+                reports::healthy(&namespace, &pods_on(&client, &node, &namespace).await?);
+            reports::xid_119_and_154(&mut report, gpu);
+            write_report(&client, &node, report).await?;
+            println!(
+                "NVRM: Xid (PCI:0000:e1:00): 119, Timeout after 45s of waiting for RPC response from GPU GSP"
+            );
+            println!(
+                "NVRM: Xid (PCI:0000:e1:00): 154, GPU recovery action changed from 0x0 (None) to 0x1 (GPU Reset Required)"
+            );
+        }
+        Command::Agent { group } => {
+            let agent = FakeAgent::default();
+            let task = agent.spawn(client, &group);
+            eprintln!("fake agent serving node group {group}; Ctrl-C to stop");
+            tokio::signal::ctrl_c().await?;
+            task.abort();
+        }
     }
     Ok(())
+}
+
+/// Names of the pods of `namespace` on `node`, sorted.
+async fn pods_on(client: &kube::Client, node: &str, namespace: &str) -> kube::Result<Vec<String>> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
+    let list = pods
+        .list(&ListParams::default().fields(&format!("spec.nodeName={node}")))
+        .await?;
+    let mut names: Vec<String> = list.iter().map(|p| p.name_any()).collect();
+    names.sort();
+    Ok(names)
 }
