@@ -10,6 +10,7 @@ pub mod crds;
 pub mod names;
 pub mod operator;
 pub mod reports;
+pub mod scenario;
 pub mod sim;
 pub mod wait;
 

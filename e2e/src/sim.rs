@@ -132,6 +132,8 @@ pub fn gpu_deployment(
                         effect: Some("NoSchedule".into()),
                         ..Default::default()
                     }]),
+                    // Simulated pods hold nothing worth a long goodbye.
+                    termination_grace_period_seconds: Some(1),
                     containers: vec![Container {
                         name: "server".into(),
                         image: Some("vllm/vllm-openai:latest".into()),

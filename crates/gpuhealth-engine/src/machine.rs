@@ -14,7 +14,8 @@ use gpuhealth_api::{
     RecoveryAction,
     contract::{ContractError, GpuReport, Outcome, RequestResult},
     node_health::{
-        ActionStatus, GpuNodeHealthStatus, GpuStatus, HISTORY_LIMIT, Incident, Phase, Plan,
+        ActionStatus, FINDINGS_LIMIT, Finding, GpuNodeHealthStatus, GpuStatus, HISTORY_LIMIT,
+        Incident, Phase, Plan,
     },
     policy::{DrainScope, DrainTimeoutAction, EscalationStep, GpuHealthPolicySpec, Mode},
 };
@@ -206,6 +207,13 @@ impl<'a> Stepper<'a> {
             xids_since: self.xids_since(),
         };
         self.diagnosis = diagnose(self.now(), &self.spec().detection, &evidence);
+        if let Some(error) = self.diagnosis.report_error.clone() {
+            self.finding(
+                "MalformedGpuReport",
+                None,
+                format!("the GPU report was ignored: {error}"),
+            );
+        }
         if let Some(Ok(report)) = &node.report {
             self.status.gpus = report
                 .gpus
@@ -752,6 +760,32 @@ impl<'a> Stepper<'a> {
             self.status.incident = None;
             self.enter(Phase::Healthy, "", String::new());
         }
+    }
+
+    /// Records a finding once (until it changes) and says so in an Event.
+    fn finding(&mut self, type_: &str, subject: Option<String>, message: String) {
+        let known = self
+            .status
+            .findings
+            .iter()
+            .any(|f| f.type_ == type_ && f.message == message);
+        if known {
+            return;
+        }
+        self.status
+            .findings
+            .retain(|f| f.type_ != type_ || f.subject != subject);
+        self.status.findings.insert(
+            0,
+            Finding {
+                type_: type_.into(),
+                subject,
+                message: message.clone(),
+                observed_at: Time(self.now()),
+            },
+        );
+        self.status.findings.truncate(FINDINGS_LIMIT);
+        self.event(EventType::Warning, type_, message);
     }
 
     fn record(&mut self, what: &str) {

@@ -303,3 +303,22 @@ fn a_wait_pod_is_waited_for() {
     assert!(w.evicted().is_empty());
     let _ = gpu_pod("unused", BAD_GPU);
 }
+
+#[test]
+fn a_malformed_report_is_a_finding_and_an_event_never_an_action() {
+    use gpuhealth_api::contract::{AnnotationValue, GpuReport};
+    let mut w = World::incident();
+    w.node.report = Some(GpuReport::parse("{not json"));
+    let first = w.reconcile();
+    assert!(
+        first
+            .iter()
+            .all(|a| matches!(a, Action::Event { reason, .. } if reason == "MalformedGpuReport")),
+        "{first:?}"
+    );
+    assert_eq!(first.len(), 1);
+    assert_eq!(w.state.phase, Phase::Healthy);
+    assert_eq!(w.state.findings[0].type_, "MalformedGpuReport");
+    // The same error again: no second Event.
+    assert!(w.reconcile().is_empty());
+}

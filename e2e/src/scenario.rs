@@ -1,0 +1,221 @@
+//! A remediation scenario on the real API server: simulated GPU nodes with a
+//! vLLM-like Deployment, healthy GPU reports, a policy of the scenario's own,
+//! the fake agent and the operator binary. One scenario runs at a time in a
+//! test process (each starts its own operator, which manages every node).
+
+use std::time::Duration;
+
+use gpuhealth_api::{
+    GpuHealthPolicy, GpuHealthPolicySpec, GpuNodeHealth, node_health::GpuNodeHealthStatus,
+};
+use k8s_openapi::{
+    api::{
+        apps::v1::Deployment,
+        core::v1::{Event, Namespace, Node, Pod},
+    },
+    apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta},
+};
+use kube::{
+    Api, Client, ResourceExt,
+    api::{ListParams, PostParams},
+    runtime::watcher,
+};
+use tokio::{
+    sync::{Mutex, MutexGuard},
+    task::JoinHandle,
+};
+
+use crate::{
+    Result,
+    agent::{FakeAgent, write_report},
+    client, crds,
+    operator::Operator,
+    reports,
+    sim::{GpuNodeSpec, SIM_GROUP_LABEL, gpu_deployment, gpu_node, node_is_ready},
+    unique,
+    wait::{until, until_set},
+};
+
+pub const WAIT: Duration = Duration::from_secs(180);
+
+static ONE_AT_A_TIME: Mutex<()> = Mutex::const_new(());
+
+pub struct Scenario {
+    pub client: Client,
+    pub group: String,
+    pub namespace: String,
+    pub nodes: Vec<String>,
+    pub policy: String,
+    pub agent: FakeAgent,
+    agent_task: Option<JoinHandle<()>>,
+    pub operator: Option<Operator>,
+    _turn: MutexGuard<'static, ()>,
+}
+
+impl Scenario {
+    /// `nodes` eight-GPU nodes, each running eight one-GPU pods, reported
+    /// healthy; the policy is `spec` with its selector set to these nodes.
+    /// The operator is not started yet: see [`Scenario::start`].
+    pub async fn new(name: &str, nodes: usize, mut spec: GpuHealthPolicySpec) -> Result<Scenario> {
+        let turn = ONE_AT_A_TIME.lock().await;
+        let client = client().await?;
+        crds::install(&client).await?;
+        let group = unique(name);
+        let node_api: Api<Node> = Api::all(client.clone());
+        let names: Vec<String> = (0..nodes).map(|i| format!("{group}-{i}")).collect();
+        for n in &names {
+            node_api
+                .create(
+                    &PostParams::default(),
+                    &gpu_node(n, &group, &GpuNodeSpec::default()),
+                )
+                .await?;
+        }
+        let selector = watcher::Config::default().labels(&format!("{SIM_GROUP_LABEL}={group}"));
+        until_set(node_api, selector, "scenario nodes Ready", WAIT, |set| {
+            set.len() == nodes && set.values().all(node_is_ready)
+        })
+        .await?;
+        let namespace = group.clone();
+        let ns = Namespace {
+            metadata: ObjectMeta {
+                name: Some(namespace.clone()),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        Api::<Namespace>::all(client.clone())
+            .create(&PostParams::default(), &ns)
+            .await?;
+        let deployments: Api<Deployment> = Api::namespaced(client.clone(), &namespace);
+        let replicas = (nodes * 8) as i32;
+        deployments
+            .create(
+                &PostParams::default(),
+                &gpu_deployment(&namespace, "vllm", &group, replicas, 1),
+            )
+            .await?;
+        until(deployments, "vllm", WAIT, |d| {
+            d.status.as_ref().and_then(|s| s.ready_replicas) == Some(replicas)
+        })
+        .await?;
+
+        let scenario = Scenario {
+            client: client.clone(),
+            group: group.clone(),
+            namespace,
+            nodes: names,
+            policy: group.clone(),
+            agent: FakeAgent::default(),
+            agent_task: None,
+            operator: None,
+            _turn: turn,
+        };
+        for n in scenario.nodes.clone() {
+            scenario.report_healthy(&n).await?;
+        }
+        spec.node_selector = LabelSelector {
+            match_labels: Some([(SIM_GROUP_LABEL.to_owned(), group.clone())].into()),
+            ..Default::default()
+        };
+        // Outranks any policy other tests left behind.
+        spec.priority = 1000;
+        Api::<GpuHealthPolicy>::all(client)
+            .create(
+                &PostParams::default(),
+                &GpuHealthPolicy::new(&scenario.policy, spec),
+            )
+            .await?;
+        Ok(scenario)
+    }
+
+    /// A policy spec with the defaults, verified quickly.
+    pub fn quick_spec() -> GpuHealthPolicySpec {
+        let mut spec = GpuHealthPolicySpec::for_selector(LabelSelector::default());
+        spec.verification.stable_for = gpuhealth_api::Duration::from_secs(3);
+        spec
+    }
+
+    /// Starts the fake agent and the operator, and waits until the operator
+    /// has taken in every node.
+    pub async fn start(&mut self) -> Result<()> {
+        self.agent_task = Some(self.agent.spawn(self.client.clone(), &self.group));
+        self.operator = Some(Operator::start(&format!("operator-{}", self.group)).await?);
+        for n in self.nodes.clone() {
+            self.wait_status(&n, "the operator takes the node in", |s| s.policy.is_some())
+                .await?;
+        }
+        Ok(())
+    }
+
+    pub async fn pods_on(&self, node: &str) -> Result<Vec<String>> {
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), &self.namespace);
+        let list = pods
+            .list(&ListParams::default().fields(&format!("spec.nodeName={node}")))
+            .await?;
+        let mut names: Vec<String> = list
+            .iter()
+            .filter(|p| p.metadata.deletion_timestamp.is_none())
+            .map(|p| p.name_any())
+            .collect();
+        names.sort();
+        Ok(names)
+    }
+
+    pub async fn report_healthy(&self, node: &str) -> Result<()> {
+        let pods = self.pods_on(node).await?;
+        write_report(&self.client, node, reports::healthy(&self.namespace, &pods)).await?;
+        Ok(())
+    }
+
+    /// GPU `gpu` of `node` gets the incident's Xid 119 and Xid 154.
+    pub async fn break_gpu(&self, node: &str, gpu: usize) -> Result<()> {
+        let mut report = reports::healthy(&self.namespace, &self.pods_on(node).await?);
+        reports::xid_119_and_154(&mut report, gpu);
+        write_report(&self.client, node, report).await?;
+        Ok(())
+    }
+
+    /// Writes an arbitrary GPU report on `node`.
+    pub async fn write_report(
+        &self,
+        node: &str,
+        report: gpuhealth_api::contract::GpuReport,
+    ) -> Result<()> {
+        write_report(&self.client, node, report).await?;
+        Ok(())
+    }
+
+    pub async fn wait_status(
+        &self,
+        node: &str,
+        what: &str,
+        done: impl Fn(&GpuNodeHealthStatus) -> bool,
+    ) -> Result<GpuNodeHealthStatus> {
+        let api: Api<GpuNodeHealth> = Api::all(self.client.clone());
+        let g = until(api, node, WAIT, |g| g.status.as_ref().is_some_and(&done))
+            .await
+            .map_err(|e| crate::HarnessError::ClusterStart(format!("{what}: {e}")))?;
+        Ok(g.status.unwrap_or_default())
+    }
+
+    pub async fn node(&self, node: &str) -> Result<Node> {
+        Ok(Api::<Node>::all(self.client.clone()).get(node).await?)
+    }
+
+    /// Reasons of the Events about `node`.
+    pub async fn event_reasons(&self, node: &str) -> Result<Vec<String>> {
+        let events = Api::<Event>::all(self.client.clone())
+            .list(&ListParams::default().fields(&format!("involvedObject.name={node}")))
+            .await?;
+        Ok(events.iter().filter_map(|e| e.reason.clone()).collect())
+    }
+}
+
+impl Drop for Scenario {
+    fn drop(&mut self) {
+        if let Some(task) = &self.agent_task {
+            task.abort();
+        }
+    }
+}
