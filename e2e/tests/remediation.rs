@@ -1,88 +1,57 @@
-//! The incident, end to end on the real API server: the operator binary, a
-//! KWOK GPU node with a vLLM-like Deployment across its eight GPUs, and the
-//! fake agent. GPU 7 reports Xid 119 and Xid 154; the node must come back.
+//! Remediation end to end on the real API server: the operator binary, KWOK
+//! GPU nodes with a vLLM-like Deployment across their eight GPUs, and the
+//! fake agent. One scenario at a time (see `Scenario`).
 
 use std::{
     sync::{Arc, Mutex},
-    time::{Duration, Instant},
+    time::Instant,
 };
 
 use futures::{StreamExt, TryStreamExt};
-use gpuhealth_api::{GpuHealthPolicy, GpuHealthPolicySpec, GpuNodeHealth, node_health::Phase};
+use gpuhealth_api::{
+    GpuHealth,
+    contract::{
+        CORDONED_BY_ANNOTATION, GpuReport, REBOOT_REQUEST_ANNOTATION, RESET_REQUEST_ANNOTATION,
+        XidEvent,
+    },
+    node_health::Phase,
+    policy::Mode,
+};
 use gpuhealth_e2e::{
-    agent::{FakeAgent, Request, write_report},
-    client, crds,
-    operator::Operator,
+    agent::{Answer, Request},
     reports,
-    sim::{GpuNodeSpec, SIM_GROUP_LABEL, gpu_deployment, gpu_node, node_is_ready},
-    unique,
-    wait::until,
+    scenario::Scenario,
 };
 use k8s_openapi::{
     api::{
-        apps::v1::Deployment,
-        core::v1::{Event, Namespace, Node, Pod},
+        core::v1::{Node, Pod},
         policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec},
     },
     apimachinery::pkg::{
-        apis::meta::v1::{LabelSelector, ObjectMeta},
+        apis::meta::v1::{LabelSelector, ObjectMeta, Time},
         util::intstr::IntOrString,
     },
+    jiff::Timestamp,
 };
 use kube::{
     Api, ResourceExt,
-    api::{ListParams, PostParams},
+    api::{DeleteParams, Patch, PatchParams, PostParams},
     runtime::{WatchStreamExt, watcher},
 };
+use serde_json::json;
 
-const WAIT: Duration = Duration::from_secs(180);
+fn set(answer: &Arc<std::sync::Mutex<Answer>>, value: Answer) {
+    if let Ok(mut a) = answer.lock() {
+        *a = value;
+    }
+}
 
 #[tokio::test]
 async fn the_incident_gpu_7_is_reset_and_the_node_returns_to_service() {
-    let client = client().await.expect("test cluster");
-    crds::install(&client).await.expect("CRDs");
-    let started = Instant::now();
-    let step = |what: &str| eprintln!("[{:>6.1}s] {what}", started.elapsed().as_secs_f32());
-
-    // An eight-GPU node and eight vLLM pods, one per GPU.
-    let group = unique("incident");
-    let node_name = format!("{group}-0");
-    let nodes: Api<Node> = Api::all(client.clone());
-    nodes
-        .create(
-            &PostParams::default(),
-            &gpu_node(&node_name, &group, &GpuNodeSpec::default()),
-        )
+    let mut s = Scenario::new("incident", 1, Scenario::quick_spec())
         .await
-        .expect("node");
-    until(nodes.clone(), &node_name, WAIT, node_is_ready)
-        .await
-        .expect("node Ready");
-    let ns = unique("ml-serving");
-    let namespace = Namespace {
-        metadata: ObjectMeta {
-            name: Some(ns.clone()),
-            ..Default::default()
-        },
-        ..Default::default()
-    };
-    Api::<Namespace>::all(client.clone())
-        .create(&PostParams::default(), &namespace)
-        .await
-        .expect("namespace");
-    let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns);
-    deployments
-        .create(
-            &PostParams::default(),
-            &gpu_deployment(&ns, "vllm", &group, 8, 1),
-        )
-        .await
-        .expect("deployment");
-    until(deployments.clone(), "vllm", WAIT, |d| {
-        d.status.as_ref().and_then(|s| s.ready_replicas) == Some(8)
-    })
-    .await
-    .expect("deployment Ready");
+        .expect("scenario");
+    let node = s.nodes[0].clone();
     // One disruption at a time.
     let pdb = PodDisruptionBudget {
         metadata: ObjectMeta {
@@ -99,154 +68,403 @@ async fn the_incident_gpu_7_is_reset_and_the_node_returns_to_service() {
         }),
         ..Default::default()
     };
-    Api::<PodDisruptionBudget>::namespaced(client.clone(), &ns)
+    Api::<PodDisruptionBudget>::namespaced(s.client.clone(), &s.namespace)
         .create(&PostParams::default(), &pdb)
         .await
         .expect("pdb");
-    step("node, pods and PDB ready");
+    s.start().await.expect("operator and agent");
+    let pods_before = s.pods_on(&node).await.expect("pods");
 
-    // The agent's view: which pod holds which GPU.
-    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
-    let mut pod_names: Vec<String> = pods
-        .list(&ListParams::default())
-        .await
-        .expect("pods")
-        .iter()
-        .map(|p| p.name_any())
-        .collect();
-    pod_names.sort();
-    let mut report = reports::healthy(&ns, &pod_names);
-    write_report(&client, &node_name, report.clone())
-        .await
-        .expect("healthy report");
-
-    let policy_name = unique("incident");
-    let mut spec = GpuHealthPolicySpec::for_selector(LabelSelector {
-        match_labels: Some([(SIM_GROUP_LABEL.to_owned(), group.clone())].into()),
-        ..Default::default()
-    });
-    // Outranks any policy other tests left behind; verifies quickly.
-    spec.priority = 1000;
-    spec.verification.stable_for = "5s".parse().expect("duration");
-    Api::<GpuHealthPolicy>::all(client.clone())
-        .create(
-            &PostParams::default(),
-            &GpuHealthPolicy::new(&policy_name, spec),
-        )
-        .await
-        .expect("policy");
-
-    let agent = FakeAgent::default();
-    let agent_task = agent.spawn(client.clone(), &group);
-    let _operator = Operator::start(&format!("operator-{group}"))
-        .await
-        .expect("operator starts");
-    let health: Api<GpuNodeHealth> = Api::all(client.clone());
-    until(health.clone(), &node_name, WAIT, |g| {
-        g.status.as_ref().is_some_and(|s| s.phase == Phase::Healthy)
-    })
-    .await
-    .expect("the operator takes the node in, Healthy");
-    step("operator manages the node");
-
-    // Watch the node for the cordon, to time it.
+    // Time the cordon from a watch on the node.
     let cordoned_at: Arc<Mutex<Option<Instant>>> = Arc::default();
     let cordon_watch = {
         let cordoned_at = cordoned_at.clone();
-        let config = watcher::Config::default().fields(&format!("metadata.name={node_name}"));
-        let nodes = nodes.clone();
+        let config = watcher::Config::default().fields(&format!("metadata.name={node}"));
+        let nodes: Api<Node> = Api::all(s.client.clone());
         tokio::spawn(async move {
             let mut stream = watcher(nodes, config)
                 .default_backoff()
                 .applied_objects()
                 .boxed();
             while let Ok(Some(n)) = stream.try_next().await {
-                if n.spec.as_ref().and_then(|s| s.unschedulable) == Some(true) {
-                    cordoned_at
-                        .lock()
-                        .map(|mut c| c.get_or_insert_with(Instant::now).to_owned())
-                        .ok();
+                if n.spec.as_ref().and_then(|s| s.unschedulable) == Some(true)
+                    && let Ok(mut c) = cordoned_at.lock()
+                {
+                    c.get_or_insert_with(Instant::now);
                 }
             }
         })
     };
 
-    // GPU 7: Xid 119, then Xid 154 asking for a reset.
-    let bad_uuid = report.gpus[7].uuid.clone();
-    let bad_pod = pod_names[7].clone();
-    reports::xid_119_and_154(&mut report, 7);
     let written = Instant::now();
-    write_report(&client, &node_name, report)
-        .await
-        .expect("bad report");
-    step("Xid 119 + 154 reported on GPU 7");
-
-    let done = until(health.clone(), &node_name, WAIT, |g| {
-        g.status.as_ref().is_some_and(|s| {
-            s.phase == Phase::Healthy
-                && s.history
+    s.break_gpu(&node, 7).await.expect("Xid 119 + 154 on GPU 7");
+    let status = s
+        .wait_status(&node, "recovered", |st| {
+            st.phase == Phase::Healthy
+                && st
+                    .history
                     .first()
                     .is_some_and(|i| i.outcome.as_deref() == Some("Recovered"))
         })
-    })
-    .await
-    .expect("the node recovers");
-    step("node Healthy again");
+        .await
+        .expect("the node recovers");
     cordon_watch.abort();
-    agent_task.abort();
 
-    let cordon_latency = cordoned_at
+    let latency = cordoned_at
         .lock()
         .ok()
         .and_then(|c| *c)
         .map(|t| t.duration_since(written));
-    eprintln!("time from GPU report to cordon: {cordon_latency:?}");
-    assert!(cordon_latency.is_some(), "the node was cordoned");
+    eprintln!("time from GPU report to cordon: {latency:?}");
+    assert!(latency.is_some(), "the node was cordoned");
 
-    // Exactly one reset, of exactly GPU 7.
-    let requests = agent.requests();
+    let gpu7 = reports::healthy(&s.namespace, &pods_before).gpus[7]
+        .uuid
+        .clone();
+    let requests = s.agent.requests();
     assert!(
-        matches!(requests.as_slice(), [Request::Reset { gpus, .. }] if gpus == &vec![bad_uuid.clone()]),
+        matches!(requests.as_slice(), [Request::Reset { gpus, .. }] if gpus == &vec![gpu7.clone()]),
         "{requests:?}"
     );
-    // Only the pod on GPU 7 was evicted; the other seven kept running.
-    let remaining: Vec<String> = pods
-        .list(&ListParams::default())
-        .await
-        .expect("pods")
-        .iter()
-        .map(|p| p.name_any())
-        .collect();
+    let pods_after = s.pods_on(&node).await.expect("pods");
     assert!(
-        !remaining.contains(&bad_pod),
+        !pods_after.contains(&pods_before[7]),
         "the pod on GPU 7 was evicted"
     );
-    for other in &pod_names[..7] {
+    for other in &pods_before[..7] {
         assert!(
-            remaining.contains(other),
-            "{other} kept running: {remaining:?}"
+            pods_after.contains(other),
+            "{other} kept running: {pods_after:?}"
         );
     }
-    // Uncordoned, the incident in history, Events for each step.
-    let node = nodes.get(&node_name).await.expect("node");
+    let n = s.node(&node).await.expect("node");
     assert_ne!(
-        node.spec.as_ref().and_then(|s| s.unschedulable),
+        n.spec.as_ref().and_then(|s| s.unschedulable),
         Some(true),
         "uncordoned"
     );
-    let status = done.status.expect("status");
+    assert!(
+        !n.annotations().contains_key(CORDONED_BY_ANNOTATION),
+        "ownership record removed with the cordon"
+    );
     assert_eq!(status.history[0].actions, ["GpuReset#1 Succeeded"]);
-    let events: Vec<String> = Api::<Event>::all(client.clone())
-        .list(&ListParams::default().fields(&format!("involvedObject.name={node_name}")))
-        .await
-        .expect("events")
-        .iter()
-        .filter_map(|e| e.reason.clone())
-        .collect();
+    let events = s.event_reasons(&node).await.expect("events");
     for reason in ["Draining", "ActionRequested", "Verifying", "Recovered"] {
         assert!(
             events.iter().any(|r| r == reason),
             "an Event {reason}: {events:?}"
         );
     }
+}
+
+#[tokio::test]
+async fn a_failed_reset_escalates_to_a_reboot() {
+    let mut s = Scenario::new("escalate", 1, Scenario::quick_spec())
+        .await
+        .expect("scenario");
+    let node = s.nodes[0].clone();
+    set(&s.agent.reset, Answer::Fail);
+    s.start().await.expect("start");
+    let boot_before = s
+        .node(&node)
+        .await
+        .expect("node")
+        .status
+        .and_then(|s| s.node_info)
+        .map(|i| i.boot_id);
+    s.break_gpu(&node, 7).await.expect("break");
+    let status = s
+        .wait_status(&node, "recovered by reboot", |st| {
+            st.phase == Phase::Healthy && st.history.first().is_some_and(|i| i.outcome.is_some())
+        })
+        .await
+        .expect("recovers");
+    assert_eq!(
+        status.history[0].actions,
+        ["GpuReset#1 Failed", "NodeReboot#1 Succeeded"]
+    );
+    let requests = s.agent.requests();
+    assert!(
+        matches!(
+            requests.as_slice(),
+            [Request::Reset { .. }, Request::Reboot { .. }]
+        ),
+        "{requests:?}"
+    );
+    let boot_after = s
+        .node(&node)
+        .await
+        .expect("node")
+        .status
+        .and_then(|s| s.node_info)
+        .map(|i| i.boot_id);
+    assert_ne!(boot_before, boot_after, "the reboot changed the bootID");
+}
+
+#[tokio::test]
+async fn when_reset_and_reboot_fail_the_node_stays_cordoned_for_a_person() {
+    let mut s = Scenario::new("exhaust", 1, Scenario::quick_spec())
+        .await
+        .expect("scenario");
+    let node = s.nodes[0].clone();
+    set(&s.agent.reset, Answer::Fail);
+    set(&s.agent.reboot, Answer::Fail);
+    s.start().await.expect("start");
+    s.break_gpu(&node, 7).await.expect("break");
+    let status = s
+        .wait_status(&node, "failed", |st| st.phase == Phase::Failed)
+        .await
+        .expect("Failed");
+    assert_eq!(status.reason.as_deref(), Some("EscalationExhausted"));
+    let message = status.message.unwrap_or_default();
+    assert!(
+        message.contains("inspect") && message.contains("uncordon"),
+        "says what a person should do: {message}"
+    );
+    let n = s.node(&node).await.expect("node");
+    assert_eq!(
+        n.spec.and_then(|s| s.unschedulable),
+        Some(true),
+        "stays cordoned"
+    );
+}
+
+#[tokio::test]
+async fn xid_79_starts_at_the_reboot_rung_and_drains_every_pod() {
+    let mut s = Scenario::new("xid79", 1, Scenario::quick_spec())
+        .await
+        .expect("scenario");
+    let node = s.nodes[0].clone();
+    s.start().await.expect("start");
+    let pods_before = s.pods_on(&node).await.expect("pods");
+    let mut report: GpuReport = reports::healthy(&s.namespace, &pods_before);
+    report.gpus[3].health = GpuHealth::Lost;
+    report.gpus[3].xids = vec![XidEvent {
+        code: 79,
+        at: Time(Timestamp::now()),
+        text: "GPU has fallen off the bus.".into(),
+    }];
+    s.write_report(&node, report).await.expect("Xid 79");
+    let status = s
+        .wait_status(&node, "recovered by reboot", |st| {
+            st.phase == Phase::Healthy && st.history.first().is_some_and(|i| i.outcome.is_some())
+        })
+        .await
+        .expect("recovers");
+    assert_eq!(status.history[0].actions, ["NodeReboot#1 Succeeded"]);
+    assert!(
+        matches!(s.agent.requests().as_slice(), [Request::Reboot { .. }]),
+        "no reset, one reboot"
+    );
+    let pods_after = s.pods_on(&node).await.expect("pods");
+    assert!(
+        pods_before.iter().all(|p| !pods_after.contains(p)),
+        "every pod was drained: {pods_after:?}"
+    );
+}
+
+#[tokio::test]
+async fn someone_elses_cordon_is_left_in_place() {
+    let mut s = Scenario::new("foreign", 1, Scenario::quick_spec())
+        .await
+        .expect("scenario");
+    let node = s.nodes[0].clone();
+    s.start().await.expect("start");
+    let nodes: Api<Node> = Api::all(s.client.clone());
+    nodes
+        .patch(
+            &node,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"unschedulable": true}})),
+        )
+        .await
+        .expect("a person cordons the node");
+    s.break_gpu(&node, 7).await.expect("break");
+    s.wait_status(&node, "recovered", |st| {
+        st.phase == Phase::Healthy
+            && st
+                .history
+                .first()
+                .is_some_and(|i| i.outcome.as_deref() == Some("Recovered"))
+    })
+    .await
+    .expect("recovers");
+    let n = s.node(&node).await.expect("node");
+    assert_eq!(
+        n.spec.and_then(|s| s.unschedulable),
+        Some(true),
+        "the person's cordon stays"
+    );
+}
+
+#[tokio::test]
+async fn a_never_pod_is_not_evicted_and_holds_the_node_until_it_goes() {
+    let mut s = Scenario::new("never", 1, Scenario::quick_spec())
+        .await
+        .expect("scenario");
+    let node = s.nodes[0].clone();
+    let pods_before = s.pods_on(&node).await.expect("pods");
+    let holder = pods_before[7].clone();
+    let pods: Api<Pod> = Api::namespaced(s.client.clone(), &s.namespace);
+    let never =
+        json!({"metadata": {"annotations": {"gpuhealth.io/disruption-tolerance": "never"}}});
+    pods.patch(&holder, &PatchParams::default(), &Patch::Merge(never))
+        .await
+        .expect("annotate");
+    s.start().await.expect("start");
+    s.break_gpu(&node, 7).await.expect("break");
+    let waiting = s
+        .wait_status(&node, "waiting for the pod", |st| {
+            st.reason.as_deref() == Some("WaitingForPod")
+        })
+        .await
+        .expect("waits");
+    assert!(
+        waiting.message.unwrap_or_default().contains(&holder),
+        "the reason names the pod"
+    );
+    assert!(
+        s.pods_on(&node).await.expect("pods").contains(&holder),
+        "not evicted"
+    );
+    assert!(
+        s.agent.requests().is_empty(),
+        "no reset while the pod holds the GPU"
+    );
+    // Its owner takes it away; remediation continues.
+    pods.delete(&holder, &DeleteParams::default())
+        .await
+        .expect("delete");
+    s.wait_status(&node, "recovered", |st| {
+        st.phase == Phase::Healthy
+            && st
+                .history
+                .first()
+                .is_some_and(|i| i.outcome.as_deref() == Some("Recovered"))
+    })
+    .await
+    .expect("recovers");
+}
+
+#[tokio::test]
+async fn dry_run_records_the_plan_and_writes_no_node_or_pod() {
+    let mut spec = Scenario::quick_spec();
+    spec.mode = Mode::DryRun;
+    let mut s = Scenario::new("dryrun", 1, spec).await.expect("scenario");
+    let node = s.nodes[0].clone();
+    s.start().await.expect("start");
+    let pods_before = s.pods_on(&node).await.expect("pods");
+
+    // Record every write gpuhealth could make to the node or its pods.
+    let writes: Arc<Mutex<Vec<String>>> = Arc::default();
+    let node_watch = {
+        let writes = writes.clone();
+        let config = watcher::Config::default().fields(&format!("metadata.name={node}"));
+        let nodes: Api<Node> = Api::all(s.client.clone());
+        tokio::spawn(async move {
+            let mut stream = watcher(nodes, config)
+                .default_backoff()
+                .applied_objects()
+                .boxed();
+            while let Ok(Some(n)) = stream.try_next().await {
+                let ours = [
+                    CORDONED_BY_ANNOTATION,
+                    RESET_REQUEST_ANNOTATION,
+                    REBOOT_REQUEST_ANNOTATION,
+                ];
+                let touched = n.spec.as_ref().and_then(|s| s.unschedulable) == Some(true)
+                    || ours.iter().any(|k| n.annotations().contains_key(*k));
+                if touched && let Ok(mut w) = writes.lock() {
+                    w.push(format!("node written: {:?}", n.metadata.annotations));
+                }
+            }
+        })
+    };
+    let pod_watch = {
+        let writes = writes.clone();
+        let pods: Api<Pod> = Api::namespaced(s.client.clone(), &s.namespace);
+        tokio::spawn(async move {
+            let mut stream = watcher(pods, watcher::Config::default())
+                .default_backoff()
+                .boxed();
+            while let Ok(Some(event)) = stream.try_next().await {
+                if let watcher::Event::Apply(p) | watcher::Event::Delete(p) = event
+                    && p.metadata.deletion_timestamp.is_some()
+                    && let Ok(mut w) = writes.lock()
+                {
+                    w.push(format!("pod deleted: {}", p.name_any()));
+                }
+            }
+        })
+    };
+
+    s.break_gpu(&node, 7).await.expect("break");
+    let status = s
+        .wait_status(&node, "a dry-run plan", |st| st.plan.is_some())
+        .await
+        .expect("plan");
+    let plan = status.plan.expect("plan");
+    assert_eq!(status.reason.as_deref(), Some("DryRun"));
+    assert!(plan.cordon);
+    assert_eq!(plan.action, Some(gpuhealth_api::RecoveryAction::GpuReset));
+    assert_eq!(plan.evict, [format!("{}/{}", s.namespace, pods_before[7])]);
+    // A second bad GPU: the plan follows, and still nothing is written.
+    let mut report = reports::healthy(&s.namespace, &pods_before);
+    reports::xid_119_and_154(&mut report, 6);
+    reports::xid_119_and_154(&mut report, 7);
+    s.write_report(&node, report).await.expect("second signal");
+    s.wait_status(&node, "the plan updated", |st| {
+        st.plan.as_ref().is_some_and(|p| p.evict.len() == 2)
+    })
+    .await
+    .expect("plan updated");
+    node_watch.abort();
+    pod_watch.abort();
+    let writes = writes.lock().map(|w| w.clone()).unwrap_or_default();
+    assert!(writes.is_empty(), "DryRun wrote: {writes:?}");
+    assert!(s.agent.requests().is_empty());
+}
+
+#[tokio::test]
+async fn a_malformed_gpu_report_is_an_event_not_an_action() {
+    let mut s = Scenario::new("malformed", 1, Scenario::quick_spec())
+        .await
+        .expect("scenario");
+    let node = s.nodes[0].clone();
+    s.start().await.expect("start");
+    let nodes: Api<Node> = Api::all(s.client.clone());
+    let bad = json!({"metadata": {"annotations": {"gpuhealth.io/gpus": "{\"version\": 1, \"gpus\": [{\"uuid\": \"GPU-' OR 1=1"}}});
+    nodes
+        .patch(&node, &PatchParams::default(), &Patch::Merge(bad))
+        .await
+        .expect("malformed report");
+    let status = s
+        .wait_status(&node, "a finding", |st| {
+            st.findings.iter().any(|f| f.type_ == "MalformedGpuReport")
+        })
+        .await
+        .expect("finding");
+    assert_eq!(status.phase, Phase::Healthy);
+    assert!(
+        s.event_reasons(&node)
+            .await
+            .expect("events")
+            .iter()
+            .any(|r| r == "MalformedGpuReport")
+    );
+    let n = s.node(&node).await.expect("node");
+    assert_ne!(
+        n.spec.and_then(|s| s.unschedulable),
+        Some(true),
+        "no action"
+    );
+    // The operator is still there: a good report after a bad one is acted on.
+    s.break_gpu(&node, 7).await.expect("break");
+    s.wait_status(&node, "recovered", |st| {
+        st.history
+            .first()
+            .is_some_and(|i| i.outcome.as_deref() == Some("Recovered"))
+    })
+    .await
+    .expect("still remediates");
 }
