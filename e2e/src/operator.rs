@@ -35,7 +35,11 @@ impl Operator {
         let bin = binary();
         let child = Command::new(&bin)
             .env("KUBECONFIG", kubeconfig)
-            .env("RUST_LOG", "info,gpuhealth_operator=debug,kube=warn")
+            .env(
+                "RUST_LOG",
+                std::env::var("GPUHEALTH_E2E_OPERATOR_LOG")
+                    .unwrap_or_else(|_| "info,gpuhealth_operator=debug,kube=warn".into()),
+            )
             .env("POD_NAME", name)
             .stdout(Stdio::from(file))
             .stderr(Stdio::from(err))

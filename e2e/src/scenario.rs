@@ -203,12 +203,19 @@ impl Scenario {
         Ok(Api::<Node>::all(self.client.clone()).get(node).await?)
     }
 
-    /// Reasons of the Events about `node`.
-    pub async fn event_reasons(&self, node: &str) -> Result<Vec<String>> {
-        let events = Api::<Event>::all(self.client.clone())
-            .list(&ListParams::default().fields(&format!("involvedObject.name={node}")))
-            .await?;
-        Ok(events.iter().filter_map(|e| e.reason.clone()).collect())
+    /// Waits until an Event with `reason` about the object `name` exists.
+    pub async fn wait_event(&self, name: &str, reason: &str) -> Result<()> {
+        let config = watcher::Config::default().fields(&format!("involvedObject.name={name}"));
+        let what = format!("an Event {reason} about {name}");
+        until_set(
+            Api::<Event>::all(self.client.clone()),
+            config,
+            &what,
+            WAIT,
+            |set| set.values().any(|e| e.reason.as_deref() == Some(reason)),
+        )
+        .await?;
+        Ok(())
     }
 }
 

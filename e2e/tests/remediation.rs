@@ -9,7 +9,7 @@ use std::{
 
 use futures::{StreamExt, TryStreamExt};
 use gpuhealth_api::{
-    GpuHealth,
+    GpuHealth, GpuHealthPolicy, GpuNodeHealth,
     contract::{
         CORDONED_BY_ANNOTATION, GpuReport, REBOOT_REQUEST_ANNOTATION, RESET_REQUEST_ANNOTATION,
         XidEvent,
@@ -20,8 +20,10 @@ use gpuhealth_api::{
 use gpuhealth_e2e::{
     agent::{Answer, Request},
     reports,
-    scenario::Scenario,
+    scenario::{Scenario, WAIT},
+    wait::until,
 };
+use gpuhealth_engine::machine::is_disruptive;
 use k8s_openapi::{
     api::{
         core::v1::{Node, Pod},
@@ -148,12 +150,10 @@ async fn the_incident_gpu_7_is_reset_and_the_node_returns_to_service() {
         "ownership record removed with the cordon"
     );
     assert_eq!(status.history[0].actions, ["GpuReset#1 Succeeded"]);
-    let events = s.event_reasons(&node).await.expect("events");
     for reason in ["Draining", "ActionRequested", "Verifying", "Recovered"] {
-        assert!(
-            events.iter().any(|r| r == reason),
-            "an Event {reason}: {events:?}"
-        );
+        s.wait_event(&node, reason)
+            .await
+            .expect("an Event for each step");
     }
 }
 
@@ -445,13 +445,9 @@ async fn a_malformed_gpu_report_is_an_event_not_an_action() {
         .await
         .expect("finding");
     assert_eq!(status.phase, Phase::Healthy);
-    assert!(
-        s.event_reasons(&node)
-            .await
-            .expect("events")
-            .iter()
-            .any(|r| r == "MalformedGpuReport")
-    );
+    s.wait_event(&node, "MalformedGpuReport")
+        .await
+        .expect("an Event");
     let n = s.node(&node).await.expect("node");
     assert_ne!(
         n.spec.and_then(|s| s.unschedulable),
@@ -467,4 +463,122 @@ async fn a_malformed_gpu_report_is_an_event_not_an_action() {
     })
     .await
     .expect("still remediates");
+}
+
+#[tokio::test]
+async fn max_concurrent_one_takes_three_sick_nodes_one_at_a_time() {
+    let mut spec = Scenario::quick_spec();
+    spec.max_concurrent = IntOrString::Int(1);
+    spec.max_unhealthy = IntOrString::Int(3);
+    let mut s = Scenario::new("concurrent", 3, spec)
+        .await
+        .expect("scenario");
+    s.start().await.expect("start");
+
+    // Every status write of the three nodes, as a watcher sees it: the most
+    // nodes ever in a disruptive phase at once.
+    let most = Arc::new(Mutex::new(0usize));
+    let recorder = {
+        let most = most.clone();
+        let names = s.nodes.clone();
+        let api: Api<GpuNodeHealth> = Api::all(s.client.clone());
+        tokio::spawn(async move {
+            let mut phases = std::collections::BTreeMap::new();
+            let mut stream = watcher(api, watcher::Config::default())
+                .default_backoff()
+                .applied_objects()
+                .boxed();
+            while let Ok(Some(g)) = stream.try_next().await {
+                if !names.contains(&g.name_any()) {
+                    continue;
+                }
+                phases.insert(g.name_any(), g.status.map(|s| s.phase).unwrap_or_default());
+                let now = phases.values().filter(|p| is_disruptive(**p)).count();
+                if let Ok(mut m) = most.lock() {
+                    *m = (*m).max(now);
+                }
+            }
+        })
+    };
+    for n in &s.nodes {
+        s.break_gpu(n, 7).await.expect("break");
+    }
+    for n in &s.nodes {
+        s.wait_status(n, "recovered", |st| {
+            st.phase == Phase::Healthy
+                && st
+                    .history
+                    .first()
+                    .is_some_and(|i| i.outcome.as_deref() == Some("Recovered"))
+        })
+        .await
+        .expect("every node recovers");
+    }
+    recorder.abort();
+    let most = most.lock().map(|m| *m).unwrap_or_default();
+    assert_eq!(
+        most, 1,
+        "one node at a time, and at least one was remediated"
+    );
+}
+
+#[tokio::test]
+async fn the_circuit_breaker_holds_new_remediations_and_closes_on_recovery() {
+    let mut spec = Scenario::quick_spec();
+    spec.max_unhealthy = IntOrString::Int(1);
+    spec.max_concurrent = IntOrString::Int(3);
+    let mut s = Scenario::new("breaker", 3, spec).await.expect("scenario");
+    s.start().await.expect("start");
+    let (first, second) = (s.nodes[0].clone(), s.nodes[1].clone());
+    s.break_gpu(&first, 7).await.expect("break");
+    s.break_gpu(&second, 7).await.expect("break");
+    // Two sick nodes, one allowed: neither starts... unless the first was
+    // already under way when the second appeared; then only the second waits.
+    let held = s
+        .wait_status(&second, "held by the breaker", |st| {
+            st.reason.as_deref() == Some("CircuitOpen")
+        })
+        .await
+        .expect("held");
+    assert_eq!(held.phase, Phase::Suspect);
+    let policies: Api<GpuHealthPolicy> = Api::all(s.client.clone());
+    until(policies.clone(), &s.policy, WAIT, |p| {
+        circuit(p) == Some("True")
+    })
+    .await
+    .expect("policy shows CircuitOpen");
+    s.wait_event(&s.policy, "CircuitOpen")
+        .await
+        .expect("an Event says why");
+    let n = s.node(&second).await.expect("node");
+    assert_ne!(
+        n.spec.and_then(|s| s.unschedulable),
+        Some(true),
+        "no remediation started on the held node"
+    );
+
+    // The first node's GPU recovers on its own: the breaker closes and the
+    // second node is remediated.
+    s.report_healthy(&first).await.expect("heal");
+    s.wait_status(&second, "recovered", |st| {
+        st.phase == Phase::Healthy
+            && st
+                .history
+                .first()
+                .is_some_and(|i| i.outcome.as_deref() == Some("Recovered"))
+    })
+    .await
+    .expect("the held node is remediated once the breaker closes");
+    until(policies, &s.policy, WAIT, |p| circuit(p) == Some("False"))
+        .await
+        .expect("CircuitOpen False again");
+}
+
+fn circuit(p: &GpuHealthPolicy) -> Option<&str> {
+    p.status
+        .as_ref()?
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "CircuitOpen")
+        .map(|c| c.status.as_str())
 }

@@ -173,8 +173,10 @@ struct Stepper<'a> {
 }
 
 impl<'a> Stepper<'a> {
+    /// Now, in whole seconds: Kubernetes stores times to the second, and a
+    /// time compared with one read back from the cluster must be too.
     fn now(&self) -> Timestamp {
-        self.input.now
+        Timestamp::from_second(self.input.now.as_second()).unwrap_or(self.input.now)
     }
 
     fn spec(&self) -> &'a GpuHealthPolicySpec {
@@ -795,10 +797,11 @@ impl<'a> Stepper<'a> {
     }
 
     fn close(&mut self, outcome: &str) {
+        let now = self.now();
         if let Some(incident) = self.status.history.first_mut()
             && incident.ended_at.is_none()
         {
-            incident.ended_at = Some(Time(self.input.now));
+            incident.ended_at = Some(Time(now));
             incident.outcome = Some(outcome.to_owned());
         }
     }

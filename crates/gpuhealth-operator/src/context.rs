@@ -1,6 +1,8 @@
 //! What every reconcile shares.
 
-use gpuhealth_api::{GpuHealthPolicy, GpuNodeHealth};
+use std::collections::HashMap;
+
+use gpuhealth_api::{GpuHealthPolicy, GpuNodeHealth, node_health::GpuNodeHealthStatus};
 use k8s_openapi::api::core::v1::Node;
 use kube::{Client, runtime::events::Recorder, runtime::reflector::Store};
 
@@ -13,6 +15,11 @@ pub struct Context {
     pub policies: Store<GpuHealthPolicy>,
     pub node_health: Store<GpuNodeHealth>,
     pub recorder: Recorder,
+    /// Decisions that may start a remediation are made one at a time, each
+    /// seeing the statuses the ones before it wrote: reconciles of different
+    /// nodes run concurrently, and two nodes deciding at once on the same
+    /// budget could both start.
+    pub decisions: tokio::sync::Mutex<HashMap<String, GpuNodeHealthStatus>>,
 }
 
 #[derive(Debug, thiserror::Error)]

@@ -2,6 +2,7 @@
 //! select and takes each unhealthy one from first signal back to serving.
 
 mod actions;
+mod conditions;
 mod context;
 mod observe;
 mod reconcile;
@@ -123,6 +124,7 @@ async fn run(args: Args) -> Result<(), kube::Error> {
         nodes: nodes.clone(),
         policies,
         node_health,
+        decisions: Default::default(),
         recorder: Recorder::new(
             client,
             Reporter {

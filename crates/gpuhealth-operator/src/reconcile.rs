@@ -1,7 +1,7 @@
 //! One node's reconcile: read the world, let the engine decide, record the
 //! decision, then carry it out.
 
-use std::{sync::Arc, time::Duration};
+use std::{collections::HashMap, sync::Arc, time::Duration};
 
 use gpuhealth_api::{
     GpuHealthPolicy, GpuNodeHealth,
@@ -19,13 +19,17 @@ use k8s_openapi::{
 use kube::{
     Api, Resource, ResourceExt,
     api::{ListParams, Patch, PatchParams},
-    runtime::{controller::Action as Requeue, reflector::ObjectRef},
+    runtime::{
+        controller::Action as Requeue,
+        events::{Event, EventType},
+        reflector::ObjectRef,
+    },
 };
 use serde_json::json;
 use tracing::{debug, warn};
 
 use crate::{
-    actions,
+    actions, conditions,
     context::{Context, Error, MANAGER},
     observe::{gpu_holders, node_view, pod_view},
     selection::{selects, winner},
@@ -38,25 +42,28 @@ pub async fn reconcile(node: Arc<Node>, ctx: Arc<Context>) -> Result<Requeue, Er
     };
     let name = node.name_any();
     let policy_name = policy.name_any();
-    let stored = ctx
-        .node_health
-        .get(&ObjectRef::new(&name))
-        .and_then(|g| g.status.clone())
-        .unwrap_or_default();
     let view = node_view(&node);
     if let Some(Err(e)) = &view.report {
         warn!(node = %name, error = %e, "malformed GPU report; ignoring it");
     }
 
-    let budget = budget(&ctx, &policy, &name);
+    // Held until the status is written. `written` holds what this process
+    // wrote last, which the watch-fed store may not show yet.
+    let mut written = ctx.decisions.lock().await;
+    let in_cluster = ctx
+        .node_health
+        .get(&ObjectRef::new(&name))
+        .and_then(|g| g.status.clone());
+    let stored = written
+        .get(&name)
+        .cloned()
+        .or(in_cluster.clone())
+        .unwrap_or_default();
+    let budget = budget(&ctx, &written, &policy, &name);
     // Pods are listed only for a node that may need draining, so memory
     // follows the work in flight rather than the size of the cluster.
-    let may_drain = stored.phase != Phase::Healthy
-        || view
-            .report
-            .as_ref()
-            .is_some_and(|r| r.as_ref().is_ok_and(|r| r.bad_gpus().next().is_some()));
-    let pods = if may_drain {
+    let has_bad_gpu = matches!(&view.report, Some(Ok(r)) if r.bad_gpus().next().is_some());
+    let pods = if stored.phase != Phase::Healthy || has_bad_gpu {
         let holders = gpu_holders(&view);
         let api: Api<Pod> = Api::all(ctx.client.clone());
         let list = api
@@ -78,21 +85,53 @@ pub async fn reconcile(node: Arc<Node>, ctx: Arc<Context>) -> Result<Requeue, Er
     });
 
     // Intent first: the status is written before any side effect.
-    if decision.status != stored || ctx.node_health.get(&ObjectRef::new(&name)).is_none() {
+    if in_cluster.as_ref() != Some(&decision.status) {
         write_status(&ctx, &node, &decision.status).await?;
     }
+    written.insert(name.clone(), decision.status.clone());
+    let latest = latest(&ctx, &written);
+    drop(written);
+
+    debug!(
+        node = %name,
+        phase = ?decision.status.phase,
+        reason = decision.status.reason.as_deref().unwrap_or(""),
+        requeue = ?decision.requeue_after,
+        "decided"
+    );
     for action in &decision.actions {
         debug!(node = %name, ?action, "carrying out");
         actions::run(&ctx, &node, action).await?;
     }
-    update_policy_status(&ctx, &policy, &name, &decision.status).await?;
+    update_policy_status(&ctx, &policy, &latest).await?;
     Ok(match decision.requeue_after {
         Some(after) => Requeue::requeue(after.max(Duration::from_secs(1))),
         None => Requeue::requeue(Duration::from_secs(300)),
     })
 }
 
-fn budget(ctx: &Context, policy: &GpuHealthPolicy, this: &str) -> Budget {
+/// The latest status of every node: what this process wrote last, else
+/// what the watch shows.
+fn latest(
+    ctx: &Context,
+    written: &HashMap<String, GpuNodeHealthStatus>,
+) -> HashMap<String, GpuNodeHealthStatus> {
+    let mut all: HashMap<String, GpuNodeHealthStatus> = ctx
+        .node_health
+        .state()
+        .iter()
+        .filter_map(|g| Some((g.name_any(), g.status.clone()?)))
+        .collect();
+    all.extend(written.iter().map(|(k, v)| (k.clone(), v.clone())));
+    all
+}
+
+fn budget(
+    ctx: &Context,
+    written: &HashMap<String, GpuNodeHealthStatus>,
+    policy: &GpuHealthPolicy,
+    this: &str,
+) -> Budget {
     let policy_name = policy.name_any();
     let nodes = ctx
         .nodes
@@ -100,13 +139,10 @@ fn budget(ctx: &Context, policy: &GpuHealthPolicy, this: &str) -> Budget {
         .iter()
         .filter(|n| selects(policy, n))
         .count();
-    let others: Vec<GpuNodeHealthStatus> = ctx
-        .node_health
-        .state()
-        .iter()
-        .filter(|g| g.name_any() != this)
-        .filter_map(|g| g.status.clone())
-        .filter(|s| s.policy.as_deref() == Some(policy_name.as_str()))
+    let others: Vec<GpuNodeHealthStatus> = latest(ctx, written)
+        .into_iter()
+        .filter(|(name, s)| name != this && s.policy.as_deref() == Some(policy_name.as_str()))
+        .map(|(_, s)| s)
         .collect();
     let disruptive = others.iter().filter(|s| is_disruptive(s.phase)).count();
     let unhealthy = others.iter().filter(|s| unhealthy(s)).count();
@@ -149,48 +185,49 @@ async fn write_status(
     Ok(())
 }
 
-/// The policy's counts, from the node-health objects it manages.
+/// The policy's counts and its circuit-breaker condition, from the latest
+/// status of the nodes it manages.
 async fn update_policy_status(
     ctx: &Context,
     policy: &GpuHealthPolicy,
-    this: &str,
-    this_status: &GpuNodeHealthStatus,
+    latest: &HashMap<String, GpuNodeHealthStatus>,
 ) -> Result<(), Error> {
     let policy_name = policy.name_any();
-    let mut statuses: Vec<GpuNodeHealthStatus> = ctx
-        .node_health
-        .state()
-        .iter()
-        .filter(|g| g.name_any() != this)
-        .filter_map(|g| g.status.clone())
+    let statuses: Vec<&GpuNodeHealthStatus> = latest
+        .values()
         .filter(|s| s.policy.as_deref() == Some(policy_name.as_str()))
         .collect();
-    statuses.push(this_status.clone());
     let nodes = ctx
         .nodes
         .state()
         .iter()
         .filter(|n| selects(policy, n))
-        .count() as u32;
+        .count();
     let count =
         |f: &dyn Fn(&GpuNodeHealthStatus) -> bool| statuses.iter().filter(|s| f(s)).count() as u32;
     let failed = count(&|s| s.phase == Phase::Failed);
     let remediating = count(&|s| !matches!(s.phase, Phase::Healthy | Phase::Failed));
+    let sick = count(&unhealthy) as usize;
+    let budget = Budget::new(&policy.spec, nodes, 0, sick);
+    let previous = policy.status.clone().unwrap_or_default();
+    let circuit =
+        conditions::circuit_open(&previous.conditions, &budget, policy.metadata.generation);
     let status = GpuHealthPolicyStatus {
         observed_generation: policy.metadata.generation,
-        nodes,
-        healthy: nodes.saturating_sub(failed + remediating),
+        nodes: nodes as u32,
+        healthy: (nodes as u32).saturating_sub(failed + remediating),
         remediating,
         failed,
-        conditions: policy
-            .status
-            .as_ref()
-            .map(|s| s.conditions.clone())
-            .unwrap_or_default(),
+        conditions: vec![circuit],
     };
     if policy.status.as_ref() == Some(&status) {
         return Ok(());
     }
+    let was_open = previous
+        .conditions
+        .iter()
+        .any(|c| c.type_ == "CircuitOpen" && c.status == "True");
+    let is_open = budget.circuit_open();
     let api: Api<GpuHealthPolicy> = Api::all(ctx.client.clone());
     let patch =
         json!({"apiVersion": "gpuhealth.io/v1alpha1", "kind": "GpuHealthPolicy", "status": status});
@@ -200,6 +237,28 @@ async fn update_policy_status(
         &Patch::Apply(patch),
     )
     .await?;
+    if was_open != is_open {
+        let (type_, reason) = if is_open {
+            (EventType::Warning, "CircuitOpen")
+        } else {
+            (EventType::Normal, "CircuitClosed")
+        };
+        let message = status
+            .conditions
+            .first()
+            .map(|c| c.message.clone())
+            .unwrap_or_default();
+        let event = Event {
+            type_,
+            reason: reason.into(),
+            note: Some(message),
+            action: "Budget".into(),
+            secondary: None,
+        };
+        if let Err(e) = ctx.recorder.publish(&event, &policy.object_ref(&())).await {
+            warn!(policy = %policy_name, error = %e, "could not publish an Event");
+        }
+    }
     Ok(())
 }
 
