@@ -528,12 +528,26 @@ async fn the_circuit_breaker_holds_new_remediations_and_closes_on_recovery() {
     spec.max_unhealthy = IntOrString::Int(1);
     spec.max_concurrent = IntOrString::Int(3);
     let mut s = Scenario::new("breaker", 3, spec).await.expect("scenario");
-    s.start().await.expect("start");
     let (first, second) = (s.nodes[0].clone(), s.nodes[1].clone());
+    // The first node's sick GPU is held by a pod that may never be evicted,
+    // so its remediation stays open while the second node falls sick.
+    let holder = s.pods_on(&first).await.expect("pods")[7].clone();
+    let pods: Api<Pod> = Api::namespaced(s.client.clone(), &s.namespace);
+    let never =
+        json!({"metadata": {"annotations": {"gpuhealth.io/disruption-tolerance": "never"}}});
+    pods.patch(&holder, &PatchParams::default(), &Patch::Merge(never))
+        .await
+        .expect("annotate");
+    s.start().await.expect("start");
     s.break_gpu(&first, 7).await.expect("break");
+    s.wait_status(&first, "held by its pod", |st| {
+        st.reason.as_deref() == Some("WaitingForPod")
+    })
+    .await
+    .expect("first waits");
+
+    // Two sick nodes, one allowed: the second does not start.
     s.break_gpu(&second, 7).await.expect("break");
-    // Two sick nodes, one allowed: neither starts... unless the first was
-    // already under way when the second appeared; then only the second waits.
     let held = s
         .wait_status(&second, "held by the breaker", |st| {
             st.reason.as_deref() == Some("CircuitOpen")
@@ -557,9 +571,11 @@ async fn the_circuit_breaker_holds_new_remediations_and_closes_on_recovery() {
         "no remediation started on the held node"
     );
 
-    // The first node's GPU recovers on its own: the breaker closes and the
+    // The pod goes, the first node recovers, the breaker closes and the
     // second node is remediated.
-    s.report_healthy(&first).await.expect("heal");
+    pods.delete(&holder, &DeleteParams::default())
+        .await
+        .expect("delete");
     s.wait_status(&second, "recovered", |st| {
         st.phase == Phase::Healthy
             && st
