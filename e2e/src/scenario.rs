@@ -199,6 +199,18 @@ impl Scenario {
         Ok(g.status.unwrap_or_default())
     }
 
+    /// Waits until `node` is Healthy with its latest incident recovered.
+    pub async fn wait_recovered(&self, node: &str) -> Result<GpuNodeHealthStatus> {
+        self.wait_status(node, "recovered", |st| {
+            st.phase == gpuhealth_api::node_health::Phase::Healthy
+                && st
+                    .history
+                    .first()
+                    .is_some_and(|i| i.outcome.as_deref() == Some("Recovered"))
+        })
+        .await
+    }
+
     pub async fn node(&self, node: &str) -> Result<Node> {
         Ok(Api::<Node>::all(self.client.clone()).get(node).await?)
     }

@@ -100,16 +100,7 @@ async fn the_incident_gpu_7_is_reset_and_the_node_returns_to_service() {
 
     let written = Instant::now();
     s.break_gpu(&node, 7).await.expect("Xid 119 + 154 on GPU 7");
-    let status = s
-        .wait_status(&node, "recovered", |st| {
-            st.phase == Phase::Healthy
-                && st
-                    .history
-                    .first()
-                    .is_some_and(|i| i.outcome.as_deref() == Some("Recovered"))
-        })
-        .await
-        .expect("the node recovers");
+    let status = s.wait_recovered(&node).await.expect("the node recovers");
     cordon_watch.abort();
 
     let latency = cordoned_at
@@ -280,15 +271,7 @@ async fn someone_elses_cordon_is_left_in_place() {
         .await
         .expect("a person cordons the node");
     s.break_gpu(&node, 7).await.expect("break");
-    s.wait_status(&node, "recovered", |st| {
-        st.phase == Phase::Healthy
-            && st
-                .history
-                .first()
-                .is_some_and(|i| i.outcome.as_deref() == Some("Recovered"))
-    })
-    .await
-    .expect("recovers");
+    s.wait_recovered(&node).await.expect("recovers");
     let n = s.node(&node).await.expect("node");
     assert_eq!(
         n.spec.and_then(|s| s.unschedulable),
@@ -335,15 +318,7 @@ async fn a_never_pod_is_not_evicted_and_holds_the_node_until_it_goes() {
     pods.delete(&holder, &DeleteParams::default())
         .await
         .expect("delete");
-    s.wait_status(&node, "recovered", |st| {
-        st.phase == Phase::Healthy
-            && st
-                .history
-                .first()
-                .is_some_and(|i| i.outcome.as_deref() == Some("Recovered"))
-    })
-    .await
-    .expect("recovers");
+    s.wait_recovered(&node).await.expect("recovers");
 }
 
 #[tokio::test]
@@ -456,13 +431,7 @@ async fn a_malformed_gpu_report_is_an_event_not_an_action() {
     );
     // The operator is still there: a good report after a bad one is acted on.
     s.break_gpu(&node, 7).await.expect("break");
-    s.wait_status(&node, "recovered", |st| {
-        st.history
-            .first()
-            .is_some_and(|i| i.outcome.as_deref() == Some("Recovered"))
-    })
-    .await
-    .expect("still remediates");
+    s.wait_recovered(&node).await.expect("still remediates");
 }
 
 #[tokio::test]
@@ -504,15 +473,7 @@ async fn max_concurrent_one_takes_three_sick_nodes_one_at_a_time() {
         s.break_gpu(n, 7).await.expect("break");
     }
     for n in &s.nodes {
-        s.wait_status(n, "recovered", |st| {
-            st.phase == Phase::Healthy
-                && st
-                    .history
-                    .first()
-                    .is_some_and(|i| i.outcome.as_deref() == Some("Recovered"))
-        })
-        .await
-        .expect("every node recovers");
+        s.wait_recovered(n).await.expect("every node recovers");
     }
     recorder.abort();
     let most = most.lock().map(|m| *m).unwrap_or_default();
@@ -576,15 +537,9 @@ async fn the_circuit_breaker_holds_new_remediations_and_closes_on_recovery() {
     pods.delete(&holder, &DeleteParams::default())
         .await
         .expect("delete");
-    s.wait_status(&second, "recovered", |st| {
-        st.phase == Phase::Healthy
-            && st
-                .history
-                .first()
-                .is_some_and(|i| i.outcome.as_deref() == Some("Recovered"))
-    })
-    .await
-    .expect("the held node is remediated once the breaker closes");
+    s.wait_recovered(&second)
+        .await
+        .expect("the held node is remediated once the breaker closes");
     until(policies, &s.policy, WAIT, |p| circuit(p) == Some("False"))
         .await
         .expect("CircuitOpen False again");

@@ -133,12 +133,7 @@ fn budget(
     this: &str,
 ) -> Budget {
     let policy_name = policy.name_any();
-    let nodes = ctx
-        .nodes
-        .state()
-        .iter()
-        .filter(|n| selects(policy, n))
-        .count();
+    let nodes = selected_nodes(ctx, policy);
     let others: Vec<GpuNodeHealthStatus> = latest(ctx, written)
         .into_iter()
         .filter(|(name, s)| name != this && s.policy.as_deref() == Some(policy_name.as_str()))
@@ -149,6 +144,15 @@ fn budget(
     // This node counts itself only when it wants to start, which is the only
     // time the engine consults the breaker.
     Budget::new(&policy.spec, nodes, disruptive, unhealthy + 1)
+}
+
+/// How many nodes `policy` selects now.
+fn selected_nodes(ctx: &Context, policy: &GpuHealthPolicy) -> usize {
+    ctx.nodes
+        .state()
+        .iter()
+        .filter(|n| selects(policy, n))
+        .count()
 }
 
 fn unhealthy(s: &GpuNodeHealthStatus) -> bool {
@@ -197,12 +201,7 @@ async fn update_policy_status(
         .values()
         .filter(|s| s.policy.as_deref() == Some(policy_name.as_str()))
         .collect();
-    let nodes = ctx
-        .nodes
-        .state()
-        .iter()
-        .filter(|n| selects(policy, n))
-        .count();
+    let nodes = selected_nodes(ctx, policy);
     let count =
         |f: &dyn Fn(&GpuNodeHealthStatus) -> bool| statuses.iter().filter(|s| f(s)).count() as u32;
     let failed = count(&|s| s.phase == Phase::Failed);
