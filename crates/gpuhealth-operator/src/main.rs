@@ -8,7 +8,7 @@ mod observe;
 mod reconcile;
 mod selection;
 
-use std::{net::SocketAddr, process::ExitCode, sync::Arc};
+use std::{process::ExitCode, sync::Arc};
 
 use clap::{Parser, ValueEnum};
 use futures::StreamExt;
@@ -37,9 +37,6 @@ enum LogFormat {
 #[derive(Debug, Parser)]
 #[command(version, about, long_about = None)]
 struct Args {
-    /// Address for Prometheus metrics (`/metrics`). Not served yet.
-    #[arg(long, env = "GPUHEALTH_METRICS_ADDR", default_value = "0.0.0.0:8080")]
-    metrics_addr: SocketAddr,
     /// Log format.
     #[arg(long, env = "GPUHEALTH_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     log_format: LogFormat,
