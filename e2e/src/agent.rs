@@ -8,7 +8,7 @@ use std::{
     sync::{Arc, Mutex},
 };
 
-use futures::{StreamExt, TryStreamExt};
+use futures::StreamExt;
 use gpuhealth_api::{
     GpuHealth,
     contract::{
@@ -21,12 +21,14 @@ use k8s_openapi::{api::core::v1::Node, apimachinery::pkg::apis::meta::v1::Time, 
 use kube::{
     Api, Client, ResourceExt,
     api::{Patch, PatchParams},
-    runtime::{WatchStreamExt, watcher},
+    runtime::watcher,
 };
 use serde_json::json;
-use tokio::task::JoinHandle;
 
-use crate::sim::SIM_GROUP_LABEL;
+use crate::{
+    sim::SIM_GROUP_LABEL,
+    wait::{Background, applied},
+};
 
 /// What the fake agent answers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -81,18 +83,15 @@ impl FakeAgent {
         lock(&self.carried_out).clone()
     }
 
-    /// Serves every node of simulation group `group` until the handle is aborted.
-    pub fn spawn(&self, client: Client, group: &str) -> JoinHandle<()> {
+    /// Serves every node of simulation group `group` until the handle is dropped.
+    pub fn spawn(&self, client: Client, group: &str) -> Background {
         let agent = self.clone();
         let nodes: Api<Node> = Api::all(client.clone());
         let config = watcher::Config::default().labels(&format!("{SIM_GROUP_LABEL}={group}"));
-        tokio::spawn(async move {
+        Background::spawn(async move {
             let mut seen = BTreeSet::new();
-            let mut stream = watcher(nodes, config)
-                .default_backoff()
-                .applied_objects()
-                .boxed();
-            while let Ok(Some(node)) = stream.try_next().await {
+            let mut stream = std::pin::pin!(applied(nodes, config));
+            while let Some(node) = stream.next().await {
                 if let Err(e) = agent.serve(&client, &node, &mut seen).await {
                     eprintln!("fake agent: {e}");
                 }

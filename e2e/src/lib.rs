@@ -31,11 +31,6 @@ pub enum HarnessError {
     Client(#[from] kube::Error),
     #[error("timed out after {secs}s waiting for {what}")]
     Timeout { what: String, secs: u64 },
-    #[error("watch for {what} failed: {source}")]
-    Watch {
-        what: String,
-        source: kube::runtime::watcher::Error,
-    },
     #[error("running kubectl {args}: {detail}")]
     Kubectl { args: String, detail: String },
 }

@@ -20,10 +20,7 @@ use kube::{
     api::{ListParams, PostParams},
     runtime::watcher,
 };
-use tokio::{
-    sync::{Mutex, MutexGuard},
-    task::JoinHandle,
-};
+use tokio::sync::{Mutex, MutexGuard};
 
 use crate::{
     Result,
@@ -33,7 +30,7 @@ use crate::{
     reports,
     sim::{GpuNodeSpec, SIM_GROUP_LABEL, gpu_deployment, gpu_node, node_is_ready},
     unique,
-    wait::{until, until_set},
+    wait::{Background, until, until_set},
 };
 
 pub const WAIT: Duration = Duration::from_secs(180);
@@ -47,7 +44,7 @@ pub struct Scenario {
     pub nodes: Vec<String>,
     pub policy: String,
     pub agent: FakeAgent,
-    agent_task: Option<JoinHandle<()>>,
+    agent_task: Option<Background>,
     pub operator: Option<Operator>,
     _turn: MutexGuard<'static, ()>,
 }
@@ -228,13 +225,5 @@ impl Scenario {
         )
         .await?;
         Ok(())
-    }
-}
-
-impl Drop for Scenario {
-    fn drop(&mut self) {
-        if let Some(task) = &self.agent_task {
-            task.abort();
-        }
     }
 }

@@ -3,7 +3,7 @@
 
 use std::{collections::BTreeMap, fmt::Debug, future::Future, time::Duration};
 
-use futures::{StreamExt, TryStreamExt};
+use futures::{Stream, StreamExt};
 use kube::{
     Api, Resource, ResourceExt,
     runtime::{WatchStreamExt, watcher},
@@ -40,33 +40,66 @@ where
 {
     within(what, timeout, async {
         let mut objects = BTreeMap::new();
-        let mut stream = watcher(api, config).default_backoff().boxed();
-        // The watcher restarts itself after errors; a persistent error still
-        // ends in the timeout above, with the last error kept for context.
-        loop {
-            match stream.try_next().await {
-                Ok(Some(event)) => {
-                    apply(&mut objects, event);
-                    if done(&objects) {
-                        return Ok(objects);
-                    }
-                }
-                Ok(None) => {
-                    return Err(HarnessError::Timeout {
-                        what: what.to_owned(),
-                        secs: 0,
-                    });
-                }
-                Err(source) => {
-                    return Err(HarnessError::Watch {
-                        what: what.to_owned(),
-                        source,
-                    });
-                }
+        let mut stream = std::pin::pin!(events(api, config));
+        // Watch errors are retried; one that persists ends in the timeout.
+        while let Some(event) = stream.next().await {
+            apply(&mut objects, event);
+            if done(&objects) {
+                return Ok(objects);
             }
         }
+        Err(HarnessError::Timeout {
+            what: what.to_owned(),
+            secs: 0,
+        })
     })
     .await
+}
+
+/// Every event of a watch, for as long as the caller reads. Watch errors are
+/// retried with backoff and never end the stream: a recorder that stopped at
+/// the first error would see nothing and let a test pass that should fail.
+pub fn events<K>(api: Api<K>, config: watcher::Config) -> impl Stream<Item = watcher::Event<K>>
+where
+    K: Resource + Clone + Debug + DeserializeOwned + Send + 'static,
+{
+    watcher(api, config)
+        .default_backoff()
+        .filter_map(|event| async move {
+            event
+                .inspect_err(|e| eprintln!("watch error (retrying): {e}"))
+                .ok()
+        })
+}
+
+/// Every object a watch adds or changes; see [`events`].
+pub fn applied<K>(api: Api<K>, config: watcher::Config) -> impl Stream<Item = K>
+where
+    K: Resource + Clone + Debug + DeserializeOwned + Send + 'static,
+{
+    events(api, config).flat_map(|event| {
+        let obj = match event {
+            watcher::Event::Apply(obj) | watcher::Event::InitApply(obj) => Some(obj),
+            _ => None,
+        };
+        futures::stream::iter(obj)
+    })
+}
+
+/// A background task that stops when this handle is dropped, so a failed
+/// assertion cannot leave it running into the next scenario.
+pub struct Background(tokio::task::JoinHandle<()>);
+
+impl Background {
+    pub fn spawn(fut: impl Future<Output = ()> + Send + 'static) -> Self {
+        Background(tokio::spawn(fut))
+    }
+}
+
+impl Drop for Background {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 /// Watches one object until `done` holds for it.

@@ -7,7 +7,7 @@ use std::{
     time::Instant,
 };
 
-use futures::{StreamExt, TryStreamExt};
+use futures::StreamExt;
 use gpuhealth_api::{
     GpuHealth, GpuHealthPolicy, GpuNodeHealth,
     contract::{
@@ -21,7 +21,7 @@ use gpuhealth_e2e::{
     agent::{Answer, Request},
     reports,
     scenario::{Scenario, WAIT},
-    wait::until,
+    wait::{Background, applied, events, until},
 };
 use gpuhealth_engine::machine::is_disruptive;
 use k8s_openapi::{
@@ -38,7 +38,7 @@ use k8s_openapi::{
 use kube::{
     Api, ResourceExt,
     api::{DeleteParams, Patch, PatchParams, PostParams},
-    runtime::{WatchStreamExt, watcher},
+    runtime::watcher,
 };
 use serde_json::json;
 
@@ -83,12 +83,9 @@ async fn the_incident_gpu_7_is_reset_and_the_node_returns_to_service() {
         let cordoned_at = cordoned_at.clone();
         let config = watcher::Config::default().fields(&format!("metadata.name={node}"));
         let nodes: Api<Node> = Api::all(s.client.clone());
-        tokio::spawn(async move {
-            let mut stream = watcher(nodes, config)
-                .default_backoff()
-                .applied_objects()
-                .boxed();
-            while let Ok(Some(n)) = stream.try_next().await {
+        Background::spawn(async move {
+            let mut stream = std::pin::pin!(applied(nodes, config));
+            while let Some(n) = stream.next().await {
                 if n.spec.as_ref().and_then(|s| s.unschedulable) == Some(true)
                     && let Ok(mut c) = cordoned_at.lock()
                 {
@@ -101,7 +98,7 @@ async fn the_incident_gpu_7_is_reset_and_the_node_returns_to_service() {
     let written = Instant::now();
     s.break_gpu(&node, 7).await.expect("Xid 119 + 154 on GPU 7");
     let status = s.wait_recovered(&node).await.expect("the node recovers");
-    cordon_watch.abort();
+    drop(cordon_watch);
 
     let latency = cordoned_at
         .lock()
@@ -336,12 +333,9 @@ async fn dry_run_records_the_plan_and_writes_no_node_or_pod() {
         let writes = writes.clone();
         let config = watcher::Config::default().fields(&format!("metadata.name={node}"));
         let nodes: Api<Node> = Api::all(s.client.clone());
-        tokio::spawn(async move {
-            let mut stream = watcher(nodes, config)
-                .default_backoff()
-                .applied_objects()
-                .boxed();
-            while let Ok(Some(n)) = stream.try_next().await {
+        Background::spawn(async move {
+            let mut stream = std::pin::pin!(applied(nodes, config));
+            while let Some(n) = stream.next().await {
                 let ours = [
                     CORDONED_BY_ANNOTATION,
                     RESET_REQUEST_ANNOTATION,
@@ -358,11 +352,9 @@ async fn dry_run_records_the_plan_and_writes_no_node_or_pod() {
     let pod_watch = {
         let writes = writes.clone();
         let pods: Api<Pod> = Api::namespaced(s.client.clone(), &s.namespace);
-        tokio::spawn(async move {
-            let mut stream = watcher(pods, watcher::Config::default())
-                .default_backoff()
-                .boxed();
-            while let Ok(Some(event)) = stream.try_next().await {
+        Background::spawn(async move {
+            let mut stream = std::pin::pin!(events(pods, watcher::Config::default()));
+            while let Some(event) = stream.next().await {
                 if let watcher::Event::Apply(p) | watcher::Event::Delete(p) = event
                     && p.metadata.deletion_timestamp.is_some()
                     && let Ok(mut w) = writes.lock()
@@ -393,8 +385,8 @@ async fn dry_run_records_the_plan_and_writes_no_node_or_pod() {
     })
     .await
     .expect("plan updated");
-    node_watch.abort();
-    pod_watch.abort();
+    drop(node_watch);
+    drop(pod_watch);
     let writes = writes.lock().map(|w| w.clone()).unwrap_or_default();
     assert!(writes.is_empty(), "DryRun wrote: {writes:?}");
     assert!(s.agent.requests().is_empty());
@@ -451,13 +443,10 @@ async fn max_concurrent_one_takes_three_sick_nodes_one_at_a_time() {
         let most = most.clone();
         let names = s.nodes.clone();
         let api: Api<GpuNodeHealth> = Api::all(s.client.clone());
-        tokio::spawn(async move {
+        Background::spawn(async move {
             let mut phases = std::collections::BTreeMap::new();
-            let mut stream = watcher(api, watcher::Config::default())
-                .default_backoff()
-                .applied_objects()
-                .boxed();
-            while let Ok(Some(g)) = stream.try_next().await {
+            let mut stream = std::pin::pin!(applied(api, watcher::Config::default()));
+            while let Some(g) = stream.next().await {
                 if !names.contains(&g.name_any()) {
                     continue;
                 }
@@ -475,7 +464,7 @@ async fn max_concurrent_one_takes_three_sick_nodes_one_at_a_time() {
     for n in &s.nodes {
         s.wait_recovered(n).await.expect("every node recovers");
     }
-    recorder.abort();
+    drop(recorder);
     let most = most.lock().map(|m| *m).unwrap_or_default();
     assert_eq!(
         most, 1,

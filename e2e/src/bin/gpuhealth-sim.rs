@@ -178,7 +178,7 @@ async fn run(command: Command) -> Result<(), Box<dyn std::error::Error>> {
             let task = agent.spawn(client, &group);
             eprintln!("fake agent serving node group {group}; Ctrl-C to stop");
             tokio::signal::ctrl_c().await?;
-            task.abort();
+            drop(task);
         }
     }
     Ok(())
