@@ -51,6 +51,9 @@ pub struct FakeAgent {
     /// Every request carried out, in order. The agent never carries out the
     /// same id twice, as the real one must not.
     pub carried_out: Arc<Mutex<Vec<Request>>>,
+    /// Every distinct request annotation seen, as (node, value): a request
+    /// written twice (even with the same id) shows up twice.
+    pub seen: Arc<Mutex<BTreeSet<(String, String)>>>,
 }
 
 impl Default for FakeAgent {
@@ -59,6 +62,7 @@ impl Default for FakeAgent {
             reset: Arc::new(Mutex::new(Answer::Succeed)),
             reboot: Arc::new(Mutex::new(Answer::Succeed)),
             carried_out: Arc::new(Mutex::new(Vec::new())),
+            seen: Arc::default(),
         }
     }
 }
@@ -81,6 +85,15 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 impl FakeAgent {
     pub fn requests(&self) -> Vec<Request> {
         lock(&self.carried_out).clone()
+    }
+
+    /// The request annotations written on `node`, each distinct value once.
+    pub fn requests_written(&self, node: &str) -> Vec<String> {
+        lock(&self.seen)
+            .iter()
+            .filter(|(n, _)| n == node)
+            .map(|(_, v)| v.clone())
+            .collect()
     }
 
     /// Serves every node of simulation group `group` until the handle is dropped.
@@ -107,6 +120,11 @@ impl FakeAgent {
     ) -> kube::Result<()> {
         let annotations = node.annotations();
         let name = node.name_any();
+        for key in [RESET_REQUEST_ANNOTATION, REBOOT_REQUEST_ANNOTATION] {
+            if let Some(value) = annotations.get(key) {
+                lock(&self.seen).insert((name.clone(), value.clone()));
+            }
+        }
         if let Some(req) = annotations
             .get(RESET_REQUEST_ANNOTATION)
             .and_then(|v| ResetRequest::parse(v).ok())

@@ -136,8 +136,18 @@ impl Scenario {
     /// Starts the fake agent and the operator, and waits until the operator
     /// has taken in every node.
     pub async fn start(&mut self) -> Result<()> {
-        self.agent_task = Some(self.agent.spawn(self.client.clone(), &self.group));
+        self.start_agent();
         self.operator = Some(Operator::start(&format!("operator-{}", self.group)).await?);
+        self.wait_taken_in().await
+    }
+
+    /// Starts the fake agent alone: for scenarios that run their own operators.
+    pub fn start_agent(&mut self) {
+        self.agent_task = Some(self.agent.spawn(self.client.clone(), &self.group));
+    }
+
+    /// Waits until an operator has taken in every node.
+    pub async fn wait_taken_in(&self) -> Result<()> {
         for n in self.nodes.clone() {
             self.wait_status(&n, "the operator takes the node in", |s| s.policy.is_some())
                 .await?;

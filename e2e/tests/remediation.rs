@@ -421,6 +421,18 @@ async fn a_malformed_gpu_report_is_an_event_not_an_action() {
         Some(true),
         "no action"
     );
+    let metrics = s
+        .operator
+        .as_ref()
+        .expect("operator")
+        .scrape()
+        .await
+        .expect("metrics");
+    let counted = format!(
+        "gpuhealth_malformed_gpu_reports_total{{policy=\"{}\",error=\"malformed\"}} 1",
+        s.policy
+    );
+    assert!(metrics.contains(&counted), "{counted} in:\n{metrics}");
     // The operator is still there: a good report after a bad one is acted on.
     s.break_gpu(&node, 7).await.expect("break");
     s.wait_recovered(&node).await.expect("still remediates");

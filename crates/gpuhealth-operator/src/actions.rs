@@ -21,7 +21,30 @@ use tracing::{info, warn};
 
 use crate::context::{Context, Error};
 
+/// Carries out `action`, counting it by outcome in the metrics.
 pub async fn run(ctx: &Context, node: &Node, action: &Action) -> Result<(), Error> {
+    let label = match action {
+        Action::Cordon { .. } => "cordon",
+        Action::Uncordon { .. } => "uncordon",
+        Action::Evict { .. } => "evict",
+        Action::ForceDelete { .. } => "force_delete",
+        Action::RequestReset { .. } => "request_reset",
+        Action::RequestReboot { .. } => "request_reboot",
+        Action::MarkForReplacement { .. } => "mark_for_replacement",
+        Action::Event { .. } => "event",
+    };
+    let result = carry_out(ctx, node, action).await;
+    let outcome = match &result {
+        Ok(outcome) => *outcome,
+        Err(_) => "error",
+    };
+    ctx.metrics.action(label, outcome);
+    result.map(|_| ())
+}
+
+/// What happened: `done`, `refused` (a disruption budget said not now),
+/// `gone` (nothing left to do) or `failed` (best effort, not retried).
+async fn carry_out(ctx: &Context, node: &Node, action: &Action) -> Result<&'static str, Error> {
     let name = node.name_any();
     let nodes: Api<Node> = Api::all(ctx.client.clone());
     let now = Time(Timestamp::now());
@@ -63,9 +86,10 @@ pub async fn run(ctx: &Context, node: &Node, action: &Action) -> Result<(), Erro
                 Ok(_) => info!(node = %name, %pod, "evicted"),
                 // A PodDisruptionBudget says not now: try again next time, never force.
                 Err(kube::Error::Api(s)) if s.code == 429 => {
-                    info!(node = %name, %pod, "eviction refused by a disruption budget; will retry")
+                    info!(node = %name, %pod, "eviction refused by a disruption budget; will retry");
+                    return Ok("refused");
                 }
-                Err(kube::Error::Api(s)) if s.code == 404 => {}
+                Err(kube::Error::Api(s)) if s.code == 404 => return Ok("gone"),
                 Err(e) => return Err(e.into()),
             }
         }
@@ -85,7 +109,7 @@ pub async fn run(ctx: &Context, node: &Node, action: &Action) -> Result<(), Erro
                 Ok(_) => {
                     warn!(node = %name, %pod, "force-deleted after the drain timeout, as the policy allows")
                 }
-                Err(kube::Error::Api(s)) if s.code == 404 => {}
+                Err(kube::Error::Api(s)) if s.code == 404 => return Ok("gone"),
                 Err(e) => return Err(e.into()),
             }
         }
@@ -133,10 +157,11 @@ pub async fn run(ctx: &Context, node: &Node, action: &Action) -> Result<(), Erro
             // Events are best effort: a lost one must not stop remediation.
             if let Err(e) = ctx.recorder.publish(&event, &node.object_ref(&())).await {
                 warn!(node = %name, error = %e, "could not publish an Event");
+                return Ok("failed");
             }
         }
     }
-    Ok(())
+    Ok("done")
 }
 
 async fn annotate(nodes: &Api<Node>, name: &str, key: &str, value: &str) -> Result<(), Error> {

@@ -1,10 +1,15 @@
 //! What every reconcile shares.
 
-use std::collections::HashMap;
+use std::{collections::HashMap, sync::Arc};
 
-use gpuhealth_api::{GpuHealthPolicy, GpuNodeHealth, node_health::GpuNodeHealthStatus};
+use gpuhealth_api::{
+    GpuHealthPolicy, GpuNodeHealth,
+    node_health::{GpuNodeHealthStatus, Phase},
+};
 use k8s_openapi::api::core::v1::Node;
-use kube::{Client, runtime::events::Recorder, runtime::reflector::Store};
+use kube::{Client, ResourceExt, runtime::events::Recorder, runtime::reflector::Store};
+
+use crate::{leader::Leadership, metrics::Metrics};
 
 /// The field manager for everything gpuhealth writes.
 pub const MANAGER: &str = "gpuhealth-operator";
@@ -20,6 +25,30 @@ pub struct Context {
     /// nodes run concurrently, and two nodes deciding at once on the same
     /// budget could both start.
     pub decisions: tokio::sync::Mutex<HashMap<String, GpuNodeHealthStatus>>,
+    pub metrics: Arc<Metrics>,
+    /// Checked before every write: a replica that is not the leader (or no
+    /// longer sure it is) writes nothing.
+    pub leadership: Leadership,
+    /// Test hook for crash safety (`GPUHEALTH_TEST_CRASH_AFTER`): exit the
+    /// process right after recording entry into this phase and before
+    /// carrying out its actions, as a crash at the worst moment would.
+    pub crash_after: Option<Phase>,
+}
+
+/// The latest status of every node: what this process wrote last
+/// (`written`), else what the watch shows.
+pub fn latest(
+    ctx: &Context,
+    written: &HashMap<String, GpuNodeHealthStatus>,
+) -> HashMap<String, GpuNodeHealthStatus> {
+    let mut all: HashMap<String, GpuNodeHealthStatus> = ctx
+        .node_health
+        .state()
+        .iter()
+        .filter_map(|g| Some((g.name_any(), g.status.clone()?)))
+        .collect();
+    all.extend(written.iter().map(|(k, v)| (k.clone(), v.clone())));
+    all
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -30,6 +59,8 @@ pub enum Error {
     Json(#[from] serde_json::Error),
     #[error("the engine made an invalid request id: {0}")]
     InvalidId(String),
+    #[error("not the leader: this replica does not act")]
+    NotLeader,
 }
 
 impl Error {
@@ -39,6 +70,7 @@ impl Error {
             Error::Kube(_) => "kube",
             Error::Json(_) => "json",
             Error::InvalidId(_) => "invalid_id",
+            Error::NotLeader => "not_leader",
         }
     }
 }

@@ -4,18 +4,21 @@
 mod actions;
 mod conditions;
 mod context;
+mod leader;
+mod metrics;
 mod observe;
+mod policy_status;
 mod reconcile;
 mod selection;
 
-use std::{process::ExitCode, sync::Arc};
+use std::{net::SocketAddr, process::ExitCode, sync::Arc, time::Duration};
 
 use clap::{Parser, ValueEnum};
 use futures::StreamExt;
-use gpuhealth_api::{GpuHealthPolicy, GpuNodeHealth};
+use gpuhealth_api::{GpuHealthPolicy, GpuNodeHealth, node_health::Phase};
 use k8s_openapi::api::core::v1::Node;
 use kube::{
-    Api, Client, Config,
+    Api, Client, Config, ResourceExt,
     runtime::{
         Controller, WatchStreamExt,
         events::{Recorder, Reporter},
@@ -25,7 +28,12 @@ use kube::{
 };
 use tracing::{error, info};
 
-use crate::context::Context;
+use crate::{
+    context::Context,
+    leader::{Elector, Settings},
+    metrics::Metrics,
+    selection::selects,
+};
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
 enum LogFormat {
@@ -40,9 +48,47 @@ struct Args {
     /// Log format.
     #[arg(long, env = "GPUHEALTH_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     log_format: LogFormat,
-    /// This replica's name, for Events (from the downward API).
+    /// This replica's name, for Events and the leader Lease (from the downward API).
     #[arg(long, env = "POD_NAME", default_value = "gpuhealth-operator")]
     pod_name: String,
+    /// Where to serve /metrics, /livez and /readyz.
+    #[arg(long, env = "GPUHEALTH_METRICS_ADDR", default_value = "0.0.0.0:8080")]
+    metrics_addr: SocketAddr,
+    /// The namespace of the leader Lease (the operator's own, from the downward API).
+    #[arg(long, env = "POD_NAMESPACE", default_value = "default")]
+    lease_namespace: String,
+    /// The leader Lease's name: replicas with the same one elect one leader.
+    #[arg(long, default_value = "gpuhealth-operator")]
+    lease_name: String,
+    /// How long a leader's claim holds without renewal; a new leader takes
+    /// over this long after the last one stopped renewing.
+    #[arg(long, default_value = "15s", value_parser = duration)]
+    lease_duration: Duration,
+    /// How long the leader keeps acting without a successful renewal; less
+    /// than --lease-duration, so it stops before another may start.
+    #[arg(long, default_value = "10s", value_parser = duration)]
+    renew_deadline: Duration,
+    /// How often to renew, or to try to take the lease.
+    #[arg(long, default_value = "2s", value_parser = duration)]
+    retry_period: Duration,
+}
+
+fn duration(s: &str) -> Result<Duration, String> {
+    s.parse::<gpuhealth_api::Duration>()
+        .map(|d| d.as_std())
+        .map_err(|e| e.to_string())
+}
+
+#[derive(Debug, thiserror::Error)]
+enum Fatal {
+    #[error("kubernetes API: {0}")]
+    Kube(#[from] kube::Error),
+    #[error("flags: {0}")]
+    Flags(String),
+    #[error("serving metrics: {0}")]
+    Metrics(std::io::Error),
+    #[error("lost the leader Lease; exiting so that no two replicas act at once")]
+    LostLeadership,
 }
 
 fn init_tracing(format: LogFormat) {
@@ -72,7 +118,21 @@ async fn main() -> ExitCode {
     }
 }
 
-async fn run(args: Args) -> Result<(), kube::Error> {
+async fn run(args: Args) -> Result<(), Fatal> {
+    if !(args.retry_period < args.renew_deadline && args.renew_deadline < args.lease_duration) {
+        return Err(Fatal::Flags(format!(
+            "need --retry-period ({:?}) < --renew-deadline ({:?}) < --lease-duration ({:?})",
+            args.retry_period, args.renew_deadline, args.lease_duration
+        )));
+    }
+    let crash_after = match std::env::var("GPUHEALTH_TEST_CRASH_AFTER") {
+        Ok(phase) => Some(
+            serde_json::from_value::<Phase>(serde_json::Value::String(phase.clone())).map_err(
+                |_| Fatal::Flags(format!("GPUHEALTH_TEST_CRASH_AFTER: no phase {phase}")),
+            )?,
+        ),
+        Err(_) => None,
+    };
     let mut config = Config::infer().await.map_err(kube::Error::InferConfig)?;
     // A 429 from the Eviction API means a PodDisruptionBudget says "not now":
     // the reconcile requeues; it must not block in the client's retry loop.
@@ -82,9 +142,20 @@ async fn run(args: Args) -> Result<(), kube::Error> {
         version = env!("CARGO_PKG_VERSION"),
         "gpuhealth-operator starting"
     );
+    let metrics = Arc::new(Metrics::default());
+    let listener = tokio::net::TcpListener::bind(args.metrics_addr)
+        .await
+        .map_err(Fatal::Metrics)?;
+    let served = metrics.clone();
+    tokio::spawn(async move {
+        if let Err(e) = metrics::serve(listener, served).await {
+            error!(error = %e, "the metrics endpoint stopped");
+        }
+    });
 
-    // Stores the reconciles read from. The controller's own watches below
-    // only trigger reconciles; kube's stable API cannot share one stream.
+    // Stores the reconciles read from, filled before leadership is sought so
+    // that a new leader starts warm. The controllers' own watches below only
+    // trigger reconciles; kube's stable API cannot share one stream.
     let (policies, policy_writer) = reflector::store::<GpuHealthPolicy>();
     let (node_health, health_writer) = reflector::store::<GpuNodeHealth>();
     let policy_api = Api::<GpuHealthPolicy>::all(client.clone());
@@ -113,17 +184,44 @@ async fn run(args: Args) -> Result<(), kube::Error> {
         .wait_until_ready()
         .await
         .map_err(|e| kube::Error::Service(Box::new(e)))?;
+    metrics
+        .ready
+        .store(true, std::sync::atomic::Ordering::Relaxed);
 
-    let controller = Controller::new(Api::<Node>::all(client.clone()), watcher::Config::default());
-    let nodes = controller.store();
+    let mut elector = Elector::new(
+        client.clone(),
+        Settings {
+            namespace: args.lease_namespace,
+            name: args.lease_name,
+            identity: args.pod_name.clone(),
+            lease_duration: args.lease_duration,
+            renew_deadline: args.renew_deadline,
+            retry_period: args.retry_period,
+        },
+    );
+    tokio::select! {
+        () = elector.acquire() => {}
+        () = shutdown_signal() => {
+            info!("stopped before becoming the leader");
+            return Ok(());
+        }
+    }
+    metrics.leader.set(1);
+
+    let node_controller =
+        Controller::new(Api::<Node>::all(client.clone()), watcher::Config::default());
+    let nodes = node_controller.store();
     let ctx = Arc::new(Context {
         client: client.clone(),
         nodes: nodes.clone(),
-        policies,
+        policies: policies.clone(),
         node_health,
         decisions: Default::default(),
+        metrics: metrics.clone(),
+        leadership: elector.leadership(),
+        crash_after,
         recorder: Recorder::new(
-            client,
+            client.clone(),
             Reporter {
                 controller: "gpuhealth-operator".into(),
                 instance: Some(args.pod_name),
@@ -133,8 +231,8 @@ async fn run(args: Args) -> Result<(), kube::Error> {
     // A policy change may change any node's decision; a node-health change
     // only its own node's.
     let all_nodes = nodes.clone();
-    controller
-        .watches(policy_api, watcher::Config::default(), move |_| {
+    let node_loop = node_controller
+        .watches(policy_api.clone(), watcher::Config::default(), move |_| {
             all_nodes
                 .state()
                 .iter()
@@ -142,16 +240,64 @@ async fn run(args: Args) -> Result<(), kube::Error> {
                 .collect::<Vec<_>>()
         })
         .watches(
-            health_api,
+            health_api.clone(),
             watcher::Config::default(),
-            |g: GpuNodeHealth| std::iter::once(ObjectRef::new(&kube::ResourceExt::name_any(&g))),
+            |g: GpuNodeHealth| std::iter::once(ObjectRef::new(&g.name_any())),
         )
         .shutdown_on_signal()
-        .run(reconcile::reconcile, reconcile::error_policy, ctx)
-        .for_each(|_| futures::future::ready(()))
-        .await;
-    info!("gpuhealth-operator stopped");
-    Ok(())
+        .run(reconcile::reconcile, reconcile::error_policy, ctx.clone())
+        .for_each(|_| futures::future::ready(()));
+    // A policy's status follows its nodes' statuses and which nodes it selects.
+    let selecting = policies.clone();
+    let policy_loop = Controller::new(policy_api, watcher::Config::default())
+        .watches(
+            health_api,
+            watcher::Config::default(),
+            |g: GpuNodeHealth| g.status.and_then(|s| s.policy).map(|p| ObjectRef::new(&p)),
+        )
+        .watches(
+            Api::<Node>::all(client),
+            watcher::Config::default().any_semantic(),
+            move |node: Node| {
+                selecting
+                    .state()
+                    .iter()
+                    .filter(|p| selects(p, &node))
+                    .map(|p| ObjectRef::from_obj(p.as_ref()))
+                    .collect::<Vec<_>>()
+            },
+        )
+        .shutdown_on_signal()
+        .run(policy_status::reconcile, policy_status::error_policy, ctx)
+        .for_each(|_| futures::future::ready(()));
+
+    tokio::select! {
+        _ = futures::future::join(node_loop, policy_loop) => {
+            elector.release().await;
+            info!("gpuhealth-operator stopped");
+            Ok(())
+        }
+        () = elector.keep() => {
+            metrics.leader.set(0);
+            Err(Fatal::LostLeadership)
+        }
+    }
+}
+
+/// SIGTERM (how Kubernetes stops a pod) or Ctrl-C.
+async fn shutdown_signal() {
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => futures::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        () = term => {}
+        _ = tokio::signal::ctrl_c() => {}
+    }
 }
 
 #[cfg(test)]

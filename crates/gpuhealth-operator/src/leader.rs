@@ -1,0 +1,266 @@
+//! Leader election through a `coordination.k8s.io` Lease: of all replicas,
+//! only the holder acts.
+//!
+//! As in client-go, a candidate judges expiry by its own clock: it takes the
+//! lease only after seeing the record unchanged for a whole lease duration,
+//! so clocks that disagree between machines cannot make two leaders. The
+//! holder stops acting once it has gone `renew_deadline` without a renewal,
+//! which is shorter than the lease duration: it has stopped before anyone
+//! else may take over.
+
+use std::{
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use k8s_openapi::{
+    api::coordination::v1::{Lease, LeaseSpec},
+    apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta},
+    jiff::Timestamp,
+};
+use kube::{
+    Api, Client,
+    api::{PostParams, ResourceExt},
+};
+use tracing::{info, warn};
+
+#[derive(Clone, Debug)]
+pub struct Settings {
+    pub namespace: String,
+    pub name: String,
+    pub identity: String,
+    pub lease_duration: Duration,
+    pub renew_deadline: Duration,
+    pub retry_period: Duration,
+}
+
+/// Whether this replica may act now. Cheap to clone and to ask.
+#[derive(Clone)]
+pub struct Leadership {
+    renewed: Arc<Mutex<Option<Instant>>>,
+    deadline: Duration,
+}
+
+impl Leadership {
+    fn new(deadline: Duration) -> Self {
+        Leadership {
+            renewed: Arc::default(),
+            deadline,
+        }
+    }
+
+    /// True while the last renewal is recent enough that no other replica
+    /// can hold the lease.
+    pub fn is_held(&self) -> bool {
+        self.last().is_some_and(|t| t.elapsed() < self.deadline)
+    }
+
+    fn last(&self) -> Option<Instant> {
+        *self.renewed.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn renewed_at(&self, at: Instant) {
+        *self.renewed.lock().unwrap_or_else(|p| p.into_inner()) = Some(at);
+    }
+
+    fn drop_it(&self) {
+        *self.renewed.lock().unwrap_or_else(|p| p.into_inner()) = None;
+    }
+}
+
+/// The lease record as last seen, and when it was seen to change.
+struct Observed {
+    resource_version: Option<String>,
+    holder: String,
+    duration: Duration,
+    changed_at: Instant,
+}
+
+pub struct Elector {
+    api: Api<Lease>,
+    settings: Settings,
+    observed: Option<Observed>,
+    leadership: Leadership,
+}
+
+impl Elector {
+    pub fn new(client: Client, settings: Settings) -> Self {
+        Elector {
+            api: Api::namespaced(client, &settings.namespace),
+            leadership: Leadership::new(settings.renew_deadline),
+            settings,
+            observed: None,
+        }
+    }
+
+    pub fn leadership(&self) -> Leadership {
+        self.leadership.clone()
+    }
+
+    /// Returns once this replica holds the lease.
+    pub async fn acquire(&mut self) {
+        let mut last_holder = String::new();
+        loop {
+            match self.try_acquire_or_renew().await {
+                Ok(true) => {
+                    info!(lease = %self.settings.name, identity = %self.settings.identity, "became the leader");
+                    return;
+                }
+                Ok(false) => {
+                    let holder = self.holder();
+                    if holder != last_holder {
+                        info!(lease = %self.settings.name, %holder, "standing by: another replica leads");
+                        last_holder = holder;
+                    }
+                }
+                Err(e) => {
+                    warn!(lease = %self.settings.name, error = %e, "could not read or take the lease")
+                }
+            }
+            tokio::time::sleep(self.settings.retry_period).await;
+        }
+    }
+
+    /// Renews the lease until a renewal is overdue or another replica holds
+    /// it; returns then, with leadership already withdrawn.
+    pub async fn keep(&mut self) {
+        loop {
+            tokio::time::sleep(self.settings.retry_period).await;
+            let renewed =
+                tokio::time::timeout(self.settings.retry_period, self.try_acquire_or_renew()).await;
+            match renewed {
+                Ok(Ok(true)) => continue,
+                Ok(Ok(false)) => {
+                    warn!(lease = %self.settings.name, holder = %self.holder(), "another replica took the lease");
+                    break;
+                }
+                Ok(Err(e)) => {
+                    warn!(lease = %self.settings.name, error = %e, "could not renew the lease")
+                }
+                Err(_) => warn!(lease = %self.settings.name, "renewing the lease timed out"),
+            }
+            if !self.leadership.is_held() {
+                warn!(lease = %self.settings.name, deadline = ?self.settings.renew_deadline, "no renewal within the deadline");
+                break;
+            }
+        }
+        self.leadership.drop_it();
+    }
+
+    /// Gives the lease up, so another replica takes over at once rather than
+    /// after the lease duration.
+    pub async fn release(&mut self) {
+        self.leadership.drop_it();
+        let Ok(Some(mut lease)) = self.api.get_opt(&self.settings.name).await else {
+            return;
+        };
+        let spec = lease.spec.get_or_insert_with(Default::default);
+        if spec.holder_identity.as_deref() != Some(self.settings.identity.as_str()) {
+            return;
+        }
+        spec.holder_identity = None;
+        spec.lease_duration_seconds = Some(1);
+        spec.renew_time = Some(MicroTime(Timestamp::now()));
+        match self
+            .api
+            .replace(&self.settings.name, &PostParams::default(), &lease)
+            .await
+        {
+            Ok(_) => info!(lease = %self.settings.name, "released the lease"),
+            Err(e) => warn!(lease = %self.settings.name, error = %e, "could not release the lease"),
+        }
+    }
+
+    fn holder(&self) -> String {
+        self.observed
+            .as_ref()
+            .map(|o| o.holder.clone())
+            .unwrap_or_default()
+    }
+
+    /// One round: take the lease if it is free or expired, renew it if ours.
+    /// Ok(false) while another replica holds it.
+    async fn try_acquire_or_renew(&mut self) -> kube::Result<bool> {
+        // Measured before the request: the lease is ours from no later than this.
+        let started = Instant::now();
+        let now = MicroTime(Timestamp::now());
+        let me = self.settings.identity.clone();
+        let duration_secs = i32::try_from(self.settings.lease_duration.as_secs()).unwrap_or(15);
+        let Some(mut lease) = self.api.get_opt(&self.settings.name).await? else {
+            let lease = Lease {
+                metadata: ObjectMeta {
+                    name: Some(self.settings.name.clone()),
+                    namespace: Some(self.settings.namespace.clone()),
+                    ..Default::default()
+                },
+                spec: Some(LeaseSpec {
+                    holder_identity: Some(me),
+                    lease_duration_seconds: Some(duration_secs),
+                    acquire_time: Some(now.clone()),
+                    renew_time: Some(now),
+                    lease_transitions: Some(0),
+                    ..Default::default()
+                }),
+            };
+            return self.write(
+                started,
+                self.api.create(&PostParams::default(), &lease).await,
+            );
+        };
+        let spec = lease.spec.get_or_insert_with(Default::default);
+        let holder = spec.holder_identity.clone().unwrap_or_default();
+        let version = lease.metadata.resource_version.clone();
+        if self
+            .observed
+            .as_ref()
+            .is_none_or(|o| o.resource_version != version)
+        {
+            self.observed = Some(Observed {
+                resource_version: version,
+                holder: holder.clone(),
+                duration: Duration::from_secs(
+                    u64::try_from(spec.lease_duration_seconds.unwrap_or(0)).unwrap_or(0),
+                ),
+                changed_at: Instant::now(),
+            });
+        }
+        let unexpired = self
+            .observed
+            .as_ref()
+            .is_some_and(|o| o.changed_at.elapsed() < o.duration);
+        if holder != me && !holder.is_empty() && unexpired {
+            return Ok(false);
+        }
+        if holder != me {
+            spec.acquire_time = Some(now.clone());
+            spec.lease_transitions = Some(spec.lease_transitions.unwrap_or(0) + 1);
+        }
+        spec.holder_identity = Some(me);
+        spec.lease_duration_seconds = Some(duration_secs);
+        spec.renew_time = Some(now);
+        // The resourceVersion read above makes this a compare-and-swap: if
+        // another replica wrote in between, ours fails with 409.
+        let result = self
+            .api
+            .replace(&self.settings.name, &PostParams::default(), &lease)
+            .await;
+        self.write(started, result)
+    }
+
+    fn write(&mut self, started: Instant, result: kube::Result<Lease>) -> kube::Result<bool> {
+        match result {
+            Ok(lease) => {
+                self.observed = Some(Observed {
+                    resource_version: lease.resource_version(),
+                    holder: self.settings.identity.clone(),
+                    duration: self.settings.lease_duration,
+                    changed_at: started,
+                });
+                self.leadership.renewed_at(started);
+                Ok(true)
+            }
+            Err(kube::Error::Api(s)) if s.code == 409 => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+}

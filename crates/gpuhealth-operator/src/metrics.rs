@@ -1,0 +1,190 @@
+//! The operator's Prometheus metrics, served with `/livez` and `/readyz`.
+
+use std::sync::{
+    Arc,
+    atomic::{AtomicBool, Ordering},
+};
+
+use axum::{Router, extract::State, http::StatusCode, response::IntoResponse, routing::get};
+use prometheus_client::{
+    encoding::{EncodeLabelSet, text::encode},
+    metrics::{
+        counter::Counter,
+        family::Family,
+        gauge::Gauge,
+        histogram::{Histogram, exponential_buckets},
+    },
+    registry::Registry,
+};
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ErrorLabels {
+    pub kind: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReportLabels {
+    pub policy: String,
+    pub error: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ActionLabels {
+    pub action: String,
+    pub outcome: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PhaseLabels {
+    pub policy: String,
+    pub phase: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PolicyLabels {
+    pub policy: String,
+}
+
+pub struct Metrics {
+    registry: Registry,
+    pub reconcile_errors: Family<ErrorLabels, Counter>,
+    pub reconcile_duration: Histogram,
+    pub malformed_reports: Family<ReportLabels, Counter>,
+    pub actions: Family<ActionLabels, Counter>,
+    pub nodes: Family<PhaseLabels, Gauge>,
+    pub circuit_open: Family<PolicyLabels, Gauge>,
+    pub leader: Gauge,
+    /// Caches synced and leadership settled (held, or waiting for it).
+    pub ready: AtomicBool,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        let mut m = Metrics {
+            registry: Registry::with_prefix("gpuhealth"),
+            reconcile_errors: Family::default(),
+            // 1 ms to about 16 s.
+            reconcile_duration: Histogram::new(exponential_buckets(0.001, 2.0, 15)),
+            malformed_reports: Family::default(),
+            actions: Family::default(),
+            nodes: Family::default(),
+            circuit_open: Family::default(),
+            leader: Gauge::default(),
+            ready: AtomicBool::new(false),
+        };
+        let r = &mut m.registry;
+        r.register(
+            "reconcile_errors",
+            "Node reconciles that failed, by error kind",
+            m.reconcile_errors.clone(),
+        );
+        r.register(
+            "reconcile_duration_seconds",
+            "Time taken by one node reconcile",
+            m.reconcile_duration.clone(),
+        );
+        r.register(
+            "malformed_gpu_reports",
+            "GPU report annotations that could not be read and were ignored, by policy and error",
+            m.malformed_reports.clone(),
+        );
+        r.register(
+            "actions",
+            "Side effects carried out on nodes and pods, by action and outcome",
+            m.actions.clone(),
+        );
+        r.register(
+            "nodes",
+            "Managed nodes by policy and phase",
+            m.nodes.clone(),
+        );
+        r.register(
+            "circuit_open",
+            "1 while the policy's circuit breaker holds new remediations back",
+            m.circuit_open.clone(),
+        );
+        r.register(
+            "leader",
+            "1 while this replica holds the leader Lease and may act",
+            m.leader.clone(),
+        );
+        m
+    }
+}
+
+impl Metrics {
+    pub fn action(&self, action: &str, outcome: &str) {
+        self.actions
+            .get_or_create(&ActionLabels {
+                action: action.into(),
+                outcome: outcome.into(),
+            })
+            .inc();
+    }
+
+    /// The text exposition format.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        // Writing into a String cannot fail.
+        let _ = encode(&mut out, &self.registry);
+        out
+    }
+}
+
+/// Serves `/metrics`, `/livez` and `/readyz` until the process ends.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    metrics: Arc<Metrics>,
+) -> std::io::Result<()> {
+    let app = Router::new()
+        .route("/metrics", get(metrics_text))
+        .route("/livez", get(|| async { "ok" }))
+        .route("/readyz", get(readyz))
+        .with_state(metrics);
+    tracing::info!(addr = %listener.local_addr()?, "serving /metrics, /livez and /readyz");
+    axum::serve(listener, app).await
+}
+
+async fn metrics_text(State(m): State<Arc<Metrics>>) -> impl IntoResponse {
+    (
+        [(
+            axum::http::header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        m.render(),
+    )
+}
+
+async fn readyz(State(m): State<Arc<Metrics>>) -> impl IntoResponse {
+    if m.ready.load(Ordering::Relaxed) {
+        (StatusCode::OK, "ok")
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, "caches not synced yet")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_follow_prometheus_conventions() {
+        let m = Metrics::default();
+        m.action("evict", "refused");
+        m.malformed_reports
+            .get_or_create(&ReportLabels {
+                policy: "p".into(),
+                error: "json".into(),
+            })
+            .inc();
+        let text = m.render();
+        for name in [
+            "gpuhealth_actions_total{action=\"evict\",outcome=\"refused\"} 1",
+            "gpuhealth_malformed_gpu_reports_total{policy=\"p\",error=\"json\"} 1",
+            "# TYPE gpuhealth_reconcile_duration_seconds histogram",
+            "# TYPE gpuhealth_leader gauge",
+        ] {
+            assert!(text.contains(name), "{name} missing from:\n{text}");
+        }
+    }
+}

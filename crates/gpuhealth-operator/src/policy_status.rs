@@ -1,0 +1,162 @@
+//! A policy's status: how many nodes it manages and in which phase, and its
+//! `Ready`, `CircuitOpen` and `Conflict` conditions, with an Event when the
+//! circuit breaker opens or closes.
+
+use std::{collections::BTreeMap, sync::Arc};
+
+use gpuhealth_api::{
+    GpuHealthPolicy,
+    node_health::{GpuNodeHealthStatus, Phase},
+    policy::GpuHealthPolicyStatus,
+};
+use gpuhealth_engine::budget::Budget;
+use kube::{
+    Api, Resource, ResourceExt,
+    api::{Patch, PatchParams},
+    core::Selector,
+    runtime::{
+        controller::Action as Requeue,
+        events::{Event, EventType},
+    },
+};
+use serde_json::json;
+use tracing::warn;
+
+use crate::{
+    conditions,
+    context::{Context, Error, MANAGER, latest},
+    metrics::{PhaseLabels, PolicyLabels},
+    selection::{selects, winner},
+};
+
+const PHASES: [Phase; 7] = [
+    Phase::Healthy,
+    Phase::Suspect,
+    Phase::Quarantined,
+    Phase::Draining,
+    Phase::Remediating,
+    Phase::Verifying,
+    Phase::Failed,
+];
+
+/// Whether a node status counts against the circuit breaker.
+pub fn unhealthy(s: &GpuNodeHealthStatus) -> bool {
+    s.phase != Phase::Healthy && s.reason.as_deref() != Some("SignalPending")
+}
+
+/// The nodes `policy` manages (selects and wins), and for the nodes it selects
+/// but another policy wins, how many each winner took.
+pub fn managed(ctx: &Context, policy: &GpuHealthPolicy) -> (usize, Vec<(String, usize)>) {
+    let name = policy.name_any();
+    let policies = ctx.policies.state();
+    let mut managed = 0;
+    let mut lost: BTreeMap<String, usize> = BTreeMap::new();
+    for node in ctx.nodes.state().iter().filter(|n| selects(policy, n)) {
+        match winner(&policies, node) {
+            Some(w) if w.name_any() == name => managed += 1,
+            Some(w) => *lost.entry(w.name_any()).or_default() += 1,
+            None => {}
+        }
+    }
+    (managed, lost.into_iter().collect())
+}
+
+pub async fn reconcile(policy: Arc<GpuHealthPolicy>, ctx: Arc<Context>) -> Result<Requeue, Error> {
+    if !ctx.leadership.is_held() {
+        return Err(Error::NotLeader);
+    }
+    let name = policy.name_any();
+    let (nodes, lost_to) = managed(&ctx, &policy);
+    let latest = latest(&ctx, &*ctx.decisions.lock().await);
+    let statuses: Vec<&GpuNodeHealthStatus> = latest
+        .values()
+        .filter(|s| s.policy.as_deref() == Some(name.as_str()))
+        .collect();
+    for phase in PHASES {
+        let n = statuses.iter().filter(|s| s.phase == phase).count();
+        ctx.metrics
+            .nodes
+            .get_or_create(&PhaseLabels {
+                policy: name.clone(),
+                phase: format!("{phase:?}"),
+            })
+            .set(n as i64);
+    }
+    let count =
+        |f: &dyn Fn(&GpuNodeHealthStatus) -> bool| statuses.iter().filter(|s| f(s)).count() as u32;
+    let failed = count(&|s| s.phase == Phase::Failed);
+    let remediating = count(&|s| !matches!(s.phase, Phase::Healthy | Phase::Failed));
+    let budget = Budget::new(&policy.spec, nodes, 0, count(&unhealthy) as usize);
+    ctx.metrics
+        .circuit_open
+        .get_or_create(&PolicyLabels {
+            policy: name.clone(),
+        })
+        .set(i64::from(budget.circuit_open()));
+
+    let previous = policy.status.clone().unwrap_or_default();
+    let generation = policy.metadata.generation;
+    let selector_error = Selector::try_from(policy.spec.node_selector.clone())
+        .err()
+        .map(|e| e.to_string());
+    let status = GpuHealthPolicyStatus {
+        observed_generation: generation,
+        nodes: nodes as u32,
+        healthy: (nodes as u32).saturating_sub(failed + remediating),
+        remediating,
+        failed,
+        conditions: vec![
+            conditions::ready(&previous.conditions, selector_error, nodes, generation),
+            conditions::circuit_open(&previous.conditions, &budget, generation),
+            conditions::conflict(&previous.conditions, &lost_to, generation),
+        ],
+    };
+    if policy.status.as_ref() == Some(&status) {
+        return Ok(Requeue::await_change());
+    }
+    let api: Api<GpuHealthPolicy> = Api::all(ctx.client.clone());
+    let patch =
+        json!({"apiVersion": "gpuhealth.io/v1alpha1", "kind": "GpuHealthPolicy", "status": status});
+    api.patch_status(
+        &name,
+        &PatchParams::apply(MANAGER).force(),
+        &Patch::Apply(patch),
+    )
+    .await?;
+    let was = |type_: &str| {
+        previous
+            .conditions
+            .iter()
+            .any(|c| c.type_ == type_ && c.status == "True")
+    };
+    let circuit = &status.conditions[1];
+    let conflict = &status.conditions[2];
+    let mut events = Vec::new();
+    if was("CircuitOpen") != budget.circuit_open() {
+        events.push(if budget.circuit_open() {
+            (EventType::Warning, "CircuitOpen", circuit.message.clone())
+        } else {
+            (EventType::Normal, "CircuitClosed", circuit.message.clone())
+        });
+    }
+    if !was("Conflict") && !lost_to.is_empty() {
+        events.push((EventType::Warning, "Conflict", conflict.message.clone()));
+    }
+    for (type_, reason, note) in events {
+        let event = Event {
+            type_,
+            reason: reason.into(),
+            note: Some(note),
+            action: "Status".into(),
+            secondary: None,
+        };
+        if let Err(e) = ctx.recorder.publish(&event, &policy.object_ref(&())).await {
+            warn!(policy = %name, error = %e, "could not publish an Event");
+        }
+    }
+    Ok(Requeue::await_change())
+}
+
+pub fn error_policy(policy: Arc<GpuHealthPolicy>, error: &Error, ctx: Arc<Context>) -> Requeue {
+    crate::reconcile::retry(&policy.name_any(), "policy", error, &ctx)
+}
