@@ -12,8 +12,12 @@ use k8s_openapi::{
     api::{
         apps::v1::Deployment,
         core::v1::{Event, Namespace, Node, Pod},
+        policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec},
     },
-    apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta},
+    apimachinery::pkg::{
+        apis::meta::v1::{LabelSelector, ObjectMeta},
+        util::intstr::IntOrString,
+    },
 };
 use kube::{
     Api, Client, ResourceExt,
@@ -144,6 +148,35 @@ impl Scenario {
     /// Starts the fake agent alone: for scenarios that run their own operators.
     pub fn start_agent(&mut self) {
         self.agent_task = Some(self.agent.spawn(self.client.clone(), &self.group));
+    }
+
+    /// A PodDisruptionBudget over the scenario's vLLM pods, once the
+    /// disruption controller has computed what it allows.
+    pub async fn add_pdb(&self, name: &str, max_unavailable: i32) -> Result<()> {
+        let pdb = PodDisruptionBudget {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                ..Default::default()
+            },
+            spec: Some(PodDisruptionBudgetSpec {
+                max_unavailable: Some(IntOrString::Int(max_unavailable)),
+                selector: Some(LabelSelector {
+                    match_labels: Some([("app".into(), "vllm".into())].into()),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let api: Api<PodDisruptionBudget> = Api::namespaced(self.client.clone(), &self.namespace);
+        api.create(&PostParams::default(), &pdb).await?;
+        until(api, name, WAIT, |p| {
+            p.status.as_ref().is_some_and(|s| {
+                s.observed_generation.is_some() && s.disruptions_allowed == Some(max_unavailable)
+            })
+        })
+        .await?;
+        Ok(())
     }
 
     /// Waits until an operator has taken in every node.

@@ -25,19 +25,13 @@ use gpuhealth_e2e::{
 };
 use gpuhealth_engine::machine::is_disruptive;
 use k8s_openapi::{
-    api::{
-        core::v1::{Node, Pod},
-        policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec},
-    },
-    apimachinery::pkg::{
-        apis::meta::v1::{LabelSelector, ObjectMeta, Time},
-        util::intstr::IntOrString,
-    },
+    api::core::v1::{Node, Pod},
+    apimachinery::pkg::{apis::meta::v1::Time, util::intstr::IntOrString},
     jiff::Timestamp,
 };
 use kube::{
     Api, ResourceExt,
-    api::{DeleteParams, Patch, PatchParams, PostParams},
+    api::{DeleteParams, Patch, PatchParams},
     runtime::watcher,
 };
 use serde_json::json;
@@ -55,25 +49,7 @@ async fn the_incident_gpu_7_is_reset_and_the_node_returns_to_service() {
         .expect("scenario");
     let node = s.nodes[0].clone();
     // One disruption at a time.
-    let pdb = PodDisruptionBudget {
-        metadata: ObjectMeta {
-            name: Some("vllm".into()),
-            ..Default::default()
-        },
-        spec: Some(PodDisruptionBudgetSpec {
-            max_unavailable: Some(IntOrString::Int(1)),
-            selector: Some(LabelSelector {
-                match_labels: Some([("app".into(), "vllm".into())].into()),
-                ..Default::default()
-            }),
-            ..Default::default()
-        }),
-        ..Default::default()
-    };
-    Api::<PodDisruptionBudget>::namespaced(s.client.clone(), &s.namespace)
-        .create(&PostParams::default(), &pdb)
-        .await
-        .expect("pdb");
+    s.add_pdb("vllm", 1).await.expect("pdb");
     s.start().await.expect("operator and agent");
     let pods_before = s.pods_on(&node).await.expect("pods");
 
@@ -324,6 +300,7 @@ async fn dry_run_records_the_plan_and_writes_no_node_or_pod() {
     spec.mode = Mode::DryRun;
     let mut s = Scenario::new("dryrun", 1, spec).await.expect("scenario");
     let node = s.nodes[0].clone();
+    s.add_pdb("vllm", 1).await.expect("pdb");
     s.start().await.expect("start");
     let pods_before = s.pods_on(&node).await.expect("pods");
 
@@ -375,16 +352,31 @@ async fn dry_run_records_the_plan_and_writes_no_node_or_pod() {
     assert!(plan.cordon);
     assert_eq!(plan.action, Some(gpuhealth_api::RecoveryAction::GpuReset));
     assert_eq!(plan.evict, [format!("{}/{}", s.namespace, pods_before[7])]);
+    assert_eq!(
+        plan.disruption_budgets,
+        [format!(
+            "{}/vllm: allows 1 disruption(s) now for 1 pod(s) to evict; all could go now",
+            s.namespace
+        )]
+    );
     // A second bad GPU: the plan follows, and still nothing is written.
     let mut report = reports::healthy(&s.namespace, &pods_before);
     reports::xid_119_and_154(&mut report, 6);
     reports::xid_119_and_154(&mut report, 7);
     s.write_report(&node, report).await.expect("second signal");
-    s.wait_status(&node, "the plan updated", |st| {
-        st.plan.as_ref().is_some_and(|p| p.evict.len() == 2)
-    })
-    .await
-    .expect("plan updated");
+    let status = s
+        .wait_status(&node, "the plan updated", |st| {
+            st.plan.as_ref().is_some_and(|p| p.evict.len() == 2)
+        })
+        .await
+        .expect("plan updated");
+    assert_eq!(
+        status.plan.expect("plan").disruption_budgets,
+        [format!(
+            "{}/vllm: allows 1 disruption(s) now for 2 pod(s) to evict; the rest would wait their turn",
+            s.namespace
+        )]
+    );
     drop(node_watch);
     drop(pod_watch);
     let writes = writes.lock().map(|w| w.clone()).unwrap_or_default();

@@ -35,6 +35,38 @@ impl PodView {
     }
 }
 
+/// A PodDisruptionBudget as it stands now, with the pods on this node it covers.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct BudgetView {
+    /// `namespace/name`.
+    pub name: String,
+    /// `status.disruptionsAllowed`.
+    pub allowed: i32,
+    /// The pods on the node it covers, as `namespace/name`.
+    pub pods: Vec<String>,
+}
+
+impl BudgetView {
+    /// How the budget stands against the pods a plan would evict, if it
+    /// covers any of them.
+    pub fn against(&self, evict: &[String]) -> Option<String> {
+        let covered = evict.iter().filter(|p| self.pods.contains(p)).count();
+        (covered > 0).then(|| {
+            let verdict = if self.allowed as usize >= covered {
+                "all could go now"
+            } else if self.allowed > 0 {
+                "the rest would wait their turn"
+            } else {
+                "each eviction would be refused (429) and retried until it allows one"
+            };
+            format!(
+                "{}: allows {} disruption(s) now for {covered} pod(s) to evict; {verdict}",
+                self.name, self.allowed
+            )
+        })
+    }
+}
+
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct DrainPlan {
     /// Evict these now (through the Eviction API).

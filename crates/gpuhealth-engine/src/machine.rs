@@ -24,7 +24,7 @@ use k8s_openapi::{apimachinery::pkg::apis::meta::v1::Time, jiff::Timestamp};
 use crate::{
     budget::Budget,
     diagnosis::{Diagnosis, Evidence, ObservedCondition, after, diagnose},
-    drain::{self, DrainPlan, PodView},
+    drain::{self, BudgetView, DrainPlan, PodView},
 };
 
 /// How often to look again while waiting on something that sends no event
@@ -60,6 +60,9 @@ pub struct Input<'a> {
     pub node: &'a NodeView,
     /// The pods on the node; listed only while the node is under remediation.
     pub pods: &'a [PodView],
+    /// The PodDisruptionBudgets covering those pods; read only for a
+    /// `DryRun` plan (during a drain the Eviction API applies them).
+    pub disruption_budgets: &'a [BudgetView],
     pub budget: Budget,
     pub state: &'a GpuNodeHealthStatus,
 }
@@ -474,6 +477,12 @@ impl<'a> Stepper<'a> {
         let drain = action
             .map(|a| self.drain_plan(a, &gpus))
             .unwrap_or_default();
+        let disruption_budgets = self
+            .input
+            .disruption_budgets
+            .iter()
+            .filter_map(|b| b.against(&drain.evict))
+            .collect();
         Plan {
             cordon: !self.input.node.unschedulable,
             action,
@@ -485,7 +494,7 @@ impl<'a> Stepper<'a> {
                 .into_iter()
                 .map(|(pod, why)| format!("{pod}: {why}"))
                 .collect(),
-            disruption_budgets: Vec::new(),
+            disruption_budgets,
         }
     }
 

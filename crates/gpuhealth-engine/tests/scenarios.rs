@@ -13,7 +13,7 @@ use gpuhealth_api::{
     policy::{EscalationStep, Mode},
     types::RecoveryAction,
 };
-use gpuhealth_engine::machine::Action;
+use gpuhealth_engine::{drain::BudgetView, machine::Action};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 const HOUR: Duration = Duration::from_secs(3600);
@@ -189,6 +189,18 @@ fn a_drain_that_times_out_fails_the_node_naming_the_pods() {
 fn dry_run_records_the_plan_and_touches_nothing() {
     let mut w = World::incident();
     w.spec.mode = Mode::DryRun;
+    w.disruption_budgets = vec![
+        BudgetView {
+            name: "ml-serving/vllm".into(),
+            allowed: 0,
+            pods: w.pods.iter().map(|p| p.key()).collect(),
+        },
+        BudgetView {
+            name: "ml-serving/other".into(),
+            allowed: 1,
+            pods: vec!["ml-serving/vllm-1".into()],
+        },
+    ];
     for _ in 0..10 {
         let actions = w.reconcile();
         assert!(
@@ -203,6 +215,13 @@ fn dry_run_records_the_plan_and_touches_nothing() {
     assert_eq!(plan.action, Some(RecoveryAction::GpuReset));
     assert_eq!(plan.gpus, [BAD_GPU]);
     assert_eq!(plan.evict, ["ml-serving/vllm-7"]);
+    // Only budgets that cover a pod it would evict, with what they allow now.
+    assert_eq!(
+        plan.disruption_budgets,
+        [
+            "ml-serving/vllm: allows 0 disruption(s) now for 1 pod(s) to evict; each eviction would be refused (429) and retried until it allows one"
+        ]
+    );
     assert!(!w.node.unschedulable);
 }
 

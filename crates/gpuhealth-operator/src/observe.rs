@@ -8,12 +8,22 @@ use gpuhealth_api::contract::{
     REQUEST_RESULT_ANNOTATION, RESET_REQUEST_ANNOTATION, RebootRequest, RequestResult,
     ResetRequest,
 };
-use gpuhealth_engine::{diagnosis::ObservedCondition, drain::PodView, machine::NodeView};
+use gpuhealth_engine::{
+    diagnosis::ObservedCondition,
+    drain::{BudgetView, PodView},
+    machine::NodeView,
+};
 use k8s_openapi::{
-    api::core::v1::{Node, Pod},
+    api::{
+        core::v1::{Node, Pod},
+        policy::v1::PodDisruptionBudget,
+    },
     jiff::Timestamp,
 };
-use kube::ResourceExt;
+use kube::{
+    ResourceExt,
+    core::{Selector, SelectorExt},
+};
 
 /// The node as the engine sees it.
 pub fn node_view(node: &Node) -> NodeView {
@@ -123,4 +133,30 @@ pub fn gpu_holders(view: &NodeView) -> BTreeMap<String, Vec<String>> {
         }
     }
     holders
+}
+
+/// The budgets among `pdbs` that cover any of `pods`, with the pods they cover.
+/// A budget whose selector does not parse covers nothing.
+pub fn budget_views(pdbs: &[PodDisruptionBudget], pods: &[PodView]) -> Vec<BudgetView> {
+    pdbs.iter()
+        .filter_map(|pdb| {
+            let namespace = pdb.namespace().unwrap_or_default();
+            let selector = pdb.spec.as_ref()?.selector.clone()?;
+            let selector = Selector::try_from(selector).ok()?;
+            let covered: Vec<String> = pods
+                .iter()
+                .filter(|p| p.namespace == namespace && selector.matches(&p.labels))
+                .map(PodView::key)
+                .collect();
+            (!covered.is_empty()).then(|| BudgetView {
+                name: format!("{namespace}/{}", pdb.name_any()),
+                allowed: pdb
+                    .status
+                    .as_ref()
+                    .and_then(|s| s.disruptions_allowed)
+                    .unwrap_or(0),
+                pods: covered,
+            })
+        })
+        .collect()
 }

@@ -1,18 +1,26 @@
 //! One node's reconcile: read the world, let the engine decide, record the
 //! decision, then carry it out.
 
-use std::{collections::HashMap, sync::Arc, time::Duration};
+use std::{
+    collections::{BTreeSet, HashMap},
+    sync::Arc,
+    time::Duration,
+};
 
 use gpuhealth_api::{
     GpuHealthPolicy, GpuNodeHealth,
     node_health::{GpuNodeHealthStatus, Phase},
+    policy::Mode,
 };
 use gpuhealth_engine::{
     budget::Budget,
     machine::{Action, Input, is_disruptive, step},
 };
 use k8s_openapi::{
-    api::core::v1::{Node, Pod},
+    api::{
+        core::v1::{Node, Pod},
+        policy::v1::PodDisruptionBudget,
+    },
     jiff::Timestamp,
 };
 use kube::{
@@ -27,7 +35,7 @@ use crate::{
     actions,
     context::{Context, Error, MANAGER, latest},
     metrics::{ErrorLabels, ReportLabels},
-    observe::{gpu_holders, node_view, pod_view},
+    observe::{budget_views, gpu_holders, node_view, pod_view},
     policy_status::{managed, unhealthy},
     selection::winner,
 };
@@ -83,12 +91,26 @@ async fn reconcile_node(node: &Node, ctx: &Context) -> Result<Requeue, Error> {
         Vec::new()
     };
 
+    // What the budgets allow goes into a DryRun plan; when acting, the
+    // Eviction API applies them.
+    let disruption_budgets = if policy.spec.mode == Mode::DryRun && !pods.is_empty() {
+        let namespaces: BTreeSet<&str> = pods.iter().map(|p| p.namespace.as_str()).collect();
+        let mut pdbs = Vec::new();
+        for ns in namespaces {
+            let api: Api<PodDisruptionBudget> = Api::namespaced(ctx.client.clone(), ns);
+            pdbs.extend(api.list(&ListParams::default()).await?.items);
+        }
+        budget_views(&pdbs, &pods)
+    } else {
+        Vec::new()
+    };
     let decision = step(&Input {
         now: Timestamp::now(),
         policy: &policy_name,
         spec: &policy.spec,
         node: &view,
         pods: &pods,
+        disruption_budgets: &disruption_budgets,
         budget,
         state: &stored,
     });

@@ -16,7 +16,7 @@ use gpuhealth_api::{
 };
 use gpuhealth_engine::{
     budget::Budget,
-    drain::PodView,
+    drain::{BudgetView, PodView},
     machine::{Action, Input, NodeView, step},
 };
 use k8s_openapi::{apimachinery::pkg::apis::meta::v1::Time, jiff::Timestamp};
@@ -58,6 +58,7 @@ pub struct World {
     pub spec: GpuHealthPolicySpec,
     pub node: NodeView,
     pub pods: Vec<PodView>,
+    pub disruption_budgets: Vec<BudgetView>,
     pub state: GpuNodeHealthStatus,
     pub budget: Budget,
     pub reset_agent: Agent,
@@ -96,6 +97,7 @@ impl World {
                 result: None,
             },
             pods,
+            disruption_budgets: Vec::new(),
             state: GpuNodeHealthStatus::default(),
             budget,
             reset_agent: Agent::Succeeds,
@@ -118,6 +120,7 @@ impl World {
             spec: &self.spec,
             node: &self.node,
             pods: &self.pods,
+            disruption_budgets: &self.disruption_budgets,
             budget: self.budget,
             state: &self.state,
         });
