@@ -52,6 +52,27 @@ pub struct NodeView {
     pub result: Option<Result<RequestResult, ContractError>>,
 }
 
+/// The validation pod of the attempt in flight, as observed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ValidationView {
+    /// `status.phase`: `Pending`, `Running`, `Succeeded` or `Failed`.
+    pub phase: String,
+    /// Why it ended, from its status or its containers' termination.
+    pub message: String,
+}
+
+/// The validation pod's name for an attempt on a node: one per attempt, so
+/// a restarted operator finds the pod it created and a new attempt starts afresh.
+pub fn validation_pod_name(node: &str, action_id: &str) -> String {
+    let mut name = format!("gpuhealth-validate-{node}-{action_id}");
+    name.truncate(253);
+    name.trim_end_matches(['-', '.']).to_owned()
+}
+
+/// How often to look at a running validation pod: its progress sends no
+/// event to the node.
+pub const VALIDATION_POLL: Duration = Duration::from_secs(2);
+
 /// Everything one step decides on.
 pub struct Input<'a> {
     pub now: Timestamp,
@@ -63,6 +84,9 @@ pub struct Input<'a> {
     /// The PodDisruptionBudgets covering those pods; read only for a
     /// `DryRun` plan (during a drain the Eviction API applies them).
     pub disruption_budgets: &'a [BudgetView],
+    /// The validation pod of the attempt in flight, if the policy has one
+    /// and it exists.
+    pub validation: Option<&'a ValidationView>,
     pub budget: Budget,
     pub state: &'a GpuNodeHealthStatus,
 }
@@ -97,6 +121,14 @@ pub enum Action {
     },
     RequestReboot {
         id: String,
+    },
+    /// Create the validation pod `name` from the policy's template, pinned
+    /// to the node; one that exists already is left as it is.
+    CreateValidationPod {
+        name: String,
+    },
+    DeleteValidationPod {
+        name: String,
     },
     /// Label the node for replacement; it stays cordoned.
     MarkForReplacement {
@@ -679,7 +711,10 @@ impl<'a> Stepper<'a> {
             let since = self.status.clear_since.get_or_insert(Time(self.now())).0;
             let stable = after(since, verification.stable_for.as_std());
             if self.now() >= stable {
-                return self.recovered();
+                return match &verification.validation_pod {
+                    Some(pod) => self.validate(&action, stable, pod.timeout),
+                    None => self.recovered(),
+                };
             }
             let left = stable
                 .duration_since(self.now())
@@ -701,6 +736,53 @@ impl<'a> Stepper<'a> {
             ));
         }
         self.wait(POLL);
+    }
+
+    /// Signals have stayed clear: the validation pod must succeed too.
+    fn validate(&mut self, action: &ActionStatus, since: Timestamp, timeout: gpuhealth_api::Duration) {
+        let name = validation_pod_name(&self.input.node.name, &action.id);
+        match self.input.validation {
+            Some(pod) if pod.phase == "Succeeded" => {
+                self.actions
+                    .push(Action::DeleteValidationPod { name: name.clone() });
+                self.record(&format!("validation pod {name} Succeeded"));
+                self.recovered()
+            }
+            Some(pod) if pod.phase == "Failed" => {
+                // Kept for its logs.
+                self.record(&format!("validation pod {name} Failed"));
+                self.attempt_failed(format!(
+                    "validation pod {name} failed: {}; it is kept for its logs (kubectl logs)",
+                    pod.message
+                ))
+            }
+            _ if self.now() >= after(since, timeout.as_std()) => {
+                let seen = self.input.validation.is_some();
+                self.actions
+                    .push(Action::DeleteValidationPod { name: name.clone() });
+                self.record(&format!("validation pod {name} TimedOut"));
+                let why = if seen {
+                    "did not succeed"
+                } else {
+                    "could not be created (see the node's Events)"
+                };
+                self.attempt_failed(format!(
+                    "validation pod {name} {why} within {timeout}"
+                ))
+            }
+            observed => {
+                if observed.is_none() {
+                    self.actions
+                        .push(Action::CreateValidationPod { name: name.clone() });
+                }
+                self.enter(
+                    Phase::Verifying,
+                    "Validating",
+                    format!("signals clear; waiting for validation pod {name} to succeed"),
+                );
+                self.wait(VALIDATION_POLL);
+            }
+        }
     }
 
     fn recovered(&mut self) {

@@ -10,7 +10,7 @@ use gpuhealth_api::{
     GpuHealth,
     contract::{DisruptionTolerance, XidEvent},
     node_health::Phase,
-    policy::{EscalationStep, Mode},
+    policy::{EscalationStep, Mode, ValidationPod},
     types::RecoveryAction,
 };
 use gpuhealth_engine::{drain::BudgetView, machine::Action};
@@ -340,4 +340,98 @@ fn a_malformed_report_is_a_finding_and_an_event_never_an_action() {
     assert_eq!(w.state.findings[0].type_, "MalformedGpuReport");
     // The same error again: no second Event.
     assert!(w.reconcile().is_empty());
+}
+
+fn with_validation_pod() -> World {
+    let mut w = World::incident();
+    w.spec.verification.validation_pod = Some(ValidationPod {
+        template: serde_json::json!({"spec": {"containers": [{"name": "dcgm", "image": "dcgm"}]}}),
+        timeout: gpuhealth_api::Duration::from_secs(300),
+    });
+    w
+}
+
+fn validation_pods_created(w: &World) -> Vec<String> {
+    w.log
+        .iter()
+        .filter_map(|a| match a {
+            Action::CreateValidationPod { name } => Some(name.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn a_validation_pod_must_succeed_before_uncordon() {
+    let mut w = with_validation_pod();
+    w.run_until(|w| w.validation.is_some(), HOUR);
+    assert_eq!(w.state.phase, Phase::Verifying);
+    assert_eq!(w.state.reason.as_deref(), Some("Validating"));
+    assert!(w.node.unschedulable, "still cordoned while it runs");
+    let name = validation_pods_created(&w)[0].clone();
+    assert!(name.starts_with("gpuhealth-validate-192.168.1.1-inc-"), "{name}");
+
+    // Running: nothing more happens; no second pod.
+    for _ in 0..3 {
+        if let Some(v) = w.validation.as_mut() {
+            v.phase = "Running".into();
+        }
+        w.reconcile();
+        w.advance(Duration::from_secs(10));
+    }
+    assert_eq!(w.state.phase, Phase::Verifying);
+    if let Some(v) = w.validation.as_mut() {
+        v.phase = "Succeeded".into();
+    }
+    w.reconcile();
+    assert_eq!(w.state.phase, Phase::Healthy);
+    assert!(!w.node.unschedulable);
+    assert!(w.validation.is_none(), "a succeeded pod is cleaned up");
+    assert_eq!(
+        w.state.history[0].actions,
+        [
+            "GpuReset#1 Succeeded".to_owned(),
+            format!("validation pod {name} Succeeded")
+        ]
+    );
+}
+
+#[test]
+fn a_failed_validation_pod_fails_the_attempt_and_escalates() {
+    let mut w = with_validation_pod();
+    w.run_until(|w| w.validation.is_some(), HOUR);
+    if let Some(v) = w.validation.as_mut() {
+        v.phase = "Failed".into();
+        v.message = "dcgm: exit code 1".into();
+    }
+    w.reconcile();
+    assert_eq!(w.state.phase, Phase::Draining, "the next rung drains");
+    assert_eq!(
+        w.state.action.as_ref().map(|a| a.type_),
+        Some(RecoveryAction::NodeReboot)
+    );
+    assert!(w.node.unschedulable);
+    assert!(w.validation.is_some(), "a failed pod is kept for its logs");
+    let failed = w.log.iter().any(|a| {
+        matches!(a, Action::Event { reason, message, .. }
+            if reason == "AttemptFailed" && message.contains("dcgm: exit code 1"))
+    });
+    assert!(failed, "{:?}", w.log);
+}
+
+#[test]
+fn a_validation_pod_that_never_appears_times_out() {
+    let mut w = with_validation_pod();
+    w.refuse_validation_pod = true;
+    w.spec.escalation.truncate(1);
+    w.run_until(|w| w.state.phase == Phase::Failed, HOUR);
+    assert!(w.node.unschedulable, "a failed node stays cordoned");
+    assert!(
+        w.state.history[0]
+            .actions
+            .iter()
+            .any(|a| a.ends_with("TimedOut")),
+        "{:?}",
+        w.state.history[0].actions
+    );
 }

@@ -17,6 +17,7 @@ use gpuhealth_api::{
 use gpuhealth_engine::{
     budget::Budget,
     drain::{BudgetView, PodView},
+    machine::ValidationView,
     machine::{Action, Input, NodeView, step},
 };
 use k8s_openapi::{apimachinery::pkg::apis::meta::v1::Time, jiff::Timestamp};
@@ -59,6 +60,10 @@ pub struct World {
     pub node: NodeView,
     pub pods: Vec<PodView>,
     pub disruption_budgets: Vec<BudgetView>,
+    /// The validation pod: created by the action, its phase set by a test.
+    pub validation: Option<ValidationView>,
+    /// The API server refuses the validation pod (an invalid template).
+    pub refuse_validation_pod: bool,
     pub state: GpuNodeHealthStatus,
     pub budget: Budget,
     pub reset_agent: Agent,
@@ -98,6 +103,8 @@ impl World {
             },
             pods,
             disruption_budgets: Vec::new(),
+            validation: None,
+            refuse_validation_pod: false,
             state: GpuNodeHealthStatus::default(),
             budget,
             reset_agent: Agent::Succeeds,
@@ -121,6 +128,7 @@ impl World {
             node: &self.node,
             pods: &self.pods,
             disruption_budgets: &self.disruption_budgets,
+            validation: self.validation.as_ref(),
             budget: self.budget,
             state: &self.state,
         });
@@ -174,6 +182,14 @@ impl World {
             }
             Action::RequestReset { id, .. } => self.node.reset_request = Some(id.clone()),
             Action::RequestReboot { id } => self.node.reboot_request = Some(id.clone()),
+            Action::CreateValidationPod { .. } if self.refuse_validation_pod => {}
+            Action::CreateValidationPod { .. } => {
+                self.validation.get_or_insert(ValidationView {
+                    phase: "Pending".into(),
+                    message: String::new(),
+                });
+            }
+            Action::DeleteValidationPod { .. } => self.validation = None,
             Action::MarkForReplacement { .. } | Action::Event { .. } => {}
         }
     }
