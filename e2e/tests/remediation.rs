@@ -15,13 +15,13 @@ use gpuhealth_api::{
         XidEvent,
     },
     node_health::Phase,
-    policy::Mode,
+    policy::{Mode, ValidationPod},
 };
 use gpuhealth_e2e::{
     agent::{Answer, Request},
     reports,
     scenario::{Scenario, WAIT},
-    wait::{Background, applied, events, until},
+    wait::{Background, applied, events, until, until_set},
 };
 use gpuhealth_engine::machine::is_disruptive;
 use k8s_openapi::{
@@ -31,7 +31,7 @@ use k8s_openapi::{
 };
 use kube::{
     Api, ResourceExt,
-    api::{DeleteParams, Patch, PatchParams},
+    api::{DeleteParams, Patch, PatchParams, PostParams},
     runtime::watcher,
 };
 use serde_json::json;
@@ -545,4 +545,106 @@ fn circuit(p: &GpuHealthPolicy) -> Option<&str> {
         .iter()
         .find(|c| c.type_ == "CircuitOpen")
         .map(|c| c.status.as_str())
+}
+
+#[tokio::test]
+async fn a_validation_pod_gates_uncordon_and_a_failed_one_escalates() {
+    let mut spec = Scenario::quick_spec();
+    let mut s = Scenario::new("validate", 1, spec.clone())
+        .await
+        .expect("scenario");
+    spec.verification.validation_pod = Some(ValidationPod {
+        template: json!({
+            "metadata": {"namespace": s.namespace},
+            "spec": {"containers": [{"name": "dcgm-diag", "image": "nvcr.io/nvidia/dcgm"}]},
+        }),
+        timeout: gpuhealth_api::Duration::from_secs(120),
+    });
+    let mut policy = Api::<GpuHealthPolicy>::all(s.client.clone())
+        .get(&s.policy)
+        .await
+        .expect("policy");
+    policy.spec.verification = spec.verification;
+    Api::<GpuHealthPolicy>::all(s.client.clone())
+        .replace(&s.policy, &PostParams::default(), &policy)
+        .await
+        .expect("policy with a validation pod");
+    let node = s.nodes[0].clone();
+
+    // Plays the validation workload on the simulated node: the first pod
+    // fails its diagnostic, every later one passes.
+    let ran: Arc<Mutex<Vec<String>>> = Arc::default();
+    let kubelet = {
+        let ran = ran.clone();
+        let pods: Api<Pod> = Api::namespaced(s.client.clone(), &s.namespace);
+        Background::spawn(async move {
+            let mut stream = std::pin::pin!(applied(pods.clone(), watcher::Config::default()));
+            while let Some(p) = stream.next().await {
+                let running = p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running");
+                if !p.annotations().contains_key("gpuhealth.io/validates") || !running {
+                    continue;
+                }
+                let first = {
+                    let Ok(mut r) = ran.lock() else { continue };
+                    r.push(p.name_any());
+                    r.len() == 1
+                };
+                let (phase, message) = if first {
+                    ("Failed", "dcgmi diag: GPU 7 failed the memory test")
+                } else {
+                    ("Succeeded", "dcgmi diag: pass")
+                };
+                let patch = json!({"status": {"phase": phase, "message": message}});
+                if let Err(e) = pods
+                    .patch_status(&p.name_any(), &PatchParams::default(), &Patch::Merge(patch))
+                    .await
+                {
+                    eprintln!("validation kubelet: {e}");
+                }
+            }
+        })
+    };
+
+    s.start().await.expect("start");
+    s.break_gpu(&node, 7).await.expect("break");
+    let status = s
+        .wait_status(&node, "recovered after validation", |st| {
+            st.phase == Phase::Healthy && st.history.first().is_some_and(|i| i.outcome.is_some())
+        })
+        .await
+        .expect("recovers");
+    drop(kubelet);
+    let ran = ran.lock().map(|r| r.clone()).unwrap_or_default();
+    assert_eq!(ran.len(), 2, "{ran:?}");
+    assert_eq!(
+        status.history[0].actions,
+        [
+            "GpuReset#1 Succeeded".to_owned(),
+            format!("validation pod {} Failed", ran[0]),
+            "NodeReboot#1 Succeeded".to_owned(),
+            format!("validation pod {} Succeeded", ran[1]),
+        ]
+    );
+    let pods: Api<Pod> = Api::namespaced(s.client.clone(), &s.namespace);
+    let failed = pods.get(&ran[0]).await.expect("the failed pod is kept");
+    assert_eq!(
+        failed.spec.and_then(|s| s.node_name).as_deref(),
+        Some(node.as_str())
+    );
+    let passed = ran[1].clone();
+    until_set(
+        pods,
+        watcher::Config::default().fields(&format!("metadata.name={passed}")),
+        "the succeeded validation pod to go",
+        WAIT,
+        |set| {
+            set.get(&passed)
+                .is_none_or(|p| p.metadata.deletion_timestamp.is_some())
+        },
+    )
+    .await
+    .expect("the succeeded pod goes");
+    s.wait_event(&node, "AttemptFailed")
+        .await
+        .expect("an Event");
 }

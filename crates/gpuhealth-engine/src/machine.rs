@@ -739,7 +739,12 @@ impl<'a> Stepper<'a> {
     }
 
     /// Signals have stayed clear: the validation pod must succeed too.
-    fn validate(&mut self, action: &ActionStatus, since: Timestamp, timeout: gpuhealth_api::Duration) {
+    fn validate(
+        &mut self,
+        action: &ActionStatus,
+        since: Timestamp,
+        timeout: gpuhealth_api::Duration,
+    ) {
         let name = validation_pod_name(&self.input.node.name, &action.id);
         match self.input.validation {
             Some(pod) if pod.phase == "Succeeded" => {
@@ -766,9 +771,7 @@ impl<'a> Stepper<'a> {
                 } else {
                     "could not be created (see the node's Events)"
                 };
-                self.attempt_failed(format!(
-                    "validation pod {name} {why} within {timeout}"
-                ))
+                self.attempt_failed(format!("validation pod {name} {why} within {timeout}"))
             }
             observed => {
                 if observed.is_none() {

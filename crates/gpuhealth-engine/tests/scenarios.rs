@@ -369,7 +369,10 @@ fn a_validation_pod_must_succeed_before_uncordon() {
     assert_eq!(w.state.reason.as_deref(), Some("Validating"));
     assert!(w.node.unschedulable, "still cordoned while it runs");
     let name = validation_pods_created(&w)[0].clone();
-    assert!(name.starts_with("gpuhealth-validate-192.168.1.1-inc-"), "{name}");
+    assert!(
+        name.starts_with("gpuhealth-validate-192.168.1.1-inc-"),
+        "{name}"
+    );
 
     // Running: nothing more happens; no second pod.
     for _ in 0..3 {

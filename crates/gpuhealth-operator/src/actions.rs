@@ -1,9 +1,12 @@
 //! Carrying out the engine's actions. Each is idempotent: the same action
 //! twice leaves the cluster as once.
 
-use gpuhealth_api::contract::{
-    AnnotationValue, CORDONED_BY_ANNOTATION, CordonRecord, REBOOT_REQUEST_ANNOTATION,
-    REPLACE_LABEL, RESET_REQUEST_ANNOTATION, RebootRequest, RequestId, ResetRequest,
+use gpuhealth_api::{
+    contract::{
+        AnnotationValue, CORDONED_BY_ANNOTATION, CordonRecord, REBOOT_REQUEST_ANNOTATION,
+        REPLACE_LABEL, RESET_REQUEST_ANNOTATION, RebootRequest, RequestId, ResetRequest,
+    },
+    policy::GpuHealthPolicySpec,
 };
 use gpuhealth_engine::machine::{Action, EventType};
 use k8s_openapi::{
@@ -13,16 +16,24 @@ use k8s_openapi::{
 };
 use kube::{
     Api, Resource, ResourceExt,
-    api::{DeleteParams, EvictParams, Patch, PatchParams},
+    api::{DeleteParams, EvictParams, Patch, PatchParams, PostParams},
     runtime::events::{Event, EventType as KubeEventType},
 };
 use serde_json::json;
 use tracing::{info, warn};
 
-use crate::context::{Context, Error};
+use crate::{
+    context::{Context, Error},
+    validation,
+};
 
 /// Carries out `action`, counting it by outcome in the metrics.
-pub async fn run(ctx: &Context, node: &Node, action: &Action) -> Result<(), Error> {
+pub async fn run(
+    ctx: &Context,
+    node: &Node,
+    spec: &GpuHealthPolicySpec,
+    action: &Action,
+) -> Result<(), Error> {
     let label = match action {
         Action::Cordon { .. } => "cordon",
         Action::Uncordon { .. } => "uncordon",
@@ -31,9 +42,11 @@ pub async fn run(ctx: &Context, node: &Node, action: &Action) -> Result<(), Erro
         Action::RequestReset { .. } => "request_reset",
         Action::RequestReboot { .. } => "request_reboot",
         Action::MarkForReplacement { .. } => "mark_for_replacement",
+        Action::CreateValidationPod { .. } => "create_validation_pod",
+        Action::DeleteValidationPod { .. } => "delete_validation_pod",
         Action::Event { .. } => "event",
     };
-    let result = carry_out(ctx, node, action).await;
+    let result = carry_out(ctx, node, spec, action).await;
     let outcome = match &result {
         Ok(outcome) => *outcome,
         Err(_) => "error",
@@ -44,7 +57,12 @@ pub async fn run(ctx: &Context, node: &Node, action: &Action) -> Result<(), Erro
 
 /// What happened: `done`, `refused` (a disruption budget said not now),
 /// `gone` (nothing left to do) or `failed` (best effort, not retried).
-async fn carry_out(ctx: &Context, node: &Node, action: &Action) -> Result<&'static str, Error> {
+async fn carry_out(
+    ctx: &Context,
+    node: &Node,
+    spec: &GpuHealthPolicySpec,
+    action: &Action,
+) -> Result<&'static str, Error> {
     let name = node.name_any();
     let nodes: Api<Node> = Api::all(ctx.client.clone());
     let now = Time(Timestamp::now());
@@ -139,29 +157,96 @@ async fn carry_out(ctx: &Context, node: &Node, action: &Action) -> Result<&'stat
                 .await?;
             warn!(node = %name, %incident, "handed off for replacement");
         }
+        Action::CreateValidationPod { name: pod } => {
+            let Some(template) = &spec.verification.validation_pod else {
+                return Ok("gone");
+            };
+            let ns = validation::namespace(template, &ctx.namespace);
+            let refused = match validation::build(template, pod, &ns, &name) {
+                Ok(p) => {
+                    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
+                    match pods.create(&PostParams::default(), &p).await {
+                        Ok(_) => {
+                            info!(node = %name, namespace = %ns, %pod, "validation pod created");
+                            None
+                        }
+                        Err(kube::Error::Api(s)) if s.code == 409 => None,
+                        Err(kube::Error::Api(s)) if matches!(s.code, 400 | 403 | 404 | 422) => {
+                            Some(s.message)
+                        }
+                        Err(e) => return Err(e.into()),
+                    }
+                }
+                Err(e) => Some(e.to_string()),
+            };
+            if let Some(why) = refused {
+                let message = format!(
+                    "validation pod {ns}/{pod} from verification.validationPod.template was refused: {why}; verification fails at its timeout"
+                );
+                warn!(node = %name, %message);
+                publish(
+                    ctx,
+                    node,
+                    KubeEventType::Warning,
+                    "ValidationPodRefused",
+                    message,
+                )
+                .await;
+                return Ok("refused");
+            }
+        }
+        Action::DeleteValidationPod { name: pod } => {
+            let Some(template) = &spec.verification.validation_pod else {
+                return Ok("gone");
+            };
+            let ns = validation::namespace(template, &ctx.namespace);
+            let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
+            match pods.delete(pod, &DeleteParams::default()).await {
+                Ok(_) => {}
+                Err(kube::Error::Api(s)) if s.code == 404 => return Ok("gone"),
+                Err(e) => return Err(e.into()),
+            }
+        }
         Action::Event {
             type_,
             reason,
             message,
         } => {
-            let event = Event {
-                type_: match type_ {
-                    EventType::Normal => KubeEventType::Normal,
-                    EventType::Warning => KubeEventType::Warning,
-                },
-                reason: reason.clone(),
-                note: Some(message.chars().take(1000).collect()),
-                action: "Remediate".into(),
-                secondary: None,
+            let type_ = match type_ {
+                EventType::Normal => KubeEventType::Normal,
+                EventType::Warning => KubeEventType::Warning,
             };
-            // Events are best effort: a lost one must not stop remediation.
-            if let Err(e) = ctx.recorder.publish(&event, &node.object_ref(&())).await {
-                warn!(node = %name, error = %e, "could not publish an Event");
+            if !publish(ctx, node, type_, reason, message.clone()).await {
                 return Ok("failed");
             }
         }
     }
     Ok("done")
+}
+
+/// Publishes an Event about the node. Events are best effort: a lost one
+/// must not stop remediation. False if it was lost.
+async fn publish(
+    ctx: &Context,
+    node: &Node,
+    type_: KubeEventType,
+    reason: &str,
+    message: String,
+) -> bool {
+    let event = Event {
+        type_,
+        reason: reason.into(),
+        note: Some(message.chars().take(1000).collect()),
+        action: "Remediate".into(),
+        secondary: None,
+    };
+    match ctx.recorder.publish(&event, &node.object_ref(&())).await {
+        Ok(()) => true,
+        Err(e) => {
+            warn!(node = %node.name_any(), error = %e, "could not publish an Event");
+            false
+        }
+    }
 }
 
 async fn annotate(nodes: &Api<Node>, name: &str, key: &str, value: &str) -> Result<(), Error> {

@@ -33,6 +33,9 @@ pub struct Context {
     /// process right after recording entry into this phase and before
     /// carrying out its actions, as a crash at the worst moment would.
     pub crash_after: Option<Phase>,
+    /// The operator's own namespace: its Lease, and validation pods whose
+    /// template names none.
+    pub namespace: String,
 }
 
 /// The latest status of every node: what this process wrote last

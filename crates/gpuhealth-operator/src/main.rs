@@ -10,6 +10,7 @@ mod observe;
 mod policy_status;
 mod reconcile;
 mod selection;
+mod validation;
 
 use std::{net::SocketAddr, process::ExitCode, sync::Arc, time::Duration};
 
@@ -54,9 +55,10 @@ struct Args {
     /// Where to serve /metrics, /livez and /readyz.
     #[arg(long, env = "GPUHEALTH_METRICS_ADDR", default_value = "0.0.0.0:8080")]
     metrics_addr: SocketAddr,
-    /// The namespace of the leader Lease (the operator's own, from the downward API).
+    /// The operator's namespace (from the downward API): its leader Lease,
+    /// and validation pods whose template names no namespace.
     #[arg(long, env = "POD_NAMESPACE", default_value = "default")]
-    lease_namespace: String,
+    namespace: String,
     /// The leader Lease's name: replicas with the same one elect one leader.
     #[arg(long, default_value = "gpuhealth-operator")]
     lease_name: String,
@@ -191,7 +193,7 @@ async fn run(args: Args) -> Result<(), Fatal> {
     let mut elector = Elector::new(
         client.clone(),
         Settings {
-            namespace: args.lease_namespace,
+            namespace: args.namespace.clone(),
             name: args.lease_name,
             identity: args.pod_name.clone(),
             lease_duration: args.lease_duration,
@@ -220,6 +222,7 @@ async fn run(args: Args) -> Result<(), Fatal> {
         metrics: metrics.clone(),
         leadership: elector.leadership(),
         crash_after,
+        namespace: args.namespace,
         recorder: Recorder::new(
             client.clone(),
             Reporter {

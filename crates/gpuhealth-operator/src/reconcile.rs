@@ -14,7 +14,7 @@ use gpuhealth_api::{
 };
 use gpuhealth_engine::{
     budget::Budget,
-    machine::{Action, Input, is_disruptive, step},
+    machine::{Action, Input, is_disruptive, step, validation_pod_name},
 };
 use k8s_openapi::{
     api::{
@@ -38,6 +38,7 @@ use crate::{
     observe::{budget_views, gpu_holders, node_view, pod_view},
     policy_status::{managed, unhealthy},
     selection::winner,
+    validation,
 };
 
 pub async fn reconcile(node: Arc<Node>, ctx: Arc<Context>) -> Result<Requeue, Error> {
@@ -104,6 +105,16 @@ async fn reconcile_node(node: &Node, ctx: &Context) -> Result<Requeue, Error> {
     } else {
         Vec::new()
     };
+    let validation = match (&policy.spec.verification.validation_pod, &stored.action) {
+        (Some(template), Some(action)) if stored.phase == Phase::Verifying => {
+            let ns = validation::namespace(template, &ctx.namespace);
+            let api: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
+            api.get_opt(&validation_pod_name(&name, &action.id))
+                .await?
+                .map(|p| validation::view(&p))
+        }
+        _ => None,
+    };
     let decision = step(&Input {
         now: Timestamp::now(),
         policy: &policy_name,
@@ -111,6 +122,7 @@ async fn reconcile_node(node: &Node, ctx: &Context) -> Result<Requeue, Error> {
         node: &view,
         pods: &pods,
         disruption_budgets: &disruption_budgets,
+        validation: validation.as_ref(),
         budget,
         state: &stored,
     });
@@ -154,7 +166,7 @@ async fn reconcile_node(node: &Node, ctx: &Context) -> Result<Requeue, Error> {
             return Err(Error::NotLeader);
         }
         debug!(node = %name, ?action, "carrying out");
-        actions::run(ctx, node, action).await?;
+        actions::run(ctx, node, &policy.spec, action).await?;
     }
     Ok(match decision.requeue_after {
         Some(after) => Requeue::requeue(after.max(Duration::from_secs(1))),
