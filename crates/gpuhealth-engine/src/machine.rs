@@ -756,7 +756,7 @@ impl<'a> Stepper<'a> {
             Some(pod) if pod.phase == "Failed" => {
                 // Kept for its logs.
                 self.record(&format!("validation pod {name} Failed"));
-                self.attempt_failed(format!(
+                self.escalate(format!(
                     "validation pod {name} failed: {}; it is kept for its logs (kubectl logs)",
                     pod.message
                 ))
@@ -771,7 +771,7 @@ impl<'a> Stepper<'a> {
                 } else {
                     "could not be created (see the node's Events)"
                 };
-                self.attempt_failed(format!("validation pod {name} {why} within {timeout}"))
+                self.escalate(format!("validation pod {name} {why} within {timeout}"))
             }
             observed => {
                 if observed.is_none() {
@@ -813,10 +813,19 @@ impl<'a> Stepper<'a> {
     }
 
     fn attempt_failed(&mut self, why: String) {
+        if let Some(action) = &self.status.action {
+            let what = format!("{:?}#{} Failed", action.type_, action.attempt);
+            self.record(&what);
+        }
+        self.escalate(why);
+    }
+
+    /// The attempt in flight failed (and is recorded): the next one, up the
+    /// ladder when this rung's attempts are spent.
+    fn escalate(&mut self, why: String) {
         let Some(action) = self.status.action.clone() else {
             return self.quarantined();
         };
-        self.record(&format!("{:?}#{} Failed", action.type_, action.attempt));
         self.event(EventType::Warning, "AttemptFailed", why);
         let ladder = &self.spec().escalation;
         let rung = ladder.iter().position(|r| r.action == action.type_);

@@ -73,8 +73,23 @@ fn event() -> impl Strategy<Value = Event> {
     ]
 }
 
+/// The rules of DESIGN.md, one property each.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Rule {
+    /// Uncordon only a node gpuhealth cordoned; cordon only an uncordoned one.
+    OwnCordonOnly,
+    /// Never evict (or force-delete) a pod whose tolerance is `never` or unreadable.
+    NeverPodsStay,
+    /// Every request is recorded in the status written before it.
+    IntentFirst,
+    /// DryRun and Paused take no side effect.
+    NoSideEffectsUnlessEnforced,
+    /// No remediation starts beyond maxConcurrent or with the breaker open.
+    StartOnlyWithinBudget,
+}
+
 /// Applies a world event; returns the violations found by a reconcile.
-fn apply(w: &mut World, e: &Event) -> Vec<String> {
+fn apply(w: &mut World, e: &Event) -> Vec<(Rule, String)> {
     match e {
         Event::Tick(s) => w.advance(Duration::from_secs(*s)),
         Event::Health(g, h) => {
@@ -144,7 +159,7 @@ fn apply(w: &mut World, e: &Event) -> Vec<String> {
 }
 
 /// One reconcile, checking every rule against what the engine saw.
-fn reconcile_checked(w: &mut World) -> Vec<String> {
+fn reconcile_checked(w: &mut World) -> Vec<(Rule, String)> {
     let mut bad = Vec::new();
     let before = w.state.clone();
     let node = w.node.clone();
@@ -156,11 +171,15 @@ fn reconcile_checked(w: &mut World) -> Vec<String> {
     for a in &actions {
         match a {
             Action::Uncordon { incident } if node.cordoned_by.as_ref() != Some(incident) => {
-                bad.push(format!("uncordoned a cordon that is not ours: {node:?}"));
+                bad.push((
+                    Rule::OwnCordonOnly,
+                    format!("uncordoned a cordon that is not ours: {node:?}"),
+                ));
             }
-            Action::Cordon { .. } if node.unschedulable => {
-                bad.push("cordoned an already cordoned node".into())
-            }
+            Action::Cordon { .. } if node.unschedulable => bad.push((
+                Rule::OwnCordonOnly,
+                "cordoned an already cordoned node".into(),
+            )),
             Action::Evict { pod } | Action::ForceDelete { pod } => {
                 if let Some(p) = pods.iter().find(|p| &p.key() == pod)
                     && !matches!(
@@ -168,44 +187,83 @@ fn reconcile_checked(w: &mut World) -> Vec<String> {
                         Ok(DisruptionTolerance::Evict) | Ok(DisruptionTolerance::Wait)
                     )
                 {
-                    bad.push(format!(
-                        "evicted {pod} whose tolerance is {:?}",
-                        p.tolerance
+                    bad.push((
+                        Rule::NeverPodsStay,
+                        format!("evicted {pod} whose tolerance is {:?}", p.tolerance),
                     ));
                 }
             }
             Action::RequestReset { id, .. } | Action::RequestReboot { id }
                 if after.action.as_ref().map(|x| &x.id) != Some(id) =>
             {
-                bad.push(format!(
-                    "request {id} not recorded in the status written before it"
+                bad.push((
+                    Rule::IntentFirst,
+                    format!("request {id} not recorded in the status written before it"),
                 ));
             }
             _ => {}
         }
         if mode != Mode::Enforce && !matches!(a, Action::Event { .. }) {
-            bad.push(format!("{mode:?} took a side effect: {a:?}"));
+            bad.push((
+                Rule::NoSideEffectsUnlessEnforced,
+                format!("{mode:?} took a side effect: {a:?}"),
+            ));
         }
     }
     let started =
         !is_disruptive(before.phase) && before.phase != Phase::Failed && is_disruptive(after.phase);
     if started && (budget.may_start().is_err() || mode != Mode::Enforce) {
-        bad.push(format!(
-            "started a remediation with budget {budget:?} in mode {mode:?}"
+        bad.push((
+            Rule::StartOnlyWithinBudget,
+            format!("started a remediation with budget {budget:?} in mode {mode:?}"),
         ));
     }
     bad
 }
 
+fn histories() -> impl Strategy<Value = Vec<Event>> {
+    prop::collection::vec(event(), 1..120)
+}
+
+/// Plays `events` on the incident node, failing at the first breach of `rule`.
+fn holds(rule: Rule, events: &[Event]) -> Result<(), TestCaseError> {
+    let mut w = World::incident();
+    for e in events {
+        let bad: Vec<String> = apply(&mut w, e)
+            .into_iter()
+            .filter(|(r, _)| *r == rule)
+            .map(|(_, why)| why)
+            .collect();
+        prop_assert!(bad.is_empty(), "after {e:?}: {bad:?}");
+    }
+    Ok(())
+}
+
 // 256 cases each by default; PROPTEST_CASES=N runs more.
 proptest! {
     #[test]
-    fn the_rules_hold_over_random_histories(events in prop::collection::vec(event(), 1..120)) {
-        let mut w = World::incident();
-        for e in &events {
-            let bad = apply(&mut w, e);
-            prop_assert!(bad.is_empty(), "after {e:?}: {bad:?}");
-        }
+    fn never_uncordons_a_foreign_cordon(events in histories()) {
+        holds(Rule::OwnCordonOnly, &events)?;
+    }
+
+    #[test]
+    fn never_evicts_a_never_pod(events in histories()) {
+        holds(Rule::NeverPodsStay, &events)?;
+    }
+
+    #[test]
+    fn records_intent_before_every_request(events in histories()) {
+        holds(Rule::IntentFirst, &events)?;
+    }
+
+    #[test]
+    fn dry_run_and_paused_take_no_side_effect(events in histories()) {
+        holds(Rule::NoSideEffectsUnlessEnforced, &events)?;
+    }
+
+    #[test]
+    fn never_starts_while_the_breaker_is_open_or_the_budget_is_spent(events in histories()) {
+        holds(Rule::StartOnlyWithinBudget, &events)?;
     }
 
     /// Several nodes of one policy, each deciding with the others' latest

@@ -415,6 +415,10 @@ fn a_failed_validation_pod_fails_the_attempt_and_escalates() {
     );
     assert!(w.node.unschedulable);
     assert!(w.validation.is_some(), "a failed pod is kept for its logs");
+    let history = &w.state.history[0].actions;
+    assert_eq!(history.len(), 2, "{history:?}");
+    assert_eq!(history[0], "GpuReset#1 Succeeded");
+    assert!(history[1].ends_with("-reset-1 Failed"), "{history:?}");
     let failed = w.log.iter().any(|a| {
         matches!(a, Action::Event { reason, message, .. }
             if reason == "AttemptFailed" && message.contains("dcgm: exit code 1"))
