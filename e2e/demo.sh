@@ -76,7 +76,7 @@ spec:
 YAML
 
 say "Starting the operator and the fake node agent (logs in $logs/)"
-target/debug/gpuhealth-operator >"$logs/operator.log" 2>&1 &
+target/debug/gpuhealth-operator --metrics-addr 127.0.0.1:0 --lease-name gpuhealth-demo >"$logs/operator.log" 2>&1 &
 operator=$!
 $sim agent --group incident >"$logs/agent.log" 2>&1 &
 agent=$!
