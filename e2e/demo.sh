@@ -45,6 +45,13 @@ logs=target/demo
 mkdir -p "$logs"
 node=192.168.1.1
 
+# A replay cut short leaves its node cordoned: start each replay afresh.
+if k get node "$node" >/dev/null 2>&1 || k get namespace ml-serving >/dev/null 2>&1; then
+  say "Clearing the previous replay"
+  k delete namespace ml-serving --ignore-not-found --wait --timeout 120s
+  k delete node "$node" --ignore-not-found --wait --timeout 60s
+fi
+
 say "A GPU fleet: nine nodes, and node $node (8 x RTX 5090 D), all KWOK"
 $sim nodes --group fleet --count 9
 $sim nodes --group incident --name "$node"
@@ -92,7 +99,7 @@ k get node "$node"
 
 say "gpuhealth takes it from here: kubectl get gnh $node, each time it changes"
 columns=PHASE:.status.phase,BAD-GPUS:.status.badGpus,ACTION:.status.action.type,ATTEMPT:.status.action.attempt,REASON:.status.reason,MESSAGE:.status.message
-printf '%-9s ' TIME; k get gnh "$node" -o custom-columns="$columns" | head -n 1
+printf '%-9s ' TIME; k get gnh "$node" -o custom-columns="$columns" | sed -n 1p
 last="" left_healthy="" deadline=$((SECONDS + 180))
 while ((SECONDS < deadline)); do
   row=$(k get gnh "$node" -o custom-columns="$columns" --no-headers 2>/dev/null || true)
@@ -112,7 +119,9 @@ k get pods -n ml-serving -o wide
 
 say "The incident, as gpuhealth recorded it"
 k get gnh "$node" -o jsonpath='{range .status.history[0]}{"incident: "}{.id}{"\ntrigger:  "}{.trigger}{"\nactions:  "}{.actions}{"\noutcome:  "}{.outcome}{"\n"}{end}'
-k get events --field-selector "involvedObject.name=$node" --sort-by=.metadata.creationTimestamp \
+# By uid: Events of an earlier replay's node of the same name stay behind.
+uid=$(k get node "$node" -o jsonpath='{.metadata.uid}')
+k get events --field-selector "involvedObject.uid=$uid" --sort-by=.metadata.creationTimestamp \
   -o custom-columns=TYPE:.type,REASON:.reason,MESSAGE:.message
 
 say "kubectl get gpuhealth"
