@@ -2,8 +2,9 @@
 //! health, publishes the `gpuhealth.io/gpus` report and carries out the reset
 //! and reboot requests the operator writes on its Node.
 //!
-//! This binary parses its flags; the backends come with the agent work (see
-//! the README's roadmap). Until then it says so and exits non-zero.
+//! This binary parses its flags; of the backends only the kernel-log parser
+//! (`gpuhealth_agent::kmsg`) is built so far. Until the rest are, it says so
+//! and exits non-zero.
 
 use std::{path::PathBuf, process::ExitCode};
 

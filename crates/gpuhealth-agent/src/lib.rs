@@ -1,0 +1,4 @@
+//! The gpuhealth node agent's parts, each testable without a GPU or a
+//! cluster. The binary (`main.rs`) puts them together.
+
+pub mod kmsg;
