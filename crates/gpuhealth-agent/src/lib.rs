@@ -2,3 +2,4 @@
 //! cluster. The binary (`main.rs`) puts them together.
 
 pub mod kmsg;
+pub mod nvml;

@@ -1,0 +1,307 @@
+//! The NVML backend: each GPU's state read through `libnvidia-ml.so`, which
+//! is loaded at run time, so the agent builds and its tests run where there
+//! is no GPU.
+//!
+//! Reading and judging are apart: [`NvmlSource`] turns NVML calls into
+//! [`DeviceReading`]s, and [`health`] judges a reading with no NVML at all.
+//! A reading recorded on real hardware is a test fixture.
+
+use gpuhealth_api::{
+    GpuHealth,
+    contract::{GpuEntry, RemappedRows},
+    types::SignalAction,
+};
+use gpuhealth_engine::xid::recovery_action;
+use nvml_wrapper::{
+    Nvml,
+    enum_wrappers::device::{EccCounter, MemoryError},
+    enums::device::SampleValue,
+    error::NvmlError,
+    structs::device::FieldId,
+};
+use serde::{Deserialize, Serialize};
+
+/// `NVML_FI_DEV_GET_GPU_RECOVERY_ACTION`: what the driver says the GPU needs.
+const FIELD_RECOVERY_ACTION: FieldId = FieldId(230);
+/// `NVML_FI_DEV_REMAPPED_PENDING` and `_FAILURE`: row remapping, read as
+/// field values so no raw (unsafe) NVML call is needed.
+const FIELD_REMAPPED_PENDING: FieldId = FieldId(144);
+const FIELD_REMAPPED_FAILURE: FieldId = FieldId(145);
+
+/// What NVML said about one GPU at one moment.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DeviceReading {
+    pub index: u32,
+    pub uuid: String,
+    pub pci_bus_id: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub product: Option<String>,
+    /// Why the device could not be read at all (for example `GpuLost`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lost: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recovery_action: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub remapped_rows: Option<RemappedRows>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retired_pages_pending: Option<bool>,
+    /// Uncorrected ECC errors since the driver loaded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uncorrected_ecc_volatile: Option<u64>,
+    /// PIDs of the compute processes on the GPU (a reset waits for none).
+    #[serde(default)]
+    pub compute_processes: Vec<u32>,
+    /// What this GPU or driver could not tell, and why (`NotSupported`, ...).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unreadable: Vec<String>,
+}
+
+/// How a GPU stands, from one reading. The Xids are the operator's to judge
+/// (with their times); this is the GPU's state now.
+pub fn health(r: &DeviceReading) -> GpuHealth {
+    if r.lost.is_some() {
+        return GpuHealth::Lost;
+    }
+    match r.recovery_action.map(recovery_action) {
+        Some(SignalAction::NodeReboot | SignalAction::ReplaceNode) => {
+            return GpuHealth::RebootRequired;
+        }
+        Some(SignalAction::GpuReset) => return GpuHealth::ResetRequired,
+        _ => {}
+    }
+    let rows = r.remapped_rows.unwrap_or(RemappedRows {
+        pending: false,
+        failure: false,
+    });
+    // nvidia-smi shows a remapping failure as "GPU requires reset".
+    if rows.failure {
+        return GpuHealth::ResetRequired;
+    }
+    if rows.pending
+        || r.retired_pages_pending == Some(true)
+        || r.uncorrected_ecc_volatile.is_some_and(|n| n > 0)
+    {
+        return GpuHealth::Degraded;
+    }
+    GpuHealth::Healthy
+}
+
+/// The report entry for a reading (no Xids or pods: other parts add them).
+pub fn entry(r: &DeviceReading) -> GpuEntry {
+    GpuEntry {
+        index: r.index,
+        uuid: r.uuid.clone(),
+        pci_bus_id: r.pci_bus_id.clone(),
+        product: r.product.clone(),
+        health: health(r),
+        xids: Vec::new(),
+        recovery_action: r.recovery_action,
+        remapped_rows: r.remapped_rows,
+        pods: Vec::new(),
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum NvmlUnavailable {
+    #[error(
+        "NVML could not be loaded or initialised ({0}); is the NVIDIA driver installed and libnvidia-ml.so on the library path?"
+    )]
+    Init(NvmlError),
+    #[error("NVML could not count the GPUs: {0}")]
+    Count(NvmlError),
+}
+
+/// Reads every GPU through NVML.
+pub struct NvmlSource {
+    nvml: Nvml,
+}
+
+impl NvmlSource {
+    pub fn init() -> Result<NvmlSource, NvmlUnavailable> {
+        Ok(NvmlSource {
+            nvml: Nvml::init().map_err(NvmlUnavailable::Init)?,
+        })
+    }
+
+    pub fn driver_version(&self) -> Option<String> {
+        self.nvml.sys_driver_version().ok()
+    }
+
+    pub fn read(&self) -> Result<Vec<DeviceReading>, NvmlUnavailable> {
+        let count = self.nvml.device_count().map_err(NvmlUnavailable::Count)?;
+        Ok((0..count).map(|i| self.read_one(i)).collect())
+    }
+
+    fn read_one(&self, index: u32) -> DeviceReading {
+        let mut r = DeviceReading {
+            index,
+            ..Default::default()
+        };
+        let device = match self.nvml.device_by_index(index) {
+            Ok(d) => d,
+            Err(e) => {
+                r.lost = Some(e.to_string());
+                return r;
+            }
+        };
+        let mut note = |what: &str, e: NvmlError| {
+            if matches!(e, NvmlError::GpuLost) {
+                r.lost.get_or_insert_with(|| format!("{what}: {e}"));
+            } else {
+                r.unreadable.push(format!("{what}: {e}"));
+            }
+        };
+        let uuid = device.uuid().map_err(|e| note("uuid", e)).ok();
+        let pci = device.pci_info().map_err(|e| note("pci", e)).ok();
+        let product = device.name().map_err(|e| note("name", e)).ok();
+        let mut fields = [None, None, None];
+        match device.field_values_for(&[
+            FIELD_RECOVERY_ACTION,
+            FIELD_REMAPPED_PENDING,
+            FIELD_REMAPPED_FAILURE,
+        ]) {
+            Ok(samples) => {
+                for (slot, (sample, what)) in fields.iter_mut().zip(samples.into_iter().zip([
+                    "recovery action (field 230)",
+                    "remapped rows pending (field 144)",
+                    "remapped rows failure (field 145)",
+                ])) {
+                    match sample.and_then(|s| s.value) {
+                        Ok(v) => *slot = as_u64(&v),
+                        Err(e) => note(what, e),
+                    }
+                }
+            }
+            Err(e) => note("field values", e),
+        }
+        let pending_retired = device
+            .are_pages_pending_retired()
+            .map_err(|e| note("retired pages pending", e))
+            .ok();
+        let ecc = device
+            .total_ecc_errors(MemoryError::Uncorrected, EccCounter::Volatile)
+            .map_err(|e| note("volatile uncorrected ECC", e))
+            .ok();
+        let processes = device
+            .running_compute_processes()
+            .map_err(|e| note("compute processes", e))
+            .unwrap_or_default();
+        r.uuid = uuid.unwrap_or_default();
+        r.pci_bus_id = pci.map(|p| p.bus_id).unwrap_or_default();
+        r.product = product;
+        r.recovery_action = fields[0].and_then(|v| u32::try_from(v).ok());
+        r.remapped_rows = match (fields[1], fields[2]) {
+            (Some(p), Some(f)) => Some(RemappedRows {
+                pending: p != 0,
+                failure: f != 0,
+            }),
+            _ => None,
+        };
+        r.retired_pages_pending = pending_retired;
+        r.uncorrected_ecc_volatile = ecc;
+        r.compute_processes = processes.iter().map(|p| p.pid).collect();
+        r
+    }
+}
+
+fn as_u64(v: &SampleValue) -> Option<u64> {
+    match *v {
+        SampleValue::U32(n) => Some(u64::from(n)),
+        SampleValue::U64(n) => Some(n),
+        SampleValue::I64(n) => u64::try_from(n).ok(),
+        SampleValue::F64(_) => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn healthy() -> DeviceReading {
+        DeviceReading {
+            index: 0,
+            uuid: "GPU-0a1b2c3d-0000-4000-8000-000000000000".into(),
+            pci_bus_id: "00000000:E1:00.0".into(),
+            recovery_action: Some(0),
+            remapped_rows: Some(RemappedRows {
+                pending: false,
+                failure: false,
+            }),
+            retired_pages_pending: Some(false),
+            uncorrected_ecc_volatile: Some(0),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn the_recovery_action_decides_first() {
+        for (value, expected) in [
+            (0, GpuHealth::Healthy),
+            (1, GpuHealth::ResetRequired),
+            (2, GpuHealth::RebootRequired),
+            (3, GpuHealth::ResetRequired),
+            (4, GpuHealth::ResetRequired),
+            // Newer values than we know: the strongest known action.
+            (7, GpuHealth::RebootRequired),
+        ] {
+            let r = DeviceReading {
+                recovery_action: Some(value),
+                ..healthy()
+            };
+            assert_eq!(health(&r), expected, "recovery action {value}");
+        }
+    }
+
+    #[test]
+    fn memory_signals() {
+        let failed = DeviceReading {
+            remapped_rows: Some(RemappedRows {
+                pending: true,
+                failure: true,
+            }),
+            ..healthy()
+        };
+        assert_eq!(health(&failed), GpuHealth::ResetRequired);
+        let pending = DeviceReading {
+            remapped_rows: Some(RemappedRows {
+                pending: true,
+                failure: false,
+            }),
+            ..healthy()
+        };
+        assert_eq!(health(&pending), GpuHealth::Degraded);
+        let ecc = DeviceReading {
+            uncorrected_ecc_volatile: Some(2),
+            ..healthy()
+        };
+        assert_eq!(health(&ecc), GpuHealth::Degraded);
+        let lost = DeviceReading {
+            lost: Some("GPU is lost".into()),
+            ..healthy()
+        };
+        assert_eq!(health(&lost), GpuHealth::Lost);
+        // What a GPU cannot tell is not held against it.
+        let unsupported = DeviceReading {
+            recovery_action: None,
+            remapped_rows: None,
+            retired_pages_pending: None,
+            uncorrected_ecc_volatile: None,
+            unreadable: vec!["remapped rows pending (field 144): NotSupported".into()],
+            ..healthy()
+        };
+        assert_eq!(health(&unsupported), GpuHealth::Healthy);
+    }
+
+    #[test]
+    fn without_a_driver_the_error_says_what_is_missing() {
+        // This machine may or may not have NVML; either way nothing panics,
+        // and a failure names the library.
+        match NvmlSource::init() {
+            Ok(source) => {
+                let _ = source.read();
+            }
+            Err(e) => assert!(e.to_string().contains("libnvidia-ml.so"), "{e}"),
+        }
+    }
+}
