@@ -216,6 +216,9 @@ fn as_u64(v: &SampleValue) -> Option<u64> {
 
 #[cfg(test)]
 mod tests {
+    use gpuhealth_api::contract::{AnnotationValue, GpuReport};
+    use k8s_openapi::{apimachinery::pkg::apis::meta::v1::Time, jiff::Timestamp};
+
     use super::*;
 
     fn healthy() -> DeviceReading {
@@ -291,6 +294,33 @@ mod tests {
             ..healthy()
         };
         assert_eq!(health(&unsupported), GpuHealth::Healthy);
+    }
+
+    /// Read on an H200 with `--once --readings` (see `docs/device/h200-nvml/`).
+    const RECORDED_H200: &str = include_str!("../../../docs/device/h200-nvml/readings.json");
+
+    #[test]
+    fn a_recorded_h200_is_healthy_and_its_report_keeps_the_contract() {
+        let readings: Vec<DeviceReading> = serde_json::from_str(RECORDED_H200).expect("fixture");
+        assert_eq!(readings.len(), 1);
+        let r = &readings[0];
+        // Hopper has no page retirement: unreadable, not held against it.
+        assert_eq!(r.retired_pages_pending, None);
+        assert!(r.unreadable.iter().any(|u| u.starts_with("retired pages")));
+        assert_eq!(health(r), GpuHealth::Healthy);
+        let report = GpuReport {
+            version: GpuReport::VERSION,
+            observed_at: Time(Timestamp::UNIX_EPOCH),
+            source: Some("gpuhealth-agent/nvml".into()),
+            gpus: readings.iter().map(entry).collect(),
+        };
+        report.check().expect("a report the operator accepts");
+        // The same GPU in trouble: the driver asks for a reset.
+        let broken = DeviceReading {
+            recovery_action: Some(1),
+            ..r.clone()
+        };
+        assert_eq!(entry(&broken).health, GpuHealth::ResetRequired);
     }
 
     #[test]
