@@ -1,5 +1,8 @@
 //! The gpuhealth node agent's parts, each testable without a GPU or a
 //! cluster. The binary (`main.rs`) puts them together.
 
+pub mod backend;
+pub mod journal;
 pub mod kmsg;
+pub mod node_agent;
 pub mod nvml;

@@ -1,28 +1,45 @@
 //! gpuhealth-agent: runs on each GPU node (a DaemonSet), reads every GPU's
-//! health, publishes the `gpuhealth.io/gpus` report and carries out the reset
-//! and reboot requests the operator writes on its Node.
+//! health, publishes the `gpuhealth.io/gpus` report and the `GpuHealthy`
+//! condition on its Node, and carries out the reset and reboot requests the
+//! operator writes there, each at most once.
 //!
-//! Built so far: the kernel-log parser (`gpuhealth_agent::kmsg`) and the
-//! NVML reader (`gpuhealth_agent::nvml`), which `--once` runs: read every
-//! GPU, print the report, exit. The loop that publishes the report on the
-//! Node and carries out requests is not built yet; without `--once` the
-//! agent says so and exits non-zero.
+//! Backends: `nvml` (real GPUs) and `fake` (simulated nodes: the hardware is
+//! the Node's `gpuhealth.io/sim-hardware` annotation). `--once` reads the
+//! GPUs, prints the report and exits, touching nothing.
+//!
+//! Not built yet: the kernel-log follower (its parser is
+//! `gpuhealth_agent::kmsg`), NVML XID events, the PodResources mapping and
+//! `/metrics`.
 
-use std::{path::PathBuf, process::ExitCode};
+use std::{path::PathBuf, process::ExitCode, time::Duration};
 
 use clap::{Parser, ValueEnum};
-use gpuhealth_agent::nvml::{self, NvmlSource};
+use gpuhealth_agent::{
+    backend::{FakeBackend, NvmlBackend, RebootMethod},
+    journal::Journal,
+    node_agent::{CrashPoint, NodeAgent, Settings},
+    nvml::{self, NvmlSource},
+};
 use gpuhealth_api::contract::{AnnotationValue, GpuReport};
 use k8s_openapi::{apimachinery::pkg::apis::meta::v1::Time, jiff::Timestamp};
+use tracing::error;
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
 enum Backend {
-    /// NVML through libnvidia-ml.so, plus the kernel log.
+    /// NVML through libnvidia-ml.so.
     Nvml,
-    /// The kernel log only (`/dev/kmsg` or a file).
-    Kmsg,
-    /// A scenario file, for simulated nodes.
+    /// The Node's `gpuhealth.io/sim-hardware` annotation, for simulated nodes.
     Fake,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum Reboot {
+    /// Refuse reboot requests.
+    None,
+    /// Create kured's sentinel file (--kured-sentinel).
+    Kured,
+    /// `systemctl reboot` in the host's namespaces.
+    Systemd,
 }
 
 /// The gpuhealth node agent.
@@ -35,15 +52,25 @@ struct Args {
     /// Where GPU health comes from.
     #[arg(long, value_enum, default_value_t = Backend::Nvml)]
     backend: Backend,
-    /// Kernel log to follow for `NVRM: Xid` lines.
-    #[arg(long, default_value = "/dev/kmsg")]
-    kmsg_path: PathBuf,
-    /// Scenario for the fake backend.
-    #[arg(long, required_if_eq("backend", "fake"))]
-    scenario: Option<PathBuf>,
-    /// The kubelet PodResources socket, to map GPUs to pods.
-    #[arg(long, default_value = "/var/lib/kubelet/pod-resources/kubelet.sock")]
-    pod_resources_socket: PathBuf,
+    /// Where the agent journals the requests it carries out (a hostPath, so
+    /// it outlives the pod: no request runs twice).
+    #[arg(long, default_value = "/var/lib/gpuhealth-agent")]
+    state_dir: PathBuf,
+    /// How often to read the GPUs when nothing else happens.
+    #[arg(long, default_value = "10s", value_parser = duration)]
+    poll: Duration,
+    /// How often to refresh the GpuHealthy condition when nothing changes.
+    #[arg(long, default_value = "5m", value_parser = duration)]
+    heartbeat: Duration,
+    /// Requests older than this are refused, not carried out.
+    #[arg(long, default_value = "1h", value_parser = duration)]
+    request_max_age: Duration,
+    /// How the nvml backend reboots the node.
+    #[arg(long, value_enum, default_value_t = Reboot::None)]
+    reboot_method: Reboot,
+    /// kured's sentinel file, for --reboot-method kured.
+    #[arg(long, default_value = "/var/run/reboot-required")]
+    kured_sentinel: PathBuf,
     /// Read every GPU once, print the `gpuhealth.io/gpus` report as JSON on
     /// stdout and exit: a check of the backend on a node, touching nothing.
     #[arg(long)]
@@ -53,22 +80,95 @@ struct Args {
     readings: bool,
 }
 
+fn duration(s: &str) -> Result<Duration, String> {
+    s.parse::<gpuhealth_api::Duration>()
+        .map(|d| d.as_std())
+        .map_err(|e| e.to_string())
+}
+
 fn main() -> ExitCode {
     let args = Args::parse();
-    if !args.once {
-        eprintln!("gpuhealth-agent {}: {args:?}", env!("CARGO_PKG_VERSION"));
-        eprintln!(
-            "gpuhealth-agent: publishing reports and carrying out requests is not implemented yet; --once reads the GPUs and prints the report"
-        );
-        return ExitCode::from(2);
+    if args.once {
+        return match args.backend {
+            Backend::Nvml => once_nvml(args.readings),
+            Backend::Fake => {
+                eprintln!("gpuhealth-agent: --once reads NVML; the fake backend lives on its Node");
+                ExitCode::from(2)
+            }
+        };
     }
-    match args.backend {
-        Backend::Nvml => once_nvml(args.readings),
-        other => {
-            eprintln!("gpuhealth-agent: --once reads NVML only so far, not {other:?}");
-            ExitCode::from(2)
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,kube=warn")),
+        )
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .init();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("gpuhealth-agent: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(serve(args)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            error!(error = %e, "gpuhealth-agent stopped");
+            ExitCode::FAILURE
         }
     }
+}
+
+async fn serve(args: Args) -> Result<(), String> {
+    let node = args.node_name.clone().ok_or("--node-name is required")?;
+    let crash_after = match std::env::var("GPUHEALTH_TEST_CRASH_AFTER").as_deref() {
+        Ok("begun") => Some(CrashPoint::Begun),
+        Ok("finished") => Some(CrashPoint::Finished),
+        Ok(other) => return Err(format!("GPUHEALTH_TEST_CRASH_AFTER: no point {other}")),
+        Err(_) => None,
+    };
+    let journal = Journal::open(&args.state_dir).map_err(|e| e.to_string())?;
+    let client = kube::Client::try_default()
+        .await
+        .map_err(|e| e.to_string())?;
+    let settings = Settings {
+        node,
+        poll: args.poll,
+        heartbeat: args.heartbeat,
+        request_max_age: args.request_max_age,
+        crash_after,
+    };
+    let shutdown = tokio::signal::ctrl_c();
+    match args.backend {
+        Backend::Fake => {
+            let backend = FakeBackend {
+                client: client.clone(),
+            };
+            tokio::select! {
+                () = NodeAgent::new(client, settings, backend, journal).run() => {}
+                _ = shutdown => {}
+            }
+        }
+        Backend::Nvml => {
+            let backend = NvmlBackend {
+                source: NvmlSource::init().map_err(|e| e.to_string())?,
+                reboot_method: match args.reboot_method {
+                    Reboot::None => RebootMethod::None,
+                    Reboot::Kured => RebootMethod::Kured(args.kured_sentinel.clone()),
+                    Reboot::Systemd => RebootMethod::Systemd,
+                },
+            };
+            tokio::select! {
+                () = NodeAgent::new(client, settings, backend, journal).run() => {}
+                _ = shutdown => {}
+            }
+        }
+    }
+    Ok(())
 }
 
 fn once_nvml(readings: bool) -> ExitCode {

@@ -1,0 +1,260 @@
+//! Where GPU health comes from and how requests are carried out: NVML on a
+//! real node, the `gpuhealth.io/sim-hardware` annotation on a simulated one.
+
+use std::{future::Future, path::PathBuf, process::Command};
+
+use gpuhealth_api::{
+    GpuHealth,
+    contract::{GpuEntry, Outcome},
+};
+use k8s_openapi::{api::core::v1::Node, jiff::Timestamp};
+use kube::{
+    Api, Client, ResourceExt,
+    api::{Patch, PatchParams},
+};
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+
+use crate::nvml::{self, NvmlSource};
+
+/// What a backend did with a request, and why.
+pub type Done = (Outcome, String);
+
+pub trait Backend: Send {
+    /// The report's `source`.
+    fn source(&self) -> &'static str;
+    /// Every GPU now; `node` is the agent's Node as last seen.
+    fn read(&mut self, node: &Node) -> impl Future<Output = Result<Vec<GpuEntry>, String>> + Send;
+    /// Resets `gpus` (UUIDs) for request `id`.
+    fn reset(
+        &mut self,
+        node: &Node,
+        id: &str,
+        gpus: &[String],
+    ) -> impl Future<Output = Done> + Send;
+    fn reboot(&mut self, node: &Node, id: &str) -> impl Future<Output = Done> + Send;
+}
+
+/// The simulated hardware of a KWOK node, written by a test or `gpuhealth-sim`.
+pub const SIM_HARDWARE_ANNOTATION: &str = "gpuhealth.io/sim-hardware";
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum SimOutcome {
+    #[default]
+    Succeed,
+    Fail,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SimHardware {
+    pub gpus: Vec<GpuEntry>,
+    /// How resets and reboots end on this node.
+    #[serde(default)]
+    pub reset: SimOutcome,
+    #[serde(default)]
+    pub reboot: SimOutcome,
+    /// Every request id the simulated hardware carried out, in order: what
+    /// a test counts to prove none ran twice.
+    #[serde(default)]
+    pub executed: Vec<String>,
+}
+
+/// The fake backend: the hardware is the node's `gpuhealth.io/sim-hardware`
+/// annotation; a reset or reboot that succeeds heals it.
+pub struct FakeBackend {
+    pub client: Client,
+}
+
+impl FakeBackend {
+    fn hardware(node: &Node) -> Result<SimHardware, String> {
+        let raw = node
+            .annotations()
+            .get(SIM_HARDWARE_ANNOTATION)
+            .ok_or_else(|| format!("no {SIM_HARDWARE_ANNOTATION} annotation on the node"))?;
+        serde_json::from_str(raw).map_err(|e| format!("{SIM_HARDWARE_ANNOTATION}: {e}"))
+    }
+
+    async fn save(&self, node: &Node, hw: &SimHardware) -> Result<(), String> {
+        let value = serde_json::to_string(hw).map_err(|e| e.to_string())?;
+        let patch = json!({"metadata": {"annotations": {SIM_HARDWARE_ANNOTATION: value}}});
+        Api::<Node>::all(self.client.clone())
+            .patch(
+                &node.name_any(),
+                &PatchParams::default(),
+                &Patch::Merge(patch),
+            )
+            .await
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+    }
+
+    /// Records the request, heals `which` GPUs if the hardware says it works.
+    async fn carry_out(
+        &self,
+        node: &Node,
+        id: &str,
+        outcome: impl Fn(&SimHardware) -> SimOutcome,
+        which: impl Fn(&GpuEntry) -> bool,
+    ) -> Result<bool, String> {
+        let mut hw = Self::hardware(node)?;
+        hw.executed.push(id.to_owned());
+        let works = outcome(&hw) == SimOutcome::Succeed;
+        if works {
+            for gpu in hw.gpus.iter_mut().filter(|g| which(g)) {
+                gpu.health = GpuHealth::Healthy;
+                gpu.recovery_action = Some(0);
+                gpu.xids.clear();
+                gpu.remapped_rows = None;
+            }
+        }
+        self.save(node, &hw).await?;
+        Ok(works)
+    }
+}
+
+impl Backend for FakeBackend {
+    fn source(&self) -> &'static str {
+        "gpuhealth-agent/fake"
+    }
+
+    async fn read(&mut self, node: &Node) -> Result<Vec<GpuEntry>, String> {
+        Self::hardware(node).map(|hw| hw.gpus)
+    }
+
+    async fn reset(&mut self, node: &Node, id: &str, gpus: &[String]) -> Done {
+        match self
+            .carry_out(node, id, |hw| hw.reset, |g| gpus.contains(&g.uuid))
+            .await
+        {
+            Ok(true) => (Outcome::Succeeded, format!("reset {}", gpus.join(", "))),
+            Ok(false) => (Outcome::Failed, "the GPU reset failed (simulated)".into()),
+            Err(e) => (Outcome::Failed, e),
+        }
+    }
+
+    async fn reboot(&mut self, node: &Node, id: &str) -> Done {
+        match self.carry_out(node, id, |hw| hw.reboot, |_| true).await {
+            Ok(true) => {
+                // A new boot: what the operator checks a reboot by.
+                let boot = format!("boot-{}", Timestamp::now().as_millisecond());
+                let status = json!({"status": {"nodeInfo": {"bootID": boot}}});
+                match Api::<Node>::all(self.client.clone())
+                    .patch_status(
+                        &node.name_any(),
+                        &PatchParams::default(),
+                        &Patch::Merge(status),
+                    )
+                    .await
+                {
+                    Ok(_) => (Outcome::Succeeded, "rebooted (simulated)".into()),
+                    Err(e) => (Outcome::Failed, format!("changing the bootID: {e}")),
+                }
+            }
+            Ok(false) => (Outcome::Failed, "the reboot failed (simulated)".into()),
+            Err(e) => (Outcome::Failed, e),
+        }
+    }
+}
+
+/// How the NVML backend reboots its node.
+#[derive(Clone, Debug)]
+pub enum RebootMethod {
+    /// Refuse: a person or another tool reboots.
+    None,
+    /// Create kured's sentinel file; kured reboots under its own lock.
+    Kured(PathBuf),
+    /// `systemctl reboot` in the host's namespaces (needs `hostPID`).
+    Systemd,
+}
+
+/// The NVML backend: reads through NVML, resets with `nvidia-smi`.
+pub struct NvmlBackend {
+    pub source: NvmlSource,
+    pub reboot_method: RebootMethod,
+}
+
+impl Backend for NvmlBackend {
+    fn source(&self) -> &'static str {
+        "gpuhealth-agent/nvml"
+    }
+
+    async fn read(&mut self, _node: &Node) -> Result<Vec<GpuEntry>, String> {
+        self.source
+            .read()
+            .map(|readings| readings.iter().map(nvml::entry).collect())
+            .map_err(|e| e.to_string())
+    }
+
+    async fn reset(&mut self, _node: &Node, _id: &str, gpus: &[String]) -> Done {
+        let readings = match self.source.read() {
+            Ok(r) => r,
+            Err(e) => return (Outcome::Failed, e.to_string()),
+        };
+        // A reset with a process on the GPU fails or kills it: refuse instead.
+        let busy: Vec<String> = readings
+            .iter()
+            .filter(|r| gpus.contains(&r.uuid) && !r.compute_processes.is_empty())
+            .map(|r| format!("{} (pids {:?})", r.uuid, r.compute_processes))
+            .collect();
+        if !busy.is_empty() {
+            return (
+                Outcome::Refused,
+                format!("processes still use {}", busy.join(", ")),
+            );
+        }
+        for uuid in gpus {
+            let out = Command::new("nvidia-smi")
+                .args(["--gpu-reset", "-i", uuid])
+                .output();
+            match out {
+                Ok(o) if o.status.success() => {}
+                Ok(o) => {
+                    let why = String::from_utf8_lossy(&o.stdout).trim().to_owned()
+                        + String::from_utf8_lossy(&o.stderr).trim();
+                    return (
+                        Outcome::Failed,
+                        format!("nvidia-smi --gpu-reset -i {uuid}: {why}"),
+                    );
+                }
+                Err(e) => return (Outcome::Failed, format!("running nvidia-smi: {e}")),
+            }
+        }
+        (Outcome::Succeeded, format!("reset {}", gpus.join(", ")))
+    }
+
+    async fn reboot(&mut self, _node: &Node, _id: &str) -> Done {
+        match &self.reboot_method {
+            RebootMethod::None => (
+                Outcome::Refused,
+                "this agent does not reboot (--reboot-method none)".into(),
+            ),
+            RebootMethod::Kured(path) => match std::fs::File::create(path) {
+                Ok(_) => (
+                    Outcome::Succeeded,
+                    format!("created kured's sentinel {}", path.display()),
+                ),
+                Err(e) => (Outcome::Failed, format!("creating {}: {e}", path.display())),
+            },
+            RebootMethod::Systemd => {
+                let out = Command::new("nsenter")
+                    .args([
+                        "--target", "1", "--mount", "--uts", "--ipc", "--net", "--pid",
+                    ])
+                    .args(["--", "systemctl", "reboot"])
+                    .output();
+                match out {
+                    Ok(o) if o.status.success() => (Outcome::Succeeded, "systemctl reboot".into()),
+                    Ok(o) => (
+                        Outcome::Failed,
+                        format!(
+                            "systemctl reboot: {}",
+                            String::from_utf8_lossy(&o.stderr).trim()
+                        ),
+                    ),
+                    Err(e) => (Outcome::Failed, format!("running nsenter: {e}")),
+                }
+            }
+        }
+    }
+}

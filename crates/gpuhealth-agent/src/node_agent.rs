@@ -1,0 +1,348 @@
+//! The agent's loop on its own Node: carry out new requests (each id at most
+//! once), then publish the GPU report and the `GpuHealthy` condition when
+//! they change.
+
+use std::time::Duration;
+
+use futures::{StreamExt, TryStreamExt};
+use gpuhealth_api::contract::{
+    AnnotationValue, GPU_HEALTHY_CONDITION, GPU_REPORT_ANNOTATION, GpuEntry, GpuReport, Outcome,
+    REBOOT_REQUEST_ANNOTATION, REQUEST_RESULT_ANNOTATION, RESET_REQUEST_ANNOTATION, RebootRequest,
+    RequestId, RequestResult, ResetRequest,
+};
+use k8s_openapi::{
+    api::core::v1::Node,
+    apimachinery::pkg::apis::meta::v1::Time,
+    jiff::{SignedDuration, Timestamp},
+};
+use kube::{
+    Api, Client, ResourceExt,
+    api::{Patch, PatchParams},
+    runtime::{WatchStreamExt, watcher},
+};
+use serde_json::json;
+use tracing::{error, info, warn};
+
+use crate::{
+    backend::Backend,
+    journal::{self, Journal, JournalError, Seen},
+};
+
+/// Test hook (`GPUHEALTH_TEST_CRASH_AFTER`): exit at a step of carrying out a
+/// request, as a crash there would.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CrashPoint {
+    /// The journal says begun; nothing carried out yet.
+    Begun,
+    /// Carried out and journalled; the result not yet written.
+    Finished,
+}
+
+pub struct Settings {
+    pub node: String,
+    /// How often to read the GPUs when nothing on the Node changes.
+    pub poll: Duration,
+    /// How often to refresh the `GpuHealthy` condition's heartbeat when
+    /// nothing changes: how a reader tells a live report from a stale one.
+    pub heartbeat: Duration,
+    /// Requests older than this are not carried out.
+    pub request_max_age: Duration,
+    pub crash_after: Option<CrashPoint>,
+}
+
+pub struct NodeAgent<B> {
+    client: Client,
+    settings: Settings,
+    backend: B,
+    journal: Journal,
+    /// What this process last wrote: the report's GPUs and the condition.
+    published: Option<Vec<GpuEntry>>,
+    condition: Option<(bool, Timestamp)>,
+}
+
+/// A request on the node, either kind.
+struct Request {
+    id: RequestId,
+    requested_at: Timestamp,
+    reset_gpus: Option<Vec<String>>,
+}
+
+impl<B: Backend> NodeAgent<B> {
+    pub fn new(client: Client, settings: Settings, backend: B, journal: Journal) -> Self {
+        NodeAgent {
+            client,
+            settings,
+            backend,
+            journal,
+            published: None,
+            condition: None,
+        }
+    }
+
+    pub async fn run(mut self) {
+        let api: Api<Node> = Api::all(self.client.clone());
+        let config =
+            watcher::Config::default().fields(&format!("metadata.name={}", self.settings.node));
+        let mut changes = watcher(api, config)
+            .default_backoff()
+            .applied_objects()
+            .boxed();
+        let mut tick = tokio::time::interval(self.settings.poll);
+        let mut node: Option<Node> = None;
+        info!(node = %self.settings.node, source = self.backend.source(), "serving the node");
+        loop {
+            tokio::select! {
+                next = changes.try_next() => match next {
+                    Ok(Some(n)) => node = Some(n),
+                    Ok(None) => return,
+                    Err(e) => {
+                        warn!(error = %e, "watching the node; retrying");
+                        continue;
+                    }
+                },
+                _ = tick.tick() => {}
+            }
+            let Some(current) = &node else { continue };
+            let current = current.clone();
+            if let Err(e) = self.serve_requests(&current).await {
+                // Without the journal nothing is carried out: that could repeat one.
+                error!(error = %e, "requests are not carried out");
+            }
+            self.publish(&current).await;
+        }
+    }
+
+    fn requests(node: &Node) -> Vec<Request> {
+        let annotations = node.annotations();
+        let mut out = Vec::new();
+        if let Some(raw) = annotations.get(RESET_REQUEST_ANNOTATION) {
+            match ResetRequest::parse(raw) {
+                Ok(r) => out.push(Request {
+                    id: r.id,
+                    requested_at: r.requested_at.0,
+                    reset_gpus: Some(r.gpus),
+                }),
+                Err(e) => warn!(error = %e, "ignoring a malformed reset request"),
+            }
+        }
+        if let Some(raw) = annotations.get(REBOOT_REQUEST_ANNOTATION) {
+            match RebootRequest::parse(raw) {
+                Ok(r) => out.push(Request {
+                    id: r.id,
+                    requested_at: r.requested_at.0,
+                    reset_gpus: None,
+                }),
+                Err(e) => warn!(error = %e, "ignoring a malformed reboot request"),
+            }
+        }
+        // Oldest first, so the newest request's result is the one left standing.
+        out.sort_by_key(|r| r.requested_at);
+        out
+    }
+
+    async fn serve_requests(&mut self, node: &Node) -> Result<(), JournalError> {
+        let mut result = node
+            .annotations()
+            .get(REQUEST_RESULT_ANNOTATION)
+            .and_then(|v| RequestResult::parse(v).ok());
+        for request in Self::requests(node) {
+            let id = request.id.to_string();
+            if result.as_ref().is_some_and(|r| r.id == request.id) {
+                continue;
+            }
+            // Never overwrite the answer to a newer request with an older one.
+            let newer_answered =
+                |at: Timestamp| result.as_ref().is_some_and(|r| r.finished_at.0 >= at);
+            let answer = match self.journal.seen(&id) {
+                Seen::Finished(r) if newer_answered(r.finished_at.0) => continue,
+                Seen::Finished(r) => r,
+                Seen::Interrupted if newer_answered(request.requested_at) => continue,
+                Seen::Interrupted => {
+                    let r = journal::interrupted(&request.id, Time(Timestamp::now()));
+                    self.journal.finish(&r)?;
+                    r
+                }
+                Seen::New => self.carry_out(node, &request).await?,
+            };
+            self.write_result(&answer).await;
+            result = Some(answer);
+        }
+        Ok(())
+    }
+
+    async fn carry_out(
+        &mut self,
+        node: &Node,
+        request: &Request,
+    ) -> Result<RequestResult, JournalError> {
+        let id = request.id.to_string();
+        let age = Timestamp::now().duration_since(request.requested_at);
+        let max_age =
+            SignedDuration::try_from(self.settings.request_max_age).unwrap_or(SignedDuration::MAX);
+        let (outcome, message) = if age > max_age {
+            (
+                Outcome::Refused,
+                format!(
+                    "not carried out: requested at {}, longer ago than --request-max-age",
+                    request.requested_at
+                ),
+            )
+        } else {
+            self.journal.begin(&id)?;
+            self.crash_if(CrashPoint::Begun);
+            info!(request = %id, gpus = ?request.reset_gpus, "carrying out");
+            match &request.reset_gpus {
+                Some(gpus) => self.backend.reset(node, &id, gpus).await,
+                None => self.backend.reboot(node, &id).await,
+            }
+        };
+        let result = RequestResult {
+            id: request.id.clone(),
+            outcome,
+            message: message.chars().take(1000).collect(),
+            finished_at: Time(Timestamp::now()),
+        };
+        self.journal.finish(&result)?;
+        self.crash_if(CrashPoint::Finished);
+        info!(request = %id, outcome = ?result.outcome, message = %result.message, "done");
+        Ok(result)
+    }
+
+    fn crash_if(&self, point: CrashPoint) {
+        if self.settings.crash_after == Some(point) {
+            error!(?point, "GPUHEALTH_TEST_CRASH_AFTER: exiting");
+            std::process::exit(3);
+        }
+    }
+
+    async fn write_result(&self, result: &RequestResult) {
+        let patch = json!({"metadata": {"annotations": {REQUEST_RESULT_ANNOTATION: result.to_annotation()}}});
+        if let Err(e) = self
+            .api()
+            .patch(
+                &self.settings.node,
+                &PatchParams::default(),
+                &Patch::Merge(patch),
+            )
+            .await
+        {
+            // The journal keeps it: the next pass writes it again.
+            warn!(error = %e, "writing the request result; will retry");
+        }
+    }
+
+    fn api(&self) -> Api<Node> {
+        Api::all(self.client.clone())
+    }
+
+    /// Writes the report only when the GPUs changed, and the condition when
+    /// its status changed or its heartbeat is due.
+    async fn publish(&mut self, node: &Node) {
+        let gpus = match self.backend.read(node).await {
+            Ok(g) => g,
+            Err(e) => {
+                warn!(error = %e, "reading the GPUs");
+                return;
+            }
+        };
+        let on_node = node
+            .annotations()
+            .get(GPU_REPORT_ANNOTATION)
+            .and_then(|v| GpuReport::parse(v).ok());
+        let same =
+            |r: &GpuReport| r.gpus == gpus && r.source.as_deref() == Some(self.backend.source());
+        let unchanged =
+            self.published.as_ref() == Some(&gpus) || on_node.as_ref().is_some_and(same);
+        let report = GpuReport {
+            version: GpuReport::VERSION,
+            observed_at: Time(Timestamp::now()),
+            source: Some(self.backend.source().into()),
+            gpus: gpus.clone(),
+        };
+        if !unchanged {
+            if let Err(e) = report.check() {
+                warn!(error = %e, "the GPUs read would make an invalid report; not published");
+                return;
+            }
+            let patch = json!({"metadata": {"annotations": {GPU_REPORT_ANNOTATION: report.to_annotation()}}});
+            match self
+                .api()
+                .patch(
+                    &self.settings.node,
+                    &PatchParams::default(),
+                    &Patch::Merge(patch),
+                )
+                .await
+            {
+                Ok(_) => {
+                    info!(bad = report.bad_gpus().count(), "published the GPU report");
+                    self.published = Some(gpus);
+                }
+                Err(e) => {
+                    warn!(error = %e, "publishing the GPU report; will retry");
+                    return;
+                }
+            }
+        } else {
+            self.published = Some(gpus);
+        }
+        self.publish_condition(&report).await;
+    }
+
+    async fn publish_condition(&mut self, report: &GpuReport) {
+        let healthy = report.bad_gpus().next().is_none();
+        let now = Timestamp::now();
+        let due = match self.condition {
+            Some((was, at)) => {
+                was != healthy
+                    || now.duration_since(at)
+                        >= SignedDuration::try_from(self.settings.heartbeat)
+                            .unwrap_or(SignedDuration::MAX)
+            }
+            None => true,
+        };
+        if !due {
+            return;
+        }
+        let bad: Vec<String> = report
+            .bad_gpus()
+            .map(|g| format!("GPU {} ({}) {:?}", g.index, g.uuid, g.health))
+            .collect();
+        let (status, reason, message) = if healthy {
+            (
+                "True",
+                "GpusHealthy",
+                format!("{} GPU(s) healthy", report.gpus.len()),
+            )
+        } else {
+            ("False", "GpuUnhealthy", bad.join("; "))
+        };
+        let transition = match self.condition {
+            Some((was, _)) if was == healthy => None,
+            _ => Some(Time(now)),
+        };
+        let mut condition = json!({
+            "type": GPU_HEALTHY_CONDITION,
+            "status": status,
+            "reason": reason,
+            "message": message,
+            "lastHeartbeatTime": Time(now),
+        });
+        if let Some(t) = transition {
+            condition["lastTransitionTime"] = json!(t);
+        }
+        let patch = json!({"status": {"conditions": [condition]}});
+        match self
+            .api()
+            .patch_status(
+                &self.settings.node,
+                &PatchParams::default(),
+                &Patch::Strategic(patch),
+            )
+            .await
+        {
+            Ok(_) => self.condition = Some((healthy, now)),
+            Err(e) => warn!(error = %e, "writing the GpuHealthy condition; will retry"),
+        }
+    }
+}
