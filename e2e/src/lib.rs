@@ -8,6 +8,7 @@ pub mod agent;
 pub mod cluster;
 pub mod crds;
 pub mod names;
+pub mod node_agent;
 pub mod operator;
 pub mod reports;
 pub mod scenario;
@@ -29,6 +30,8 @@ pub enum HarnessError {
     },
     #[error("client: {0}")]
     Client(#[from] kube::Error),
+    #[error("serialising: {0}")]
+    Json(#[from] serde_json::Error),
     #[error("timed out after {secs}s waiting for {what}")]
     Timeout { what: String, secs: u64 },
     #[error("running kubectl {args}: {detail}")]

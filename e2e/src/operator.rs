@@ -37,14 +37,25 @@ pub struct Operator {
     pub metrics: SocketAddr,
 }
 
-fn binary() -> PathBuf {
+/// A binary of this workspace, as `cargo build` left it (`make e2e` builds
+/// them first).
+pub fn built(name: &str) -> PathBuf {
     let target = std::env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../target")));
-    target.join("debug/gpuhealth-operator")
+    target.join("debug").join(name)
 }
 
-fn io(e: std::io::Error) -> HarnessError {
+/// A log file for a process a test starts: `target/e2e-logs/<name>.log`.
+pub fn log_file(name: &str) -> Result<(PathBuf, std::fs::File)> {
+    let dir = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../target/e2e-logs"));
+    std::fs::create_dir_all(&dir).map_err(io)?;
+    let log = dir.join(format!("{name}.log"));
+    let file = std::fs::File::create(&log).map_err(io)?;
+    Ok((log, file))
+}
+
+pub(crate) fn io(e: std::io::Error) -> HarnessError {
     HarnessError::ClusterStart(e.to_string())
 }
 
@@ -63,13 +74,10 @@ impl Operator {
 
     pub async fn start_with(name: &str, options: Options) -> Result<Operator> {
         let kubeconfig = kubeconfig_path().await?;
-        let dir = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../target/e2e-logs"));
-        std::fs::create_dir_all(&dir).map_err(io)?;
-        let log = dir.join(format!("{name}.log"));
-        let file = std::fs::File::create(&log).map_err(io)?;
+        let (log, file) = log_file(name)?;
         let err = file.try_clone().map_err(io)?;
         let metrics = free_port()?;
-        let bin = binary();
+        let bin = built("gpuhealth-operator");
         let secs = |d: Duration| format!("{}s", d.as_secs());
         let mut command = Command::new(&bin);
         command

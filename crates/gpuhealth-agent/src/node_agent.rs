@@ -145,24 +145,28 @@ impl<B: Backend> NodeAgent<B> {
             .annotations()
             .get(REQUEST_RESULT_ANNOTATION)
             .and_then(|v| RequestResult::parse(v).ok());
-        for request in Self::requests(node) {
+        let requests = Self::requests(node);
+        for (i, request) in requests.iter().enumerate() {
             let id = request.id.to_string();
             if result.as_ref().is_some_and(|r| r.id == request.id) {
                 continue;
             }
-            // Never overwrite the answer to a newer request with an older one.
-            let newer_answered =
-                |at: Timestamp| result.as_ref().is_some_and(|r| r.finished_at.0 >= at);
+            // A newer request already answered supersedes this one: never
+            // carry it out late, nor overwrite the newer answer.
+            let superseded = result
+                .as_ref()
+                .is_some_and(|r| requests[i + 1..].iter().any(|later| later.id == r.id));
+            if superseded {
+                continue;
+            }
             let answer = match self.journal.seen(&id) {
-                Seen::Finished(r) if newer_answered(r.finished_at.0) => continue,
                 Seen::Finished(r) => r,
-                Seen::Interrupted if newer_answered(request.requested_at) => continue,
                 Seen::Interrupted => {
                     let r = journal::interrupted(&request.id, Time(Timestamp::now()));
                     self.journal.finish(&r)?;
                     r
                 }
-                Seen::New => self.carry_out(node, &request).await?,
+                Seen::New => self.carry_out(node, request).await?,
             };
             self.write_result(&answer).await;
             result = Some(answer);
