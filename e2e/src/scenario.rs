@@ -30,12 +30,15 @@ use crate::{
     Result,
     agent::{FakeAgent, write_report},
     client, crds,
+    node_agent::{AgentProcess, hardware, set_hardware},
     operator::Operator,
     reports,
     sim::{GpuNodeSpec, SIM_GROUP_LABEL, gpu_deployment, gpu_node, node_is_ready},
     unique,
     wait::{Background, until, until_set},
 };
+use gpuhealth_agent::backend::{SimHardware, SimOutcome};
+use gpuhealth_api::contract::{AnnotationValue, GPU_REPORT_ANNOTATION, GpuReport};
 
 pub const WAIT: Duration = Duration::from_secs(180);
 
@@ -49,6 +52,9 @@ pub struct Scenario {
     pub policy: String,
     pub agent: FakeAgent,
     agent_task: Option<Background>,
+    /// The real agent binaries (fake backend), one per node, when the
+    /// scenario runs them instead of the in-process fake agent.
+    agents: Vec<AgentProcess>,
     pub operator: Option<Operator>,
     _turn: MutexGuard<'static, ()>,
 }
@@ -109,6 +115,7 @@ impl Scenario {
             policy: group.clone(),
             agent: FakeAgent::default(),
             agent_task: None,
+            agents: Vec::new(),
             operator: None,
             _turn: turn,
         };
@@ -143,6 +150,43 @@ impl Scenario {
         self.start_agent();
         self.operator = Some(Operator::start(&format!("operator-{}", self.group)).await?);
         self.wait_taken_in().await
+    }
+
+    /// Like [`Scenario::start`], with the real `gpuhealth-agent` binary (fake
+    /// backend) on every node instead of the in-process fake agent: each
+    /// node's hardware is what its report said.
+    pub async fn start_with_agent_binaries(&mut self) -> Result<()> {
+        let nodes: Api<Node> = Api::all(self.client.clone());
+        for n in self.nodes.clone() {
+            let pods = self.pods_on(&n).await?;
+            let hardware = SimHardware {
+                gpus: reports::healthy(&self.namespace, &pods).gpus,
+                reset: SimOutcome::Succeed,
+                reboot: SimOutcome::Succeed,
+                executed: Vec::new(),
+            };
+            set_hardware(&self.client, &n, &hardware).await?;
+            let state = std::env::temp_dir().join(format!("gpuhealth-agent-{n}"));
+            let _ = std::fs::remove_dir_all(&state);
+            self.agents
+                .push(AgentProcess::start(&format!("{n}-agent"), &n, &state, None).await?);
+            until(nodes.clone(), &n, WAIT, |node| {
+                node.annotations()
+                    .get(GPU_REPORT_ANNOTATION)
+                    .and_then(|v| GpuReport::parse(v).ok())
+                    .is_some_and(|r| r.source.as_deref() == Some("gpuhealth-agent/fake"))
+            })
+            .await?;
+        }
+        self.operator = Some(Operator::start(&format!("operator-{}", self.group)).await?);
+        self.wait_taken_in().await
+    }
+
+    /// The request ids the simulated hardware of `node` carried out.
+    pub async fn executed(&self, node: &str) -> Result<Vec<String>> {
+        Ok(hardware(&self.node(node).await?)
+            .map(|h| h.executed)
+            .unwrap_or_default())
     }
 
     /// Starts the fake agent alone: for scenarios that run their own operators.
@@ -209,8 +253,17 @@ impl Scenario {
     }
 
     /// GPU `gpu` of `node` gets the incident's Xid 119 and Xid 154.
+    /// With agent binaries the hardware breaks and the agent reports it.
     pub async fn break_gpu(&self, node: &str, gpu: usize) -> Result<()> {
         let mut report = reports::healthy(&self.namespace, &self.pods_on(node).await?);
+        if !self.agents.is_empty()
+            && let Some(mut hw) = hardware(&self.node(node).await?)
+        {
+            report.gpus = hw.gpus;
+            reports::xid_119_and_154(&mut report, gpu);
+            hw.gpus = report.gpus;
+            return set_hardware(&self.client, node, &hw).await;
+        }
         reports::xid_119_and_154(&mut report, gpu);
         write_report(&self.client, node, report).await?;
         Ok(())

@@ -11,8 +11,8 @@ use futures::StreamExt;
 use gpuhealth_api::{
     GpuHealth, GpuHealthPolicy, GpuNodeHealth,
     contract::{
-        CORDONED_BY_ANNOTATION, GpuReport, REBOOT_REQUEST_ANNOTATION, RESET_REQUEST_ANNOTATION,
-        XidEvent,
+        AnnotationValue, CORDONED_BY_ANNOTATION, GPU_REPORT_ANNOTATION, GpuReport,
+        REBOOT_REQUEST_ANNOTATION, RESET_REQUEST_ANNOTATION, ResetRequest, XidEvent,
     },
     node_health::Phase,
     policy::{Mode, ValidationPod},
@@ -50,47 +50,69 @@ async fn the_incident_gpu_7_is_reset_and_the_node_returns_to_service() {
     let node = s.nodes[0].clone();
     // One disruption at a time.
     s.add_pdb("vllm", 1).await.expect("pdb");
-    s.start().await.expect("operator and agent");
+    // The real agent binary serves the node (fake backend: the GPU breaks
+    // in its simulated hardware, and the agent reports it).
+    s.start_with_agent_binaries()
+        .await
+        .expect("operator and agent");
     let pods_before = s.pods_on(&node).await.expect("pods");
 
-    // Time the cordon from a watch on the node.
-    let cordoned_at: Arc<Mutex<Option<Instant>>> = Arc::default();
-    let cordon_watch = {
-        let cordoned_at = cordoned_at.clone();
+    // From a watch on the node: when the agent's report shows the bad GPU,
+    // and when the node is cordoned.
+    let seen: Arc<Mutex<(Option<Instant>, Option<Instant>)>> = Arc::default();
+    let node_watch = {
+        let seen = seen.clone();
         let config = watcher::Config::default().fields(&format!("metadata.name={node}"));
         let nodes: Api<Node> = Api::all(s.client.clone());
         Background::spawn(async move {
             let mut stream = std::pin::pin!(applied(nodes, config));
             while let Some(n) = stream.next().await {
-                if n.spec.as_ref().and_then(|s| s.unschedulable) == Some(true)
-                    && let Ok(mut c) = cordoned_at.lock()
-                {
-                    c.get_or_insert_with(Instant::now);
+                let bad = n
+                    .annotations()
+                    .get(GPU_REPORT_ANNOTATION)
+                    .and_then(|v| GpuReport::parse(v).ok())
+                    .is_some_and(|r| r.bad_gpus().next().is_some());
+                let cordoned = n.spec.as_ref().and_then(|s| s.unschedulable) == Some(true);
+                if let Ok(mut s) = seen.lock() {
+                    if bad {
+                        s.0.get_or_insert_with(Instant::now);
+                    }
+                    if cordoned {
+                        s.1.get_or_insert_with(Instant::now);
+                    }
                 }
             }
         })
     };
 
-    let written = Instant::now();
+    let broken = Instant::now();
     s.break_gpu(&node, 7).await.expect("Xid 119 + 154 on GPU 7");
     let status = s.wait_recovered(&node).await.expect("the node recovers");
-    drop(cordon_watch);
+    drop(node_watch);
 
-    let latency = cordoned_at
-        .lock()
-        .ok()
-        .and_then(|c| *c)
-        .map(|t| t.duration_since(written));
-    eprintln!("time from GPU report to cordon: {latency:?}");
-    assert!(latency.is_some(), "the node was cordoned");
+    let (reported, cordoned) = seen.lock().map(|s| *s).unwrap_or_default();
+    let reported = reported.expect("the agent reported the bad GPU");
+    let cordoned = cordoned.expect("the node was cordoned");
+    eprintln!(
+        "GPU breaks -> agent's report: {:?}; report -> cordon: {:?}",
+        reported.duration_since(broken),
+        cordoned.saturating_duration_since(reported)
+    );
 
     let gpu7 = reports::healthy(&s.namespace, &pods_before).gpus[7]
         .uuid
         .clone();
-    let requests = s.agent.requests();
-    assert!(
-        matches!(requests.as_slice(), [Request::Reset { gpus, .. }] if gpus == &vec![gpu7.clone()]),
-        "{requests:?}"
+    let n = s.node(&node).await.expect("node");
+    let request = n
+        .annotations()
+        .get(RESET_REQUEST_ANNOTATION)
+        .and_then(|v| ResetRequest::parse(v).ok())
+        .expect("a reset request");
+    assert_eq!(request.gpus, [gpu7.clone()], "a reset of exactly GPU 7");
+    assert_eq!(
+        s.executed(&node).await.expect("hardware"),
+        [request.id.to_string()],
+        "the agent carried out one reset"
     );
     let pods_after = s.pods_on(&node).await.expect("pods");
     assert!(
@@ -103,12 +125,12 @@ async fn the_incident_gpu_7_is_reset_and_the_node_returns_to_service() {
             "{other} kept running: {pods_after:?}"
         );
     }
-    let n = s.node(&node).await.expect("node");
-    assert_ne!(
-        n.spec.as_ref().and_then(|s| s.unschedulable),
-        Some(true),
-        "uncordoned"
-    );
+    // The status says Healthy before the uncordon it records is carried out.
+    let n = until(Api::<Node>::all(s.client.clone()), &node, WAIT, |n| {
+        n.spec.as_ref().and_then(|s| s.unschedulable) != Some(true)
+    })
+    .await
+    .expect("uncordoned");
     assert!(
         !n.annotations().contains_key(CORDONED_BY_ANNOTATION),
         "ownership record removed with the cordon"
