@@ -108,7 +108,11 @@ async fn the_incident_gpu_7_is_reset_and_the_node_returns_to_service() {
         .get(RESET_REQUEST_ANNOTATION)
         .and_then(|v| ResetRequest::parse(v).ok())
         .expect("a reset request");
-    assert_eq!(request.gpus, [gpu7.clone()], "a reset of exactly GPU 7");
+    assert_eq!(
+        request.gpus,
+        std::slice::from_ref(&gpu7),
+        "a reset of exactly GPU 7"
+    );
     assert_eq!(
         s.executed(&node).await.expect("hardware"),
         [request.id.to_string()],
