@@ -15,7 +15,10 @@ use kube::{
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
-use crate::nvml::{self, NvmlSource};
+use crate::{
+    nvml::{self, NvmlSource},
+    pod_resources,
+};
 
 /// What a backend did with a request, and why.
 pub type Done = (Outcome, String);
@@ -168,9 +171,11 @@ pub enum RebootMethod {
     Systemd,
 }
 
-/// The NVML backend: reads through NVML, resets with `nvidia-smi`.
+/// The NVML backend: reads through NVML, names each GPU's pods from the
+/// kubelet's PodResources socket, resets with `nvidia-smi`.
 pub struct NvmlBackend {
     pub source: NvmlSource,
+    pub pod_resources: PathBuf,
     pub reboot_method: RebootMethod,
 }
 
@@ -180,10 +185,22 @@ impl Backend for NvmlBackend {
     }
 
     async fn read(&mut self, _node: &Node) -> Result<Vec<GpuEntry>, String> {
-        self.source
+        let mut gpus: Vec<GpuEntry> = self
+            .source
             .read()
             .map(|readings| readings.iter().map(nvml::entry).collect())
-            .map_err(|e| e.to_string())
+            .map_err(|e| e.to_string())?;
+        // Without the kubelet's answer the report names no pods; the
+        // operator then treats every GPU pod on the node as possibly affected.
+        match pod_resources::list(&self.pod_resources).await {
+            Ok(mut holders) => {
+                for gpu in &mut gpus {
+                    gpu.pods = holders.remove(&gpu.uuid).unwrap_or_default();
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "which pod holds which GPU is unknown"),
+        }
+        Ok(gpus)
     }
 
     async fn reset(&mut self, _node: &Node, _id: &str, gpus: &[String]) -> Done {

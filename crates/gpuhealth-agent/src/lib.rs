@@ -6,3 +6,4 @@ pub mod journal;
 pub mod kmsg;
 pub mod node_agent;
 pub mod nvml;
+pub mod pod_resources;

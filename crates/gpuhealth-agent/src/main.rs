@@ -8,8 +8,7 @@
 //! GPUs, prints the report and exits, touching nothing.
 //!
 //! Not built yet: the kernel-log follower (its parser is
-//! `gpuhealth_agent::kmsg`), NVML XID events, the PodResources mapping and
-//! `/metrics`.
+//! `gpuhealth_agent::kmsg`), NVML XID events and `/metrics`.
 
 use std::{path::PathBuf, process::ExitCode, time::Duration};
 
@@ -65,6 +64,9 @@ struct Args {
     /// Requests older than this are refused, not carried out.
     #[arg(long, default_value = "1h", value_parser = duration)]
     request_max_age: Duration,
+    /// The kubelet PodResources socket, to say which pod holds which GPU.
+    #[arg(long, default_value = "/var/lib/kubelet/pod-resources/kubelet.sock")]
+    pod_resources_socket: PathBuf,
     /// How the nvml backend reboots the node.
     #[arg(long, value_enum, default_value_t = Reboot::None)]
     reboot_method: Reboot,
@@ -156,6 +158,7 @@ async fn serve(args: Args) -> Result<(), String> {
         Backend::Nvml => {
             let backend = NvmlBackend {
                 source: NvmlSource::init().map_err(|e| e.to_string())?,
+                pod_resources: args.pod_resources_socket.clone(),
                 reboot_method: match args.reboot_method {
                     Reboot::None => RebootMethod::None,
                     Reboot::Kured => RebootMethod::Kured(args.kured_sentinel.clone()),
