@@ -194,10 +194,7 @@ mod tests {
         assert_eq!(holders, gpu_holders(&incident()));
         server.abort();
 
-        let missing = list(&dir.join("absent.sock"))
-            .await
-            .err()
-            .expect("an error");
+        let missing = list(&dir.join("absent.sock")).await.expect_err("an error");
         assert!(missing.to_string().contains("absent.sock"), "{missing}");
     }
 }
