@@ -38,6 +38,17 @@ impl AgentProcess {
         state_dir: &std::path::Path,
         crash_after: Option<&str>,
     ) -> Result<AgentProcess> {
+        AgentProcess::start_with(name, node, state_dir, crash_after, &["--backend", "fake"]).await
+    }
+
+    /// Any backend: `args` are passed on (`--backend`, paths).
+    pub async fn start_with(
+        name: &str,
+        node: &str,
+        state_dir: &std::path::Path,
+        crash_after: Option<&str>,
+        args: &[&str],
+    ) -> Result<AgentProcess> {
         let (log, file) = log_file(name)?;
         let err = file.try_clone().map_err(io)?;
         let bin = built("gpuhealth-agent");
@@ -45,7 +56,8 @@ impl AgentProcess {
         command
             .env("KUBECONFIG", kubeconfig_path().await?)
             .env("RUST_LOG", "info,kube=warn")
-            .args(["--backend", "fake", "--node-name", node])
+            .args(args)
+            .args(["--node-name", node])
             .arg("--state-dir")
             .arg(state_dir)
             .stdout(Stdio::from(file))

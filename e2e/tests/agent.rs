@@ -269,3 +269,74 @@ async fn an_agent_restarted_mid_request_never_carries_it_out_twice() {
         "the interrupted request was not carried out afterwards"
     );
 }
+
+#[tokio::test]
+async fn without_nvml_the_agent_reports_from_the_kernel_log() {
+    // This machine has no NVIDIA driver: the nvml backend cannot load, and
+    // the agent falls back to the kernel log (a file standing in for /dev/kmsg).
+    let (client, node, state) = node("agent-kmsg").await;
+    let kmsg = state.with_extension("kmsg");
+    let lines = [
+        "6,100,1000000,-;NVRM: GPU at PCI:0000:e1:00: GPU-0a1b2c3d-0000-4000-8000-000000000007",
+        "6,101,1000100,-;NVRM: GPU at PCI:0000:01:00: GPU-0a1b2c3d-0000-4000-8000-000000000000",
+    ];
+    std::fs::write(&kmsg, lines.join("\n") + "\n").expect("kernel log");
+    let kmsg_arg = kmsg.display().to_string();
+    let args = ["--backend", "nvml", "--kmsg-path", kmsg_arg.as_str()];
+    let _agent = AgentProcess::start_with(&format!("{node}-agent"), &node, &state, None, &args)
+        .await
+        .expect("agent");
+    let nodes: Api<Node> = Api::all(client.clone());
+    until(nodes.clone(), &node, WAIT, |n| {
+        report(n).is_some_and(|r| {
+            r.source.as_deref() == Some("gpuhealth-agent/kmsg")
+                && r.gpus.len() == 2
+                && r.bad_gpus().next().is_none()
+        })
+    })
+    .await
+    .expect("a healthy report from the log");
+
+    // The incident's lines, appended as the driver would log them.
+    use std::io::Write;
+    let mut log = std::fs::OpenOptions::new()
+        .append(true)
+        .open(&kmsg)
+        .expect("open");
+    writeln!(log, "4,102,2000000,-;NVRM: Xid (PCI:0000:e1:00): 119, Timeout after 45s of waiting for RPC response from GPU GSP").expect("append");
+    writeln!(log, "4,103,2000100,-;NVRM: Xid (PCI:0000:e1:00): 154, GPU recovery action changed from None to GPU Reset Required").expect("append");
+    let n = until(nodes, &node, WAIT, |n| {
+        report(n)
+            .is_some_and(|r| r.bad_gpus().count() == 1 && r.bad_gpus().all(|g| g.xids.len() == 2))
+    })
+    .await
+    .expect("GPU 7 reported from the log");
+    let r = report(&n).expect("report");
+    let bad = r.bad_gpus().next().expect("the bad GPU");
+    assert_eq!(bad.uuid, "GPU-0a1b2c3d-0000-4000-8000-000000000007");
+    assert_eq!(bad.health, GpuHealth::ResetRequired);
+    assert_eq!(bad.recovery_action, Some(1));
+    assert_eq!(
+        bad.xids.iter().map(|x| x.code).collect::<Vec<_>>(),
+        [119, 154]
+    );
+
+    // Told NVML is required, the agent exits non-zero instead.
+    let mut strict = AgentProcess::start_with(
+        &format!("{node}-strict"),
+        &node,
+        &state.with_extension("strict"),
+        None,
+        &[
+            "--backend",
+            "nvml",
+            "--require-nvml",
+            "--kmsg-path",
+            kmsg_arg.as_str(),
+        ],
+    )
+    .await
+    .expect("agent");
+    let exit = strict.exited(WAIT).await.expect("exits");
+    assert!(!exit.success(), "{exit:?}");
+}

@@ -16,6 +16,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 
 use crate::{
+    kmsg::{Feed, PciAddress},
     nvml::{self, NvmlSource},
     pod_resources,
 };
@@ -175,8 +176,63 @@ pub enum RebootMethod {
 /// kubelet's PodResources socket, resets with `nvidia-smi`.
 pub struct NvmlBackend {
     pub source: NvmlSource,
+    /// The Xids, from the kernel log (NVML's XID events miss what happened
+    /// before the agent started).
+    pub kernel_log: Option<Feed>,
     pub pod_resources: PathBuf,
     pub reboot_method: RebootMethod,
+}
+
+/// Fills each GPU's Xids from the kernel log, matched by PCI address.
+fn add_xids(gpus: &mut [GpuEntry], kernel_log: Option<&Feed>) {
+    let Some(feed) = kernel_log else { return };
+    feed.with(|log| {
+        for gpu in gpus.iter_mut() {
+            if let Some(pci) = PciAddress::parse(&gpu.pci_bus_id) {
+                gpu.xids = log.xids(&pci).to_vec();
+            }
+        }
+    });
+}
+
+/// After a successful reset, the Xids logged before it are answered.
+fn forget_xids(gpus: &[GpuEntry], reset: &[String], kernel_log: Option<&Feed>) {
+    let Some(feed) = kernel_log else { return };
+    feed.with(|log| {
+        for gpu in gpus.iter().filter(|g| reset.contains(&g.uuid)) {
+            if let Some(pci) = PciAddress::parse(&gpu.pci_bus_id) {
+                log.forget(&pci);
+            }
+        }
+    });
+}
+
+/// The backend for a node where NVML cannot be loaded: the GPUs as the
+/// kernel log describes them. It cannot reset (nvidia-smi needs NVML).
+pub struct KmsgBackend {
+    pub kernel_log: Feed,
+    pub reboot_method: RebootMethod,
+}
+
+impl Backend for KmsgBackend {
+    fn source(&self) -> &'static str {
+        "gpuhealth-agent/kmsg"
+    }
+
+    async fn read(&mut self, _node: &Node) -> Result<Vec<GpuEntry>, String> {
+        Ok(self.kernel_log.with(|log| log.entries()))
+    }
+
+    async fn reset(&mut self, _node: &Node, _id: &str, _gpus: &[String]) -> Done {
+        (
+            Outcome::Refused,
+            "NVML is not available on this node, so the agent cannot reset a GPU".into(),
+        )
+    }
+
+    async fn reboot(&mut self, _node: &Node, _id: &str) -> Done {
+        self.reboot_method.reboot()
+    }
 }
 
 impl Backend for NvmlBackend {
@@ -192,6 +248,7 @@ impl Backend for NvmlBackend {
             .map_err(|e| e.to_string())?;
         // Without the kubelet's answer the report names no pods; the
         // operator then treats every GPU pod on the node as possibly affected.
+        add_xids(&mut gpus, self.kernel_log.as_ref());
         match pod_resources::list(&self.pod_resources).await {
             Ok(mut holders) => {
                 for gpu in &mut gpus {
@@ -237,11 +294,19 @@ impl Backend for NvmlBackend {
                 Err(e) => return (Outcome::Failed, format!("running nvidia-smi: {e}")),
             }
         }
+        let entries: Vec<GpuEntry> = readings.iter().map(nvml::entry).collect();
+        forget_xids(&entries, gpus, self.kernel_log.as_ref());
         (Outcome::Succeeded, format!("reset {}", gpus.join(", ")))
     }
 
     async fn reboot(&mut self, _node: &Node, _id: &str) -> Done {
-        match &self.reboot_method {
+        self.reboot_method.reboot()
+    }
+}
+
+impl RebootMethod {
+    fn reboot(&self) -> Done {
+        match self {
             RebootMethod::None => (
                 Outcome::Refused,
                 "this agent does not reboot (--reboot-method none)".into(),

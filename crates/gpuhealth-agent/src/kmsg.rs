@@ -4,7 +4,24 @@
 //!
 //! The parser takes any text, never panics, and skips what it cannot read.
 
-use gpuhealth_engine::xid::recovery_action_in_text;
+use std::{
+    collections::BTreeMap,
+    io::{BufRead, BufReader},
+    path::PathBuf,
+};
+
+use gpuhealth_api::{
+    GpuHealth,
+    contract::{GpuEntry, XidEvent},
+    types::SignalAction,
+};
+use gpuhealth_engine::xid::{
+    XidClass, default_class, recovery_action as recovery_action_class, recovery_action_in_text,
+};
+use k8s_openapi::{
+    apimachinery::pkg::apis::meta::v1::Time,
+    jiff::{SignedDuration, Timestamp},
+};
 
 /// What one kernel log line says about a GPU.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -157,6 +174,206 @@ fn parse_xid(rest: &str, since_boot_us: Option<u64>) -> Option<XidLine> {
     })
 }
 
+/// How many Xids per GPU the report carries (newest kept).
+pub const XIDS_PER_GPU: usize = 16;
+
+/// What the kernel log has said about each GPU so far.
+#[derive(Debug, Default)]
+pub struct KernelLog {
+    uuids: BTreeMap<PciAddress, String>,
+    xids: BTreeMap<PciAddress, Vec<XidEvent>>,
+    /// The newest recovery action an Xid 154 announced, per GPU.
+    recovery: BTreeMap<PciAddress, u32>,
+}
+
+impl KernelLog {
+    /// Takes in one line, stamped `at` (when it was logged, if known).
+    pub fn take(&mut self, line: &str, at: Timestamp) {
+        match parse_line(line) {
+            Some(KernelEvent::GpuAt { pci, uuid }) => {
+                self.uuids.insert(pci, uuid);
+            }
+            Some(KernelEvent::Xid(x)) => {
+                if let Some(action) = x.recovery_action {
+                    self.recovery.insert(x.pci, action);
+                }
+                let list = self.xids.entry(x.pci).or_default();
+                list.push(XidEvent {
+                    code: x.code,
+                    at: Time(at),
+                    text: x.text.chars().take(256).collect(),
+                });
+                let over = list.len().saturating_sub(XIDS_PER_GPU);
+                list.drain(..over);
+            }
+            None => {}
+        }
+    }
+
+    /// The Xids logged for the GPU at `pci`, oldest first.
+    pub fn xids(&self, pci: &PciAddress) -> &[XidEvent] {
+        self.xids.get(pci).map_or(&[], Vec::as_slice)
+    }
+
+    /// After a reset or a reboot, what was logged before no longer describes
+    /// the GPU.
+    pub fn forget(&mut self, pci: &PciAddress) {
+        self.xids.remove(pci);
+        self.recovery.remove(pci);
+    }
+
+    /// The GPUs as the log alone describes them: for a node where NVML
+    /// cannot be loaded. A GPU whose UUID the driver never logged cannot be
+    /// named, and is left out.
+    pub fn entries(&self) -> Vec<GpuEntry> {
+        let mut pcis: Vec<&PciAddress> = self.uuids.keys().collect();
+        pcis.sort();
+        pcis.iter()
+            .enumerate()
+            .map(|(index, pci)| {
+                let xids = self.xids(pci).to_vec();
+                let recovery_action = self.recovery.get(*pci).copied();
+                GpuEntry {
+                    index: index as u32,
+                    uuid: self.uuids[*pci].clone(),
+                    pci_bus_id: format!("{:08X}:{:02X}:{:02X}.0", pci.domain, pci.bus, pci.device),
+                    product: None,
+                    health: health_from_log(&xids, recovery_action),
+                    xids,
+                    recovery_action,
+                    remapped_rows: None,
+                    pods: Vec::new(),
+                }
+            })
+            .collect()
+    }
+}
+
+/// A GPU's health from its logged Xids alone: the strongest action any of
+/// them asks for, the newest recovery action standing for Xid 154.
+fn health_from_log(xids: &[XidEvent], recovery_action: Option<u32>) -> GpuHealth {
+    let mut worst = GpuHealth::Healthy;
+    let mut consider = |action: SignalAction| {
+        let h = match action {
+            SignalAction::GpuReset => GpuHealth::ResetRequired,
+            SignalAction::NodeReboot | SignalAction::ReplaceNode => GpuHealth::RebootRequired,
+            SignalAction::Ignore => GpuHealth::Healthy,
+        };
+        if rank(h) > rank(worst) {
+            worst = h;
+        }
+    };
+    for x in xids {
+        if let XidClass::Needs(action) = default_class(x.code) {
+            consider(action);
+        }
+    }
+    if let Some(value) = recovery_action {
+        consider(recovery_action_class(value));
+    }
+    worst
+}
+
+fn rank(h: GpuHealth) -> u8 {
+    match h {
+        GpuHealth::Healthy => 0,
+        GpuHealth::Degraded => 1,
+        GpuHealth::ResetRequired => 2,
+        GpuHealth::RebootRequired => 3,
+        GpuHealth::Lost => 4,
+    }
+}
+
+/// Follows a kernel log: `/dev/kmsg` (which replays the ring buffer first, so
+/// what happened before the agent started is seen too) or a plain file,
+/// read to its end and then polled for more. Each line goes to `lines`,
+/// with when it was logged where the record says so.
+pub fn follow(
+    path: PathBuf,
+    lines: std::sync::mpsc::Sender<(String, Timestamp)>,
+) -> std::io::Result<()> {
+    let file = std::fs::File::open(&path)?;
+    let boot = boot_time();
+    std::thread::spawn(move || {
+        let mut reader = BufReader::new(file);
+        let mut line = String::new();
+        loop {
+            line.clear();
+            match reader.read_line(&mut line) {
+                // End of a plain file: wait for more to be written.
+                Ok(0) => std::thread::sleep(std::time::Duration::from_millis(200)),
+                Ok(_) => {
+                    let at = match (boot, kmsg_timestamp(&line)) {
+                        (Some(boot), Some(us)) => boot
+                            .checked_add(SignedDuration::from_micros(us as i64))
+                            .unwrap_or_else(|_| Timestamp::now()),
+                        _ => Timestamp::now(),
+                    };
+                    if lines.send((line.trim_end().to_owned(), at)).is_err() {
+                        return;
+                    }
+                }
+                // /dev/kmsg says EPIPE when records were overwritten before
+                // we read them: carry on from the oldest still there.
+                Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => {}
+                Err(e) if e.kind() == std::io::ErrorKind::InvalidData => {}
+                Err(e) => {
+                    tracing::warn!(path = %path.display(), error = %e, "reading the kernel log stopped");
+                    return;
+                }
+            }
+        }
+    });
+    Ok(())
+}
+
+/// The kernel log as it is followed: the state, and a signal each time a
+/// GPU line arrives, so the agent publishes at once rather than at its next poll.
+#[derive(Clone)]
+pub struct Feed {
+    pub log: std::sync::Arc<std::sync::Mutex<KernelLog>>,
+    pub wake: std::sync::Arc<tokio::sync::Notify>,
+}
+
+impl Feed {
+    /// Starts following `path`.
+    pub fn start(path: PathBuf) -> std::io::Result<Feed> {
+        let (tx, rx) = std::sync::mpsc::channel::<(String, Timestamp)>();
+        follow(path, tx)?;
+        let feed = Feed {
+            log: Default::default(),
+            wake: Default::default(),
+        };
+        let (log, wake) = (feed.log.clone(), feed.wake.clone());
+        std::thread::spawn(move || {
+            for (line, at) in rx {
+                if !line.contains("NVRM: ") {
+                    continue;
+                }
+                if let Ok(mut l) = log.lock() {
+                    l.take(&line, at);
+                }
+                wake.notify_one();
+            }
+        });
+        Ok(feed)
+    }
+
+    pub fn with<T>(&self, f: impl FnOnce(&mut KernelLog) -> T) -> T {
+        let mut guard = self.log.lock().unwrap_or_else(|p| p.into_inner());
+        f(&mut guard)
+    }
+}
+
+/// When this machine booted: `/dev/kmsg` stamps records in microseconds since.
+fn boot_time() -> Option<Timestamp> {
+    let uptime = std::fs::read_to_string("/proc/uptime").ok()?;
+    let secs: f64 = uptime.split_whitespace().next()?.parse().ok()?;
+    Timestamp::now()
+        .checked_sub(SignedDuration::from_secs_f64(secs))
+        .ok()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -273,7 +490,78 @@ mod tests {
         }
     }
 
+    #[test]
+    fn the_log_alone_describes_the_incident_gpu() {
+        let mut log = KernelLog::default();
+        let at = Timestamp::UNIX_EPOCH;
+        for line in [
+            "NVRM: GPU at PCI:0000:e1:00: GPU-0a1b2c3d-0000-4000-8000-000000000007",
+            "NVRM: GPU at PCI:0000:01:00: GPU-0a1b2c3d-0000-4000-8000-000000000000",
+            "NVRM: Xid (PCI:0000:e1:00): 119, Timeout after 45s of waiting for RPC response from GPU GSP",
+            "NVRM: Xid (PCI:0000:e1:00): 154, GPU recovery action changed from None to GPU Reset Required",
+            "NVRM: Xid (PCI:0000:01:00): 13, pid=1, name=python3, Graphics Exception",
+            "NVRM: Xid (PCI:0000:3b:00): 79, GPU has fallen off the bus.",
+        ] {
+            log.take(line, at);
+        }
+        let gpus = log.entries();
+        assert_eq!(gpus.len(), 2, "the GPU the driver never named is left out");
+        let (first, incident) = (&gpus[0], &gpus[1]);
+        assert_eq!(first.pci_bus_id, "00000000:01:00.0");
+        assert_eq!(
+            first.health,
+            GpuHealth::Healthy,
+            "an app fault is the app's"
+        );
+        assert_eq!(incident.uuid, "GPU-0a1b2c3d-0000-4000-8000-000000000007");
+        assert_eq!(incident.health, GpuHealth::ResetRequired);
+        assert_eq!(incident.recovery_action, Some(1));
+        assert_eq!(
+            incident.xids.iter().map(|x| x.code).collect::<Vec<_>>(),
+            [119, 154]
+        );
+
+        log.forget(&E1);
+        assert_eq!(
+            log.entries()[1].health,
+            GpuHealth::Healthy,
+            "a reset answers them"
+        );
+    }
+
+    #[test]
+    fn a_followed_file_delivers_what_is_appended() {
+        use std::io::Write;
+        let path = std::env::temp_dir().join(format!("gpuhealth-kmsg-{}", std::process::id()));
+        let mut file = std::fs::File::create(&path).expect("file");
+        writeln!(
+            file,
+            "6,1,100,-;NVRM: GPU at PCI:0000:e1:00: GPU-0a1b2c3d-0000-4000-8000-000000000007"
+        )
+        .expect("write");
+        let (tx, rx) = std::sync::mpsc::channel();
+        follow(path.clone(), tx).expect("follow");
+        let (first, _) = rx
+            .recv_timeout(std::time::Duration::from_secs(10))
+            .expect("the first line");
+        assert!(first.contains("GPU at"), "{first}");
+        writeln!(file, "4,2,200,-;NVRM: Xid (PCI:0000:e1:00): 119, Timeout").expect("append");
+        let (second, _) = rx
+            .recv_timeout(std::time::Duration::from_secs(10))
+            .expect("the appended line");
+        assert!(second.contains("Xid"), "{second}");
+    }
+
     proptest::proptest! {
+        #[test]
+        fn never_panics_on_arbitrary_bytes(bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..300)) {
+            let line = String::from_utf8_lossy(&bytes);
+            let _ = parse_line(&line);
+            let mut log = KernelLog::default();
+            log.take(&line, Timestamp::UNIX_EPOCH);
+            let _ = log.entries();
+        }
+
         #[test]
         fn never_panics(line in ".{0,200}") {
             let _ = parse_line(&line);

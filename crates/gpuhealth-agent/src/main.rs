@@ -7,21 +7,23 @@
 //! the Node's `gpuhealth.io/sim-hardware` annotation). `--once` reads the
 //! GPUs, prints the report and exits, touching nothing.
 //!
-//! Not built yet: the kernel-log follower (its parser is
-//! `gpuhealth_agent::kmsg`), NVML XID events and `/metrics`.
+//! With `nvml` the agent also follows the kernel log for Xids, and falls
+//! back to the log alone where NVML cannot be loaded (unless
+//! `--require-nvml`). Not built yet: NVML's XID event set and `/metrics`.
 
 use std::{path::PathBuf, process::ExitCode, time::Duration};
 
 use clap::{Parser, ValueEnum};
 use gpuhealth_agent::{
-    backend::{FakeBackend, NvmlBackend, RebootMethod},
+    backend::{FakeBackend, KmsgBackend, NvmlBackend, RebootMethod},
     journal::Journal,
+    kmsg::Feed,
     node_agent::{CrashPoint, NodeAgent, Settings},
     nvml::{self, NvmlSource},
 };
 use gpuhealth_api::contract::{AnnotationValue, GpuReport};
 use k8s_openapi::{apimachinery::pkg::apis::meta::v1::Time, jiff::Timestamp};
-use tracing::error;
+use tracing::{error, warn};
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
 enum Backend {
@@ -64,6 +66,13 @@ struct Args {
     /// Requests older than this are refused, not carried out.
     #[arg(long, default_value = "1h", value_parser = duration)]
     request_max_age: Duration,
+    /// The kernel log to follow for `NVRM: Xid` lines.
+    #[arg(long, default_value = "/dev/kmsg")]
+    kmsg_path: PathBuf,
+    /// Exit when NVML cannot be loaded, rather than fall back to the kernel
+    /// log alone.
+    #[arg(long)]
+    require_nvml: bool,
     /// The kubelet PodResources socket, to say which pod holds which GPU.
     #[arg(long, default_value = "/var/lib/kubelet/pod-resources/kubelet.sock")]
     pod_resources_socket: PathBuf,
@@ -156,18 +165,49 @@ async fn serve(args: Args) -> Result<(), String> {
             }
         }
         Backend::Nvml => {
-            let backend = NvmlBackend {
-                source: NvmlSource::init().map_err(|e| e.to_string())?,
-                pod_resources: args.pod_resources_socket.clone(),
-                reboot_method: match args.reboot_method {
-                    Reboot::None => RebootMethod::None,
-                    Reboot::Kured => RebootMethod::Kured(args.kured_sentinel.clone()),
-                    Reboot::Systemd => RebootMethod::Systemd,
-                },
+            let reboot_method = match args.reboot_method {
+                Reboot::None => RebootMethod::None,
+                Reboot::Kured => RebootMethod::Kured(args.kured_sentinel.clone()),
+                Reboot::Systemd => RebootMethod::Systemd,
             };
-            tokio::select! {
-                () = NodeAgent::new(client, settings, backend, journal).run() => {}
-                _ = shutdown => {}
+            let feed = match Feed::start(args.kmsg_path.clone()) {
+                Ok(f) => Some(f),
+                Err(e) => {
+                    warn!(path = %args.kmsg_path.display(), error = %e, "cannot follow the kernel log: Xids from before NVML's events are missed");
+                    None
+                }
+            };
+            let wake = feed.as_ref().map(|f| f.wake.clone()).unwrap_or_default();
+            match (NvmlSource::init(), feed) {
+                (Ok(source), feed) => {
+                    let backend = NvmlBackend {
+                        source,
+                        kernel_log: feed,
+                        pod_resources: args.pod_resources_socket.clone(),
+                        reboot_method,
+                    };
+                    let agent = NodeAgent::new(client, settings, backend, journal).woken_by(wake);
+                    tokio::select! {
+                        () = agent.run() => {}
+                        _ = shutdown => {}
+                    }
+                }
+                (Err(e), _) if args.require_nvml => return Err(e.to_string()),
+                (Err(e), Some(kernel_log)) => {
+                    warn!(error = %e, "falling back to the kernel log alone: GPUs are known by what the driver logged, and resets are refused");
+                    let backend = KmsgBackend {
+                        kernel_log,
+                        reboot_method,
+                    };
+                    let agent = NodeAgent::new(client, settings, backend, journal).woken_by(wake);
+                    tokio::select! {
+                        () = agent.run() => {}
+                        _ = shutdown => {}
+                    }
+                }
+                (Err(e), None) => {
+                    return Err(format!("{e}; and the kernel log cannot be read either"));
+                }
             }
         }
     }

@@ -2,7 +2,9 @@
 //! once), then publish the GPU report and the `GpuHealthy` condition when
 //! they change.
 
-use std::time::Duration;
+use std::{sync::Arc, time::Duration};
+
+use tokio::sync::Notify;
 
 use futures::{StreamExt, TryStreamExt};
 use gpuhealth_api::contract::{
@@ -58,6 +60,9 @@ pub struct NodeAgent<B> {
     /// What this process last wrote: the report's GPUs and the condition.
     published: Option<Vec<GpuEntry>>,
     condition: Option<(bool, Timestamp)>,
+    /// Signalled when the backend has news (a kernel log line), so the agent
+    /// need not wait for its next poll.
+    wake: Arc<Notify>,
 }
 
 /// A request on the node, either kind.
@@ -76,7 +81,13 @@ impl<B: Backend> NodeAgent<B> {
             journal,
             published: None,
             condition: None,
+            wake: Arc::default(),
         }
+    }
+
+    pub fn woken_by(mut self, wake: Arc<Notify>) -> Self {
+        self.wake = wake;
+        self
     }
 
     pub async fn run(mut self) {
@@ -101,6 +112,7 @@ impl<B: Backend> NodeAgent<B> {
                     }
                 },
                 _ = tick.tick() => {}
+                () = self.wake.notified() => {}
             }
             let Some(current) = &node else { continue };
             let current = current.clone();
