@@ -54,6 +54,21 @@ pub async fn kubeconfig_path() -> Result<PathBuf> {
 
 /// A client for the test cluster.
 pub async fn client() -> Result<Client> {
+    Ok(Client::try_from(config().await?)?)
+}
+
+/// A client for the test cluster that authenticates with `token` alone (a
+/// ServiceAccount's), to test what that account may do.
+pub async fn client_with_token(token: &str) -> Result<Client> {
+    let mut config = config().await?;
+    config.auth_info = kube::config::AuthInfo {
+        token: Some(token.to_owned().into()),
+        ..Default::default()
+    };
+    Ok(Client::try_from(config)?)
+}
+
+async fn config() -> Result<Config> {
     let path = kubeconfig_path().await?;
     let kubeconfig = Kubeconfig::read_from(&path).map_err(|source| HarnessError::Kubeconfig {
         path: path.display().to_string(),
@@ -69,7 +84,7 @@ pub async fn client() -> Result<Client> {
     // layer re-sends a 429 up to 15 times honouring Retry-After, which turns
     // an eviction refused by a PodDisruptionBudget into minutes of silence.
     config.default_retry = false;
-    Ok(Client::try_from(config)?)
+    Ok(config)
 }
 
 /// The kubectl that matches the cluster: the one built with it, else `kubectl`

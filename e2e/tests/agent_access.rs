@@ -1,0 +1,219 @@
+//! What the agent's ServiceAccount may do, with a real token bound to the
+//! agent's pod on one node: `config/agent` applied to the real API server,
+//! its RBAC and its ValidatingAdmissionPolicy in force.
+
+use std::time::Duration;
+
+use gpuhealth_e2e::{
+    client,
+    cluster::client_with_token,
+    kubectl,
+    scenario::WAIT,
+    sim::{GpuNodeSpec, gpu_node, node_is_ready},
+    unique,
+    wait::{until, until_set},
+};
+use k8s_openapi::api::{
+    apps::v1::{DaemonSet, Deployment},
+    authentication::v1::{BoundObjectReference, TokenRequest, TokenRequestSpec},
+    core::v1::{Node, Pod, Secret, ServiceAccount},
+};
+use kube::{
+    Api, Client, ResourceExt,
+    api::{DeleteParams, ListParams, Patch, PatchParams, PostParams},
+    runtime::watcher,
+};
+use serde_json::json;
+
+const NAMESPACE: &str = "gpuhealth-system";
+
+fn merge(value: serde_json::Value) -> Patch<serde_json::Value> {
+    Patch::Merge(value)
+}
+
+/// `Err` with the API server's message when refused.
+async fn patch(api: &Api<Node>, node: &str, body: serde_json::Value) -> Result<(), String> {
+    api.patch(node, &PatchParams::default(), &merge(body))
+        .await
+        .map(|_| ())
+        .map_err(|e| e.to_string())
+}
+
+async fn patch_status(api: &Api<Node>, node: &str, body: serde_json::Value) -> Result<(), String> {
+    api.patch_status(node, &PatchParams::default(), &Patch::Strategic(body))
+        .await
+        .map(|_| ())
+        .map_err(|e| e.to_string())
+}
+
+fn gpu_healthy(status: &str) -> serde_json::Value {
+    json!({"status": {"conditions": [{
+        "type": "GpuHealthy", "status": status, "reason": "Test", "message": "from the agent's token",
+        "lastHeartbeatTime": "2026-11-29T00:00:00Z", "lastTransitionTime": "2026-11-29T00:00:00Z",
+    }]}})
+}
+
+/// A token for the agent's ServiceAccount bound to `pod`, as the kubelet
+/// would project into it: the API server adds the pod's node name.
+async fn agent_token(admin: &Client, pod: &Pod) -> String {
+    let request = TokenRequest {
+        spec: Some(TokenRequestSpec {
+            audiences: None,
+            bound_object_ref: Some(BoundObjectReference {
+                kind: Some("Pod".into()),
+                api_version: Some("v1".into()),
+                name: Some(pod.name_any()),
+                uid: pod.uid(),
+            }),
+            expiration_seconds: Some(600),
+        }),
+        ..Default::default()
+    };
+    let accounts: Api<ServiceAccount> = Api::namespaced(admin.clone(), NAMESPACE);
+    let answer: TokenRequest = accounts
+        .create_subresource("token", "gpuhealth-agent", &PostParams::default(), &request)
+        .await
+        .expect("a token");
+    answer.status.and_then(|s| s.token).expect("the token")
+}
+
+#[tokio::test]
+async fn the_agent_may_change_only_its_own_nodes_report() {
+    let admin = client().await.expect("client");
+    let nodes: Api<Node> = Api::all(admin.clone());
+    let group = unique("access");
+    let (own, other) = (format!("{group}-own"), format!("{group}-other"));
+    for n in [&own, &other] {
+        nodes
+            .create(
+                &PostParams::default(),
+                &gpu_node(n, &group, &GpuNodeSpec::default()),
+            )
+            .await
+            .expect("node");
+        until(nodes.clone(), n, WAIT, node_is_ready)
+            .await
+            .expect("Ready");
+    }
+    let config = concat!(env!("CARGO_MANIFEST_DIR"), "/../config/agent");
+    kubectl(&["apply", "--server-side", "-k", config])
+        .await
+        .expect("kubectl apply -k config/agent");
+
+    // The DaemonSet's pod on our node: its token is the agent's.
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), NAMESPACE);
+    let on_own = until_set(
+        pods.clone(),
+        watcher::Config::default().fields(&format!("spec.nodeName={own}")),
+        "the agent's pod on its node",
+        WAIT,
+        |set| !set.is_empty(),
+    )
+    .await
+    .expect("agent pod");
+    let pod = on_own.values().next().expect("pod").clone();
+    let agent = client_with_token(&agent_token(&admin, &pod).await)
+        .await
+        .expect("agent client");
+    let as_agent: Api<Node> = Api::all(agent.clone());
+
+    // The policy is in force once the API server refuses the other node.
+    let report = |v: &str| json!({"metadata": {"annotations": {"gpuhealth.io/gpus": v}}});
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let refused = loop {
+        match patch(&as_agent, &other, report("{}")).await {
+            Err(e) => break e,
+            Ok(()) => {
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "the admission policy never took effect"
+                );
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+        }
+    };
+    assert!(refused.contains("only the Node it runs on"), "{refused}");
+
+    // Allowed: its own Node's report, request result and GpuHealthy condition.
+    patch(&as_agent, &own, report("{\"version\":1}"))
+        .await
+        .expect("its report");
+    let result = json!({"metadata": {"annotations": {"gpuhealth.io/request-result": "{}"}}});
+    patch(&as_agent, &own, result)
+        .await
+        .expect("its request result");
+    patch_status(&as_agent, &own, gpu_healthy("False"))
+        .await
+        .expect("its condition");
+    as_agent.get(&other).await.expect("it may read other nodes");
+
+    // Refused on its own Node: everything else.
+    let refusals = [
+        ("cordon", json!({"spec": {"unschedulable": true}}), "spec"),
+        (
+            "label",
+            json!({"metadata": {"labels": {"gpuhealth.io/replace": "x"}}}),
+            "labels",
+        ),
+        (
+            "the operator's annotation",
+            json!({"metadata": {"annotations": {"gpuhealth.io/reset-request": "{}"}}}),
+            "annotations",
+        ),
+    ];
+    for (what, body, says) in refusals {
+        let e = patch(&as_agent, &own, body).await.expect_err(what);
+        assert!(e.contains(says), "{what}: {e}");
+    }
+    let ready = json!({"status": {"conditions": [{"type": "Ready", "status": "False", "reason": "Test", "message": "x"}]}});
+    let e = patch_status(&as_agent, &own, ready)
+        .await
+        .expect_err("Ready condition");
+    assert!(e.contains("only the GpuHealthy condition"), "{e}");
+    let e = patch_status(&as_agent, &other, gpu_healthy("False"))
+        .await
+        .expect_err("another node's condition");
+    assert!(e.contains("only the Node it runs on"), "{e}");
+
+    // And by RBAC, what it was never given.
+    let forbidden = |r: kube::Result<()>| matches!(r, Err(kube::Error::Api(s)) if s.code == 403);
+    let secrets: Api<Secret> = Api::all(agent.clone());
+    assert!(
+        forbidden(secrets.list(&ListParams::default()).await.map(|_| ())),
+        "read Secrets"
+    );
+    assert!(
+        forbidden(
+            as_agent
+                .delete(&other, &DeleteParams::default())
+                .await
+                .map(|_| ())
+        ),
+        "delete a Node"
+    );
+    let deployments: Api<Deployment> = Api::all(agent.clone());
+    assert!(
+        forbidden(deployments.list(&ListParams::default()).await.map(|_| ())),
+        "list Deployments"
+    );
+    let evict: Api<Pod> = Api::namespaced(agent, NAMESPACE);
+    assert!(
+        forbidden(
+            evict
+                .evict(&pod.name_any(), &Default::default())
+                .await
+                .map(|_| ())
+        ),
+        "evict a pod"
+    );
+
+    // The DaemonSet would put a (simulated) agent pod on every GPU node the
+    // other tests make: remove it; the policy and RBAC stay.
+    Api::<DaemonSet>::namespaced(admin.clone(), NAMESPACE)
+        .delete("gpuhealth-agent", &DeleteParams::default())
+        .await
+        .expect("remove the DaemonSet");
+    for n in [&own, &other] {
+        let _ = nodes.delete(n, &DeleteParams::default()).await;
+    }
+}
