@@ -108,9 +108,12 @@ pub fn parse_line(line: &str) -> Option<KernelEvent> {
     let rest = message.strip_prefix("GPU at ")?;
     let (pci, uuid) = rest.split_once(": ")?;
     let uuid = uuid.trim();
-    let valid = uuid.starts_with("GPU-")
-        && uuid.len() <= 64
-        && uuid[4..].chars().all(|c| c.is_ascii_hexdigit() || c == '-');
+    // The same shape the report contract accepts: GPU- and 8 to 64 of hex and dashes.
+    let valid = uuid.strip_prefix("GPU-").is_some_and(|body| {
+        (8..=64).contains(&body.len())
+            && body.chars().all(|c| c.is_ascii_hexdigit() || c == '-')
+            && body.chars().any(|c| c.is_ascii_hexdigit())
+    });
     if !valid {
         return None;
     }
@@ -452,6 +455,34 @@ mod tests {
             (x.code, x.text.as_str()),
             (79, "GPU has fallen off the bus.")
         );
+    }
+
+    #[test]
+    fn unknown_codes_and_truncated_lines() {
+        // A code the catalogue does not know is still reported.
+        let x = xid("NVRM: Xid (PCI:0000:e1:00): 4242, pid=1, name=x, Something new");
+        assert_eq!((x.code, x.text.as_str()), (4242, "Something new"));
+        // Cut short by the ring buffer or a reader: what is there is kept.
+        let x = xid("NVRM: Xid (PCI:0000:e1:00): 119, Timeout after 4");
+        assert_eq!(x.text, "Timeout after 4");
+        let x = xid(
+            "NVRM: Xid (PCI:0000:e1:00): 154, GPU recovery action changed from 0x0 (None) to 0x",
+        );
+        assert_eq!(x.recovery_action, None, "no value to act on");
+        for cut in [
+            "NVRM: Xid (PCI:0000:e1:00",
+            "NVRM: Xid (PCI:0000:e1:00):",
+            "NVRM: Xid (PCI:0000:e1:00): ",
+            "NVRM: GPU at PCI:0000:e1:00: GPU-",
+            "NVRM: GPU at PCI:0000:e1",
+        ] {
+            assert_eq!(parse_line(cut), None, "{cut:?}");
+        }
+        // Binary garbage around a good record.
+        let x = xid(
+            "\u{0}\u{7f}\u{fffd}4,9,9,-;NVRM: Xid (PCI:0000:e1:00): 79, GPU has fallen off the bus.",
+        );
+        assert_eq!(x.code, 79);
     }
 
     #[test]
