@@ -1,6 +1,7 @@
 //! Running the real `gpuhealth-agent` binary, fake backend, for a simulated node.
 
 use std::{
+    net::SocketAddr,
     path::PathBuf,
     process::{ExitStatus, Stdio},
     time::Duration,
@@ -18,7 +19,7 @@ use tokio::process::{Child, Command};
 use crate::{
     HarnessError, Result,
     cluster::kubeconfig_path,
-    operator::{built, io, log_file},
+    operator::{built, free_port, io, log_file, scrape},
     wait::within,
 };
 
@@ -27,6 +28,7 @@ pub struct AgentProcess {
     child: Child,
     pub name: String,
     pub log: PathBuf,
+    pub metrics: SocketAddr,
 }
 
 impl AgentProcess {
@@ -52,12 +54,14 @@ impl AgentProcess {
         let (log, file) = log_file(name)?;
         let err = file.try_clone().map_err(io)?;
         let bin = built("gpuhealth-agent");
+        let metrics = free_port()?;
         let mut command = Command::new(&bin);
         command
             .env("KUBECONFIG", kubeconfig_path().await?)
             .env("RUST_LOG", "info,kube=warn")
             .args(args)
             .args(["--node-name", node])
+            .args(["--metrics-addr", &metrics.to_string()])
             .arg("--state-dir")
             .arg(state_dir)
             .stdout(Stdio::from(file))
@@ -76,7 +80,13 @@ impl AgentProcess {
             child,
             name: name.to_owned(),
             log,
+            metrics,
         })
+    }
+
+    /// The text of its `/metrics`.
+    pub async fn scrape(&self) -> Result<String> {
+        scrape(self.metrics, &format!("agent {}", self.name)).await
     }
 
     pub async fn exited(&mut self, timeout: Duration) -> Result<ExitStatus> {

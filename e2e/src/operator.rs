@@ -60,7 +60,7 @@ pub(crate) fn io(e: std::io::Error) -> HarnessError {
 }
 
 /// A port free now on the loopback interface.
-fn free_port() -> Result<SocketAddr> {
+pub(crate) fn free_port() -> Result<SocketAddr> {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").map_err(io)?;
     listener.local_addr().map_err(io)
 }
@@ -129,17 +129,22 @@ impl Operator {
 
     /// The text of `/metrics`, once the endpoint answers.
     pub async fn scrape(&self) -> Result<String> {
-        let what = format!("/metrics of operator {}", self.name);
-        within(&what, Duration::from_secs(30), async {
-            loop {
-                if let Ok(body) = http_get(self.metrics, "/metrics").await {
-                    return Ok(body);
-                }
-                tokio::time::sleep(Duration::from_millis(200)).await;
-            }
-        })
-        .await
+        scrape(self.metrics, &format!("operator {}", self.name)).await
     }
+}
+
+/// The text of `/metrics` at `addr`, once the endpoint answers.
+pub async fn scrape(addr: SocketAddr, who: &str) -> Result<String> {
+    let what = format!("/metrics of {who}");
+    within(&what, Duration::from_secs(30), async {
+        loop {
+            if let Ok(body) = http_get(addr, "/metrics").await {
+                return Ok(body);
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    })
+    .await
 }
 
 /// A plain HTTP/1.0 GET: enough for a test to read `/metrics`.

@@ -114,7 +114,7 @@ async fn answered(client: &Client, node: &str, id: &str) -> (Node, RequestResult
 #[tokio::test]
 async fn the_report_follows_the_hardware_and_is_written_only_on_change() {
     let (client, node, state) = node("agent-report").await;
-    let _agent = AgentProcess::start(&format!("{node}-agent"), &node, &state, None)
+    let agent = AgentProcess::start(&format!("{node}-agent"), &node, &state, None)
         .await
         .expect("agent");
     let nodes: Api<Node> = Api::all(client.clone());
@@ -180,6 +180,14 @@ async fn the_report_follows_the_hardware_and_is_written_only_on_change() {
         "one write for the change and none for the five other Node updates"
     );
     assert_eq!(report(&n).map(|r| r.bad_gpus().count()), Some(1));
+    let metrics = agent.scrape().await.expect("metrics");
+    for line in [
+        "gpuhealth_agent_report_writes_total 2",
+        "gpuhealth_agent_gpus{health=\"ResetRequired\"} 1",
+        "gpuhealth_agent_gpus{health=\"Healthy\"} 7",
+    ] {
+        assert!(metrics.contains(line), "{line} in:\n{metrics}");
+    }
 }
 
 #[tokio::test]
@@ -283,7 +291,7 @@ async fn without_nvml_the_agent_reports_from_the_kernel_log() {
     std::fs::write(&kmsg, lines.join("\n") + "\n").expect("kernel log");
     let kmsg_arg = kmsg.display().to_string();
     let args = ["--backend", "nvml", "--kmsg-path", kmsg_arg.as_str()];
-    let _agent = AgentProcess::start_with(&format!("{node}-agent"), &node, &state, None, &args)
+    let agent = AgentProcess::start_with(&format!("{node}-agent"), &node, &state, None, &args)
         .await
         .expect("agent");
     let nodes: Api<Node> = Api::all(client.clone());
@@ -320,6 +328,11 @@ async fn without_nvml_the_agent_reports_from_the_kernel_log() {
         bad.xids.iter().map(|x| x.code).collect::<Vec<_>>(),
         [119, 154]
     );
+    let metrics = agent.scrape().await.expect("metrics");
+    for code in [119, 154] {
+        let line = format!("gpuhealth_agent_xids_total{{code=\"{code}\"}} 1");
+        assert!(metrics.contains(&line), "{line} in:\n{metrics}");
+    }
 
     // Told NVML is required, the agent exits non-zero instead.
     let mut strict = AgentProcess::start_with(

@@ -22,6 +22,9 @@ use k8s_openapi::{
     apimachinery::pkg::apis::meta::v1::Time,
     jiff::{SignedDuration, Timestamp},
 };
+use prometheus_client::metrics::{counter::Counter, family::Family};
+
+use crate::metrics::CodeLabels;
 
 /// What one kernel log line says about a GPU.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -190,11 +193,13 @@ pub struct KernelLog {
 }
 
 impl KernelLog {
-    /// Takes in one line, stamped `at` (when it was logged, if known).
-    pub fn take(&mut self, line: &str, at: Timestamp) {
+    /// Takes in one line, stamped `at` (when it was logged, if known), and
+    /// returns its Xid code if it is an Xid line.
+    pub fn take(&mut self, line: &str, at: Timestamp) -> Option<u32> {
         match parse_line(line) {
             Some(KernelEvent::GpuAt { pci, uuid }) => {
                 self.uuids.insert(pci, uuid);
+                None
             }
             Some(KernelEvent::Xid(x)) => {
                 if let Some(action) = x.recovery_action {
@@ -208,8 +213,9 @@ impl KernelLog {
                 });
                 let over = list.len().saturating_sub(XIDS_PER_GPU);
                 list.drain(..over);
+                Some(x.code)
             }
-            None => {}
+            None => None,
         }
     }
 
@@ -339,8 +345,8 @@ pub struct Feed {
 }
 
 impl Feed {
-    /// Starts following `path`.
-    pub fn start(path: PathBuf) -> std::io::Result<Feed> {
+    /// Starts following `path`, counting each Xid in `xids` by code.
+    pub fn start(path: PathBuf, xids: Family<CodeLabels, Counter>) -> std::io::Result<Feed> {
         let (tx, rx) = std::sync::mpsc::channel::<(String, Timestamp)>();
         follow(path, tx)?;
         let feed = Feed {
@@ -353,8 +359,12 @@ impl Feed {
                 if !line.contains("NVRM: ") {
                     continue;
                 }
-                if let Ok(mut l) = log.lock() {
-                    l.take(&line, at);
+                let code = log.lock().ok().and_then(|mut l| l.take(&line, at));
+                if let Some(code) = code {
+                    xids.get_or_create(&CodeLabels {
+                        code: code.to_string(),
+                    })
+                    .inc();
                 }
                 wake.notify_one();
             }

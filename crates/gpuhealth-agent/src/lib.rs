@@ -4,6 +4,7 @@
 pub mod backend;
 pub mod journal;
 pub mod kmsg;
+pub mod metrics;
 pub mod node_agent;
 pub mod nvml;
 pub mod pod_resources;

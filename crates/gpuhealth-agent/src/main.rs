@@ -9,15 +9,17 @@
 //!
 //! With `nvml` the agent also follows the kernel log for Xids, and falls
 //! back to the log alone where NVML cannot be loaded (unless
-//! `--require-nvml`). Not built yet: NVML's XID event set and `/metrics`.
+//! `--require-nvml`). It serves `/metrics`, `/livez` and `/readyz`.
+//! Not built yet: NVML's XID event set (the kernel log carries the Xids).
 
-use std::{path::PathBuf, process::ExitCode, time::Duration};
+use std::{net::SocketAddr, path::PathBuf, process::ExitCode, sync::Arc, time::Duration};
 
 use clap::{Parser, ValueEnum};
 use gpuhealth_agent::{
     backend::{FakeBackend, KmsgBackend, NvmlBackend, RebootMethod},
     journal::Journal,
     kmsg::Feed,
+    metrics::AgentMetrics,
     node_agent::{CrashPoint, NodeAgent, Settings},
     nvml::{self, NvmlSource},
 };
@@ -66,6 +68,9 @@ struct Args {
     /// Requests older than this are refused, not carried out.
     #[arg(long, default_value = "1h", value_parser = duration)]
     request_max_age: Duration,
+    /// Where to serve /metrics, /livez and /readyz.
+    #[arg(long, env = "GPUHEALTH_METRICS_ADDR", default_value = "0.0.0.0:8080")]
+    metrics_addr: SocketAddr,
     /// The kernel log to follow for `NVRM: Xid` lines.
     #[arg(long, default_value = "/dev/kmsg")]
     kmsg_path: PathBuf,
@@ -143,6 +148,16 @@ async fn serve(args: Args) -> Result<(), String> {
         Err(_) => None,
     };
     let journal = Journal::open(&args.state_dir).map_err(|e| e.to_string())?;
+    let metrics = Arc::new(AgentMetrics::default());
+    let listener = tokio::net::TcpListener::bind(args.metrics_addr)
+        .await
+        .map_err(|e| format!("serving metrics on {}: {e}", args.metrics_addr))?;
+    let served = metrics.clone();
+    tokio::spawn(async move {
+        if let Err(e) = gpuhealth_http::serve(listener, served).await {
+            error!(error = %e, "the metrics endpoint stopped");
+        }
+    });
     let client = kube::Client::try_default()
         .await
         .map_err(|e| e.to_string())?;
@@ -160,7 +175,7 @@ async fn serve(args: Args) -> Result<(), String> {
                 client: client.clone(),
             };
             tokio::select! {
-                () = NodeAgent::new(client, settings, backend, journal).run() => {}
+                () = NodeAgent::new(client, settings, backend, journal).with_metrics(metrics).run() => {}
                 _ = shutdown => {}
             }
         }
@@ -170,7 +185,7 @@ async fn serve(args: Args) -> Result<(), String> {
                 Reboot::Kured => RebootMethod::Kured(args.kured_sentinel.clone()),
                 Reboot::Systemd => RebootMethod::Systemd,
             };
-            let feed = match Feed::start(args.kmsg_path.clone()) {
+            let feed = match Feed::start(args.kmsg_path.clone(), metrics.xids.clone()) {
                 Ok(f) => Some(f),
                 Err(e) => {
                     warn!(path = %args.kmsg_path.display(), error = %e, "cannot follow the kernel log: Xids from before NVML's events are missed");
@@ -186,7 +201,9 @@ async fn serve(args: Args) -> Result<(), String> {
                         pod_resources: args.pod_resources_socket.clone(),
                         reboot_method,
                     };
-                    let agent = NodeAgent::new(client, settings, backend, journal).woken_by(wake);
+                    let agent = NodeAgent::new(client, settings, backend, journal)
+                        .with_metrics(metrics)
+                        .woken_by(wake);
                     tokio::select! {
                         () = agent.run() => {}
                         _ = shutdown => {}
@@ -199,7 +216,9 @@ async fn serve(args: Args) -> Result<(), String> {
                         kernel_log,
                         reboot_method,
                     };
-                    let agent = NodeAgent::new(client, settings, backend, journal).woken_by(wake);
+                    let agent = NodeAgent::new(client, settings, backend, journal)
+                        .with_metrics(metrics)
+                        .woken_by(wake);
                     tokio::select! {
                         () = agent.run() => {}
                         _ = shutdown => {}

@@ -28,6 +28,7 @@ use tracing::{error, info, warn};
 use crate::{
     backend::Backend,
     journal::{self, Journal, JournalError, Seen},
+    metrics::{AgentMetrics, RequestLabels, ResultLabels},
 };
 
 /// Test hook (`GPUHEALTH_TEST_CRASH_AFTER`): exit at a step of carrying out a
@@ -63,6 +64,7 @@ pub struct NodeAgent<B> {
     /// Signalled when the backend has news (a kernel log line), so the agent
     /// need not wait for its next poll.
     wake: Arc<Notify>,
+    metrics: Arc<AgentMetrics>,
 }
 
 /// A request on the node, either kind.
@@ -82,7 +84,13 @@ impl<B: Backend> NodeAgent<B> {
             published: None,
             condition: None,
             wake: Arc::default(),
+            metrics: Arc::default(),
         }
+    }
+
+    pub fn with_metrics(mut self, metrics: Arc<AgentMetrics>) -> Self {
+        self.metrics = metrics;
+        self
     }
 
     pub fn woken_by(mut self, wake: Arc<Notify>) -> Self {
@@ -212,6 +220,18 @@ impl<B: Backend> NodeAgent<B> {
                 None => self.backend.reboot(node, &id).await,
             }
         };
+        self.metrics
+            .requests
+            .get_or_create(&RequestLabels {
+                kind: if request.reset_gpus.is_some() {
+                    "reset"
+                } else {
+                    "reboot"
+                }
+                .into(),
+                outcome: format!("{outcome:?}"),
+            })
+            .inc();
         let result = RequestResult {
             id: request.id.clone(),
             outcome,
@@ -254,13 +274,22 @@ impl<B: Backend> NodeAgent<B> {
     /// Writes the report only when the GPUs changed, and the condition when
     /// its status changed or its heartbeat is due.
     async fn publish(&mut self, node: &Node) {
-        let gpus = match self.backend.read(node).await {
+        let read = self.backend.read(node).await;
+        let result = if read.is_ok() { "ok" } else { "error" };
+        self.metrics
+            .reads
+            .get_or_create(&ResultLabels {
+                result: result.into(),
+            })
+            .inc();
+        let gpus = match read {
             Ok(g) => g,
             Err(e) => {
                 warn!(error = %e, "reading the GPUs");
                 return;
             }
         };
+        self.metrics.set_gpus(gpus.iter().map(|g| g.health));
         let on_node = node
             .annotations()
             .get(GPU_REPORT_ANNOTATION)
@@ -292,6 +321,7 @@ impl<B: Backend> NodeAgent<B> {
             {
                 Ok(_) => {
                     info!(bad = report.bad_gpus().count(), "published the GPU report");
+                    self.metrics.report_writes.inc();
                     self.published = Some(gpus);
                 }
                 Err(e) => {
@@ -302,6 +332,9 @@ impl<B: Backend> NodeAgent<B> {
         } else {
             self.published = Some(gpus);
         }
+        self.metrics
+            .ready
+            .store(true, std::sync::atomic::Ordering::Relaxed);
         self.publish_condition(&report).await;
     }
 

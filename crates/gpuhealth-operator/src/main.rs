@@ -150,7 +150,7 @@ async fn run(args: Args) -> Result<(), Fatal> {
         .map_err(Fatal::Metrics)?;
     let served = metrics.clone();
     tokio::spawn(async move {
-        if let Err(e) = metrics::serve(listener, served).await {
+        if let Err(e) = gpuhealth_http::serve(listener, served).await {
             error!(error = %e, "the metrics endpoint stopped");
         }
     });

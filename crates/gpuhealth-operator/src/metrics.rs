@@ -1,11 +1,7 @@
 //! The operator's Prometheus metrics, served with `/livez` and `/readyz`.
 
-use std::sync::{
-    Arc,
-    atomic::{AtomicBool, Ordering},
-};
+use std::sync::atomic::{AtomicBool, Ordering};
 
-use axum::{Router, extract::State, http::StatusCode, response::IntoResponse, routing::get};
 use prometheus_client::{
     encoding::{EncodeLabelSet, text::encode},
     metrics::{
@@ -131,35 +127,17 @@ impl Metrics {
     }
 }
 
-/// Serves `/metrics`, `/livez` and `/readyz` until the process ends.
-pub async fn serve(
-    listener: tokio::net::TcpListener,
-    metrics: Arc<Metrics>,
-) -> std::io::Result<()> {
-    let app = Router::new()
-        .route("/metrics", get(metrics_text))
-        .route("/livez", get(|| async { "ok" }))
-        .route("/readyz", get(readyz))
-        .with_state(metrics);
-    tracing::info!(addr = %listener.local_addr()?, "serving /metrics, /livez and /readyz");
-    axum::serve(listener, app).await
-}
+impl gpuhealth_http::Exposition for Metrics {
+    fn render(&self) -> String {
+        Metrics::render(self)
+    }
 
-async fn metrics_text(State(m): State<Arc<Metrics>>) -> impl IntoResponse {
-    (
-        [(
-            axum::http::header::CONTENT_TYPE,
-            "application/openmetrics-text; version=1.0.0; charset=utf-8",
-        )],
-        m.render(),
-    )
-}
-
-async fn readyz(State(m): State<Arc<Metrics>>) -> impl IntoResponse {
-    if m.ready.load(Ordering::Relaxed) {
-        (StatusCode::OK, "ok")
-    } else {
-        (StatusCode::SERVICE_UNAVAILABLE, "caches not synced yet")
+    fn ready(&self) -> Result<(), String> {
+        if self.ready.load(Ordering::Relaxed) {
+            Ok(())
+        } else {
+            Err("caches not synced yet".into())
+        }
     }
 }
 

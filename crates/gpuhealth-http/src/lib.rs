@@ -1,0 +1,46 @@
+//! The HTTP endpoints both gpuhealth binaries serve: `/metrics` (the
+//! Prometheus text format), `/livez` (the process answers) and `/readyz`
+//! (it is doing its job: what that means is each binary's to say).
+
+use std::sync::Arc;
+
+use axum::{Router, extract::State, http::StatusCode, response::IntoResponse, routing::get};
+
+/// What a binary exposes.
+pub trait Exposition: Send + Sync + 'static {
+    /// The metrics, in the text exposition format.
+    fn render(&self) -> String;
+    /// Ready, or why not.
+    fn ready(&self) -> Result<(), String>;
+}
+
+/// Serves the endpoints on `listener` until the process ends.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    exposition: Arc<dyn Exposition>,
+) -> std::io::Result<()> {
+    let app = Router::new()
+        .route("/metrics", get(metrics))
+        .route("/livez", get(|| async { "ok" }))
+        .route("/readyz", get(readyz))
+        .with_state(exposition);
+    tracing::info!(addr = %listener.local_addr()?, "serving /metrics, /livez and /readyz");
+    axum::serve(listener, app).await
+}
+
+async fn metrics(State(e): State<Arc<dyn Exposition>>) -> impl IntoResponse {
+    (
+        [(
+            axum::http::header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        e.render(),
+    )
+}
+
+async fn readyz(State(e): State<Arc<dyn Exposition>>) -> impl IntoResponse {
+    match e.ready() {
+        Ok(()) => (StatusCode::OK, "ok".to_owned()),
+        Err(why) => (StatusCode::SERVICE_UNAVAILABLE, why),
+    }
+}
