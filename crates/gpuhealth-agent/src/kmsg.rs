@@ -183,6 +183,10 @@ fn parse_xid(rest: &str, since_boot_us: Option<u64>) -> Option<XidLine> {
 /// How many Xids per GPU the report carries (newest kept).
 pub const XIDS_PER_GPU: usize = 16;
 
+/// The same Xid on the same GPU within this many seconds is one event seen
+/// twice (in the kernel log and through NVML).
+const DUPLICATE_WINDOW_SECS: i64 = 2;
+
 /// What the kernel log has said about each GPU so far.
 #[derive(Debug, Default)]
 pub struct KernelLog {
@@ -205,18 +209,30 @@ impl KernelLog {
                 if let Some(action) = x.recovery_action {
                     self.recovery.insert(x.pci, action);
                 }
-                let list = self.xids.entry(x.pci).or_default();
-                list.push(XidEvent {
-                    code: x.code,
-                    at: Time(at),
-                    text: x.text.chars().take(256).collect(),
-                });
-                let over = list.len().saturating_sub(XIDS_PER_GPU);
-                list.drain(..over);
-                Some(x.code)
+                self.add_xid(x.pci, x.code, at, &x.text).then_some(x.code)
             }
             None => None,
         }
+    }
+
+    /// Records an Xid, unless the same one was just recorded (the kernel
+    /// log and NVML's events both report each): false then.
+    pub fn add_xid(&mut self, pci: PciAddress, code: u32, at: Timestamp, text: &str) -> bool {
+        let list = self.xids.entry(pci).or_default();
+        let repeat = list.iter().rev().take(4).any(|x| {
+            x.code == code && (x.at.0.as_second() - at.as_second()).abs() <= DUPLICATE_WINDOW_SECS
+        });
+        if repeat {
+            return false;
+        }
+        list.push(XidEvent {
+            code,
+            at: Time(at),
+            text: text.chars().take(256).collect(),
+        });
+        let over = list.len().saturating_sub(XIDS_PER_GPU);
+        list.drain(..over);
+        true
     }
 
     /// The Xids logged for the GPU at `pci`, oldest first.
@@ -336,40 +352,60 @@ pub fn follow(
     Ok(())
 }
 
-/// The kernel log as it is followed: the state, and a signal each time a
-/// GPU line arrives, so the agent publishes at once rather than at its next poll.
+/// The Xids as they arrive, from the kernel log and NVML's events, and a
+/// signal each time one does, so the agent publishes at once rather than at
+/// its next poll.
 #[derive(Clone)]
 pub struct Feed {
     pub log: std::sync::Arc<std::sync::Mutex<KernelLog>>,
     pub wake: std::sync::Arc<tokio::sync::Notify>,
+    xids: Family<CodeLabels, Counter>,
 }
 
 impl Feed {
-    /// Starts following `path`, counting each Xid in `xids` by code.
-    pub fn start(path: PathBuf, xids: Family<CodeLabels, Counter>) -> std::io::Result<Feed> {
-        let (tx, rx) = std::sync::mpsc::channel::<(String, Timestamp)>();
-        follow(path, tx)?;
-        let feed = Feed {
+    /// Counts each Xid in `xids` by code.
+    pub fn new(xids: Family<CodeLabels, Counter>) -> Feed {
+        Feed {
             log: Default::default(),
             wake: Default::default(),
-        };
-        let (log, wake) = (feed.log.clone(), feed.wake.clone());
+            xids,
+        }
+    }
+
+    /// Follows the kernel log at `path`.
+    pub fn follow(&self, path: PathBuf) -> std::io::Result<()> {
+        let (tx, rx) = std::sync::mpsc::channel::<(String, Timestamp)>();
+        follow(path, tx)?;
+        let feed = self.clone();
         std::thread::spawn(move || {
             for (line, at) in rx {
-                if !line.contains("NVRM: ") {
-                    continue;
+                if line.contains("NVRM: ") {
+                    let code = feed.with(|l| l.take(&line, at));
+                    feed.arrived(code);
                 }
-                let code = log.lock().ok().and_then(|mut l| l.take(&line, at));
-                if let Some(code) = code {
-                    xids.get_or_create(&CodeLabels {
-                        code: code.to_string(),
-                    })
-                    .inc();
-                }
-                wake.notify_one();
             }
         });
-        Ok(feed)
+        Ok(())
+    }
+
+    /// An Xid from NVML's event set, for the GPU at `pci_bus_id`.
+    pub fn nvml_xid(&self, pci_bus_id: &str, code: u32) {
+        let Some(pci) = PciAddress::parse(pci_bus_id) else {
+            return;
+        };
+        let new = self.with(|l| l.add_xid(pci, code, Timestamp::now(), "reported by NVML"));
+        self.arrived(new.then_some(code));
+    }
+
+    fn arrived(&self, code: Option<u32>) {
+        if let Some(code) = code {
+            self.xids
+                .get_or_create(&CodeLabels {
+                    code: code.to_string(),
+                })
+                .inc();
+        }
+        self.wake.notify_one();
     }
 
     pub fn with<T>(&self, f: impl FnOnce(&mut KernelLog) -> T) -> T {
@@ -568,6 +604,27 @@ mod tests {
             GpuHealth::Healthy,
             "a reset answers them"
         );
+    }
+
+    #[test]
+    fn an_xid_seen_in_the_log_and_through_nvml_counts_once() {
+        let xids: Family<CodeLabels, Counter> = Family::default();
+        let feed = Feed::new(xids.clone());
+        let now = Timestamp::now();
+        let code = feed.with(|l| {
+            l.take(
+                "NVRM: GPU at PCI:0000:e1:00: GPU-0a1b2c3d-0000-4000-8000-000000000007",
+                now,
+            );
+            l.take("NVRM: Xid (PCI:0000:e1:00): 119, Timeout after 45s", now)
+        });
+        feed.arrived(code);
+        feed.nvml_xid("00000000:E1:00.0", 119);
+        feed.nvml_xid("00000000:E1:00.0", 48);
+        let codes: Vec<u32> = feed.with(|l| l.xids(&E1).iter().map(|x| x.code).collect());
+        assert_eq!(codes, [119, 48]);
+        let count = |c: &str| xids.get_or_create(&CodeLabels { code: c.into() }).get();
+        assert_eq!((count("119"), count("48")), (1, 1));
     }
 
     #[test]

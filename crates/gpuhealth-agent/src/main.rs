@@ -9,8 +9,8 @@
 //!
 //! With `nvml` the agent also follows the kernel log for Xids, and falls
 //! back to the log alone where NVML cannot be loaded (unless
-//! `--require-nvml`). It serves `/metrics`, `/livez` and `/readyz`.
-//! Not built yet: NVML's XID event set (the kernel log carries the Xids).
+//! `--require-nvml`); it also follows NVML's critical-XID events. It serves
+//! `/metrics`, `/livez` and `/readyz`.
 
 use std::{net::SocketAddr, path::PathBuf, process::ExitCode, sync::Arc, time::Duration};
 
@@ -185,19 +185,24 @@ async fn serve(args: Args) -> Result<(), String> {
                 Reboot::Kured => RebootMethod::Kured(args.kured_sentinel.clone()),
                 Reboot::Systemd => RebootMethod::Systemd,
             };
-            let feed = match Feed::start(args.kmsg_path.clone(), metrics.xids.clone()) {
-                Ok(f) => Some(f),
+            let feed = Feed::new(metrics.xids.clone());
+            let following = match feed.follow(args.kmsg_path.clone()) {
+                Ok(()) => true,
                 Err(e) => {
                     warn!(path = %args.kmsg_path.display(), error = %e, "cannot follow the kernel log: Xids from before NVML's events are missed");
-                    None
+                    false
                 }
             };
-            let wake = feed.as_ref().map(|f| f.wake.clone()).unwrap_or_default();
-            match (NvmlSource::init(), feed) {
-                (Ok(source), feed) => {
+            let wake = feed.wake.clone();
+            match NvmlSource::init() {
+                Ok(source) => {
+                    let events = feed.clone();
+                    if let Err(e) = nvml::watch_xids(move |pci, code| events.nvml_xid(pci, code)) {
+                        warn!(error = %e, "NVML's XID events are not available; the kernel log carries the Xids");
+                    }
                     let backend = NvmlBackend {
                         source,
-                        kernel_log: feed,
+                        kernel_log: Some(feed),
                         pod_resources: args.pod_resources_socket.clone(),
                         reboot_method,
                     };
@@ -209,11 +214,11 @@ async fn serve(args: Args) -> Result<(), String> {
                         _ = shutdown => {}
                     }
                 }
-                (Err(e), _) if args.require_nvml => return Err(e.to_string()),
-                (Err(e), Some(kernel_log)) => {
+                Err(e) if args.require_nvml => return Err(e.to_string()),
+                Err(e) if following => {
                     warn!(error = %e, "falling back to the kernel log alone: GPUs are known by what the driver logged, and resets are refused");
                     let backend = KmsgBackend {
-                        kernel_log,
+                        kernel_log: feed,
                         reboot_method,
                     };
                     let agent = NodeAgent::new(client, settings, backend, journal)
@@ -224,7 +229,7 @@ async fn serve(args: Args) -> Result<(), String> {
                         _ = shutdown => {}
                     }
                 }
-                (Err(e), None) => {
+                Err(e) => {
                     return Err(format!("{e}; and the kernel log cannot be read either"));
                 }
             }

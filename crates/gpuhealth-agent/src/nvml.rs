@@ -13,9 +13,10 @@ use gpuhealth_api::{
 };
 use gpuhealth_engine::xid::recovery_action;
 use nvml_wrapper::{
-    Nvml,
+    EventSet, Nvml,
+    bitmasks::event::EventTypes,
     enum_wrappers::device::{EccCounter, MemoryError},
-    enums::device::SampleValue,
+    enums::{device::SampleValue, event::XidError},
     error::NvmlError,
     structs::device::FieldId,
 };
@@ -205,6 +206,63 @@ impl NvmlSource {
     }
 }
 
+/// Follows NVML's critical-XID events on every GPU, in a thread with an
+/// NVML handle of its own, calling `on_xid(pci_bus_id, code)` for each.
+/// Returns once the events are registered, or why they could not be.
+/// (Events from before registration are not reported: the kernel log has them.)
+pub fn watch_xids(on_xid: impl Fn(&str, u32) + Send + 'static) -> Result<(), String> {
+    let (registered_tx, registered_rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let nvml = match Nvml::init() {
+            Ok(n) => n,
+            Err(e) => {
+                let _ = registered_tx.send(Err(e.to_string()));
+                return;
+            }
+        };
+        let register = || -> Result<EventSet<'_>, String> {
+            let mut set = nvml.create_event_set().map_err(|e| e.to_string())?;
+            for i in 0..nvml.device_count().map_err(|e| e.to_string())? {
+                let device = nvml.device_by_index(i).map_err(|e| e.to_string())?;
+                set = device
+                    .register_events(EventTypes::CRITICAL_XID_ERROR, set)
+                    .map_err(|e| format!("GPU {i}: {}", e.error))?;
+            }
+            Ok(set)
+        };
+        let set = match register() {
+            Ok(set) => set,
+            Err(e) => {
+                let _ = registered_tx.send(Err(e));
+                return;
+            }
+        };
+        let _ = registered_tx.send(Ok(()));
+        loop {
+            match set.wait(5_000) {
+                Ok(event) => {
+                    let code = match event.event_data {
+                        Some(XidError::Value(v)) => u32::try_from(v).ok(),
+                        _ => None,
+                    };
+                    let pci = event.device.pci_info().map(|p| p.bus_id);
+                    if let (Some(code), Ok(pci)) = (code, pci) {
+                        on_xid(&pci, code);
+                    }
+                }
+                Err(NvmlError::Timeout) => {}
+                Err(e) => {
+                    tracing::warn!(error = %e, "waiting for NVML XID events; retrying");
+                    std::thread::sleep(std::time::Duration::from_secs(5));
+                }
+            }
+        }
+    });
+    registered_rx
+        .recv()
+        .map_err(|_| "the NVML event thread stopped".to_owned())?
+}
+
 fn as_u64(v: &SampleValue) -> Option<u64> {
     match *v {
         SampleValue::U32(n) => Some(u64::from(n)),
@@ -321,6 +379,16 @@ mod tests {
             ..r.clone()
         };
         assert_eq!(entry(&broken).health, GpuHealth::ResetRequired);
+    }
+
+    #[test]
+    fn xid_events_register_where_there_is_a_gpu() {
+        // On a GPU machine this registers for real; without one it is an
+        // error, never a panic.
+        match NvmlSource::init() {
+            Ok(_) => watch_xids(|_, _| {}).expect("XID events register on every GPU"),
+            Err(_) => assert!(watch_xids(|_, _| {}).is_err()),
+        }
     }
 
     #[test]
