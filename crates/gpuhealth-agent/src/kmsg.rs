@@ -553,6 +553,16 @@ mod tests {
     }
 
     #[test]
+    fn a_real_drivers_other_lines_are_skipped() {
+        // /dev/kmsg of an H200 VM (docs/device/h200-nvml/): NVRM lines, no Xid.
+        let real = include_str!("../../../docs/device/h200-nvml/kmsg-nvrm.txt");
+        assert_eq!(real.lines().count(), 3);
+        for line in real.lines() {
+            assert_eq!(parse_line(line), None, "{line:?}");
+        }
+    }
+
+    #[test]
     fn other_lines_and_garbage_are_skipped() {
         for line in [
             "",
