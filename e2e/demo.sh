@@ -7,7 +7,7 @@
 # With KUBECONFIG unset, it starts the local cluster (real control plane,
 # KWOK GPU nodes) and leaves it running for you to explore. With KUBECONFIG
 # set, it installs the CRDs and sample policies there and stops: the replay
-# needs simulated nodes (KWOK) and the fake agent, which a real cluster lacks.
+# needs simulated nodes (KWOK) and the agent's fake backend, which a real cluster lacks.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/.." && pwd)
@@ -28,7 +28,9 @@ export GPUHEALTH_E2E_KUBECONFIG=$KUBECONFIG
 k() { "$kubectl_bin" "$@"; }
 
 say "Installing the CRDs and the sample policies: kubectl apply -k"
-k apply --server-side -k config/default
+# --force-conflicts: the e2e suite installs the same CRDs with its own field
+# manager, and a number it wrote as 0 reads as a change from 0.0 here.
+k apply --server-side --force-conflicts -k config/default
 k wait --for condition=Established --timeout 60s crd/gpuhealthpolicies.gpuhealth.io crd/gpunodehealths.gpuhealth.io
 k apply --server-side -k config/samples
 
@@ -39,7 +41,7 @@ if [[ -z "$local_cluster" ]]; then
 fi
 
 say "Building gpuhealth"
-cargo build -q -p gpuhealth-operator -p gpuhealth-e2e --bins
+cargo build -q -p gpuhealth-operator -p gpuhealth-agent -p gpuhealth-e2e --bins
 sim=target/debug/gpuhealth-sim
 logs=target/demo
 mkdir -p "$logs"
@@ -68,7 +70,7 @@ spec:
   selector: {matchLabels: {app: vllm}}
 YAML
 k get pods -n ml-serving -o wide
-$sim report --node "$node" --namespace ml-serving
+$sim hardware --node "$node" --namespace ml-serving
 
 say "A policy for this fleet (defaults, but verification shortened to 10s for the demo)"
 k apply --server-side -f - <<'YAML'
@@ -82,10 +84,12 @@ spec:
   verification: {stableFor: 10s}
 YAML
 
-say "Starting the operator and the fake node agent (logs in $logs/)"
+say "Starting the operator, and gpuhealth-agent on the node with its fake backend (logs in $logs/)"
 target/debug/gpuhealth-operator --metrics-addr 127.0.0.1:0 --lease-name gpuhealth-demo >"$logs/operator.log" 2>&1 &
 operator=$!
-$sim agent --group incident >"$logs/agent.log" 2>&1 &
+rm -rf "$logs/agent-state"
+target/debug/gpuhealth-agent --backend fake --node-name "$node" --state-dir "$logs/agent-state" \
+  --metrics-addr 127.0.0.1:0 >"$logs/agent.log" 2>&1 &
 agent=$!
 trap 'kill $operator $agent 2>/dev/null || true' EXIT
 # kubectl wait needs the object to exist: the operator creates it.

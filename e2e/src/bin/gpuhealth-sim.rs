@@ -5,9 +5,11 @@
 use std::{process::ExitCode, time::Duration};
 
 use clap::{Parser, Subcommand};
+use gpuhealth_agent::backend::{SimHardware, SimOutcome};
 use gpuhealth_e2e::{
-    agent::{FakeAgent, write_report},
-    client, reports,
+    client,
+    node_agent::{hardware, set_hardware},
+    reports,
     sim::{GpuNodeSpec, SIM_GROUP_LABEL, gpu_deployment, gpu_node, node_is_ready},
     wait::{until, until_set},
 };
@@ -57,15 +59,17 @@ enum Command {
         #[arg(long, default_value_t = 1)]
         gpus_per_pod: u32,
     },
-    /// Write a healthy GPU report on a node, GPU i held by the i-th pod
-    /// (by name) of a namespace that runs on it.
-    Report {
+    /// Give a node simulated hardware: healthy GPUs, GPU i held by the i-th
+    /// pod (by name) of a namespace that runs on it. `gpuhealth-agent
+    /// --backend fake` reads it and reports it.
+    Hardware {
         #[arg(long)]
         node: String,
         #[arg(long)]
         namespace: String,
     },
-    /// The incident on a node: Xid 119 then Xid 154 (0x1 GPU Reset Required) on one GPU.
+    /// The incident in a node's simulated hardware: Xid 119 then Xid 154
+    /// (0x1 GPU Reset Required) on one GPU.
     Xid {
         #[arg(long)]
         node: String,
@@ -73,11 +77,6 @@ enum Command {
         namespace: String,
         #[arg(long, default_value_t = 7)]
         gpu: usize,
-    },
-    /// Run the fake node agent for a node group until interrupted.
-    Agent {
-        #[arg(long)]
-        group: String,
     },
 }
 
@@ -152,33 +151,36 @@ async fn run(command: Command) -> Result<(), Box<dyn std::error::Error>> {
             .await?;
             println!("deployment {namespace}/{name} Ready: {replicas} pods x {gpus_per_pod} GPU");
         }
-        Command::Report { node, namespace } => {
+        Command::Hardware { node, namespace } => {
             let report = reports::healthy(&namespace, &pods_on(&client, &node, &namespace).await?);
-            write_report(&client, &node, report).await?;
-            println!("healthy GPU report written on {node}");
+            let hardware = SimHardware {
+                gpus: report.gpus,
+                reset: SimOutcome::Succeed,
+                reboot: SimOutcome::Succeed,
+                executed: Vec::new(),
+            };
+            set_hardware(&client, &node, &hardware).await?;
+            println!("{node}: simulated hardware with {} healthy GPUs", hardware.gpus.len());
         }
         Command::Xid {
             node,
             namespace,
             gpu,
         } => {
-            let mut report =
-                reports::healthy(&namespace, &pods_on(&client, &node, &namespace).await?);
+            let nodes: Api<Node> = Api::all(client.clone());
+            let mut hardware = hardware(&nodes.get(&node).await?)
+                .ok_or_else(|| format!("{node} has no simulated hardware: run `hardware` first"))?;
+            let mut report = reports::healthy(&namespace, &[]);
+            report.gpus = hardware.gpus;
             reports::xid_119_and_154(&mut report, gpu);
-            write_report(&client, &node, report).await?;
+            hardware.gpus = report.gpus;
+            set_hardware(&client, &node, &hardware).await?;
             println!(
                 "NVRM: Xid (PCI:0000:e1:00): 119, Timeout after 45s of waiting for RPC response from GPU GSP"
             );
             println!(
                 "NVRM: Xid (PCI:0000:e1:00): 154, GPU recovery action changed from 0x0 (None) to 0x1 (GPU Reset Required)"
             );
-        }
-        Command::Agent { group } => {
-            let agent = FakeAgent::default();
-            let task = agent.spawn(client, &group);
-            eprintln!("fake agent serving node group {group}; Ctrl-C to stop");
-            tokio::signal::ctrl_c().await?;
-            drop(task);
         }
     }
     Ok(())
