@@ -160,7 +160,10 @@ async fn run(command: Command) -> Result<(), Box<dyn std::error::Error>> {
                 executed: Vec::new(),
             };
             set_hardware(&client, &node, &hardware).await?;
-            println!("{node}: simulated hardware with {} healthy GPUs", hardware.gpus.len());
+            println!(
+                "{node}: simulated hardware with {} healthy GPUs",
+                hardware.gpus.len()
+            );
         }
         Command::Xid {
             node,
