@@ -25,7 +25,8 @@ pub struct Options {
     /// The leader Lease; replicas that share it elect one leader. Defaults
     /// to the replica's own name, so scenarios never wait on each other.
     pub lease: Option<String>,
-    /// `GPUHEALTH_TEST_CRASH_AFTER`: exit right after recording this phase.
+    /// `GPUHEALTH_TEST_CRASH_AFTER`: exit right after recording this phase
+    /// (`<phase>` or `<phase>:<node>`).
     pub crash_after: Option<String>,
 }
 

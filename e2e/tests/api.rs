@@ -86,6 +86,12 @@ async fn minimal_policy_is_stored_with_its_defaults() {
         .await
         .expect("typed read");
     assert_eq!(typed.spec.escalation.len(), 2);
+    // It selects every GPU node: left behind, it would manage the nodes
+    // of every later test.
+    policies(&client)
+        .delete(&name, &Default::default())
+        .await
+        .expect("clean up");
 }
 
 /// Each case: a description, a spec that is invalid in exactly one way, and

@@ -71,7 +71,7 @@ async fn a_crash_in_any_phase_is_resumed_and_no_request_is_repeated() {
             &format!("{lease}-crashes"),
             Options {
                 lease: Some(lease.clone()),
-                crash_after: Some(format!("{phase:?}")),
+                crash_after: Some(format!("{phase:?}:{node}")),
             },
         )
         .await

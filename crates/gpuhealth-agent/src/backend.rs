@@ -17,7 +17,7 @@ use serde_json::json;
 
 use crate::{
     kmsg::{Feed, PciAddress},
-    nvml::{self, NvmlSource},
+    nvml::{self, DeviceSource, NvmlSource},
     pod_resources,
 };
 
@@ -174,13 +174,15 @@ pub enum RebootMethod {
 
 /// The NVML backend: reads through NVML, names each GPU's pods from the
 /// kubelet's PodResources socket, resets with `nvidia-smi`.
-pub struct NvmlBackend {
-    pub source: NvmlSource,
+pub struct NvmlBackend<S = NvmlSource> {
+    pub source: S,
     /// The Xids, from the kernel log (NVML's XID events miss what happened
     /// before the agent started).
     pub kernel_log: Option<Feed>,
     pub pod_resources: PathBuf,
     pub reboot_method: RebootMethod,
+    /// `nvidia-smi`, found on `PATH` unless given.
+    pub nvidia_smi: PathBuf,
 }
 
 /// Fills each GPU's Xids from the kernel log, matched by PCI address.
@@ -235,7 +237,7 @@ impl Backend for KmsgBackend {
     }
 }
 
-impl Backend for NvmlBackend {
+impl<S: DeviceSource> Backend for NvmlBackend<S> {
     fn source(&self) -> &'static str {
         "gpuhealth-agent/nvml"
     }
@@ -278,7 +280,7 @@ impl Backend for NvmlBackend {
             );
         }
         for uuid in gpus {
-            let out = Command::new("nvidia-smi")
+            let out = Command::new(&self.nvidia_smi)
                 .args(["--gpu-reset", "-i", uuid])
                 .output();
             match out {
@@ -291,7 +293,12 @@ impl Backend for NvmlBackend {
                         format!("nvidia-smi --gpu-reset -i {uuid}: {why}"),
                     );
                 }
-                Err(e) => return (Outcome::Failed, format!("running nvidia-smi: {e}")),
+                Err(e) => {
+                    return (
+                        Outcome::Failed,
+                        format!("running {}: {e}", self.nvidia_smi.display()),
+                    );
+                }
             }
         }
         let entries: Vec<GpuEntry> = readings.iter().map(nvml::entry).collect();
@@ -338,5 +345,85 @@ impl RebootMethod {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{
+        metrics::CodeLabels,
+        nvml::{DeviceReading, Recorded},
+    };
+    use prometheus_client::metrics::{counter::Counter, family::Family};
+
+    /// The H200 recorded in docs/device/h200-nvml/, with `change` applied.
+    fn h200(change: impl FnOnce(&mut DeviceReading)) -> Recorded {
+        let mut readings: Vec<DeviceReading> =
+            serde_json::from_str(include_str!("../../../docs/device/h200-nvml/readings.json"))
+                .expect("fixture");
+        change(&mut readings[0]);
+        Recorded(readings)
+    }
+
+    fn backend(source: Recorded, feed: Option<Feed>) -> NvmlBackend<Recorded> {
+        NvmlBackend {
+            source,
+            kernel_log: feed,
+            pod_resources: PathBuf::from("/nonexistent/kubelet.sock"),
+            reboot_method: RebootMethod::None,
+            nvidia_smi: PathBuf::from("/nonexistent/nvidia-smi"),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_read_joins_the_device_state_with_the_kernel_logs_xids() {
+        let feed = Feed::new(Family::<CodeLabels, Counter>::default());
+        feed.nvml_xid("00000000:00:06.0", 119);
+        let mut b = backend(h200(|r| r.recovery_action = Some(1)), Some(feed.clone()));
+        let gpus = b.read(&Node::default()).await.expect("read");
+        assert_eq!(gpus.len(), 1);
+        assert_eq!(gpus[0].health, GpuHealth::ResetRequired);
+        assert_eq!(
+            gpus[0].xids.iter().map(|x| x.code).collect::<Vec<_>>(),
+            [119]
+        );
+        // No kubelet socket here: no pods named, and no failure.
+        assert!(gpus[0].pods.is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_reset_is_refused_while_a_process_holds_the_gpu() {
+        let uuid = h200(|_| {}).0[0].uuid.clone();
+        let mut b = backend(h200(|r| r.compute_processes = vec![4242]), None);
+        let (outcome, why) = b
+            .reset(
+                &Node::default(),
+                "inc-1-reset-1",
+                std::slice::from_ref(&uuid),
+            )
+            .await;
+        assert_eq!(outcome, Outcome::Refused);
+        assert!(why.contains("4242"), "{why}");
+
+        // Free, it runs nvidia-smi; here there is none to run, and it says so.
+        let mut b = backend(h200(|_| {}), None);
+        let (outcome, why) = b.reset(&Node::default(), "inc-1-reset-2", &[uuid]).await;
+        assert_eq!(outcome, Outcome::Failed);
+        assert!(why.contains("/nonexistent/nvidia-smi"), "{why}");
+    }
+
+    #[tokio::test]
+    async fn reboots_go_the_configured_way() {
+        let mut b = backend(h200(|_| {}), None);
+        let (outcome, why) = b.reboot(&Node::default(), "inc-1-reboot-1").await;
+        assert_eq!(outcome, Outcome::Refused);
+        assert!(why.contains("--reboot-method none"), "{why}");
+        let sentinel =
+            std::env::temp_dir().join(format!("gpuhealth-reboot-required-{}", std::process::id()));
+        b.reboot_method = RebootMethod::Kured(sentinel.clone());
+        let (outcome, _) = b.reboot(&Node::default(), "inc-1-reboot-2").await;
+        assert_eq!(outcome, Outcome::Succeeded);
+        assert!(sentinel.exists(), "kured's sentinel was created");
     }
 }

@@ -205,6 +205,7 @@ async fn serve(args: Args) -> Result<(), String> {
                         kernel_log: Some(feed),
                         pod_resources: args.pod_resources_socket.clone(),
                         reboot_method,
+                        nvidia_smi: PathBuf::from("nvidia-smi"),
                     };
                     let agent = NodeAgent::new(client, settings, backend, journal)
                         .with_metrics(metrics)

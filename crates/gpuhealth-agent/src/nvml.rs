@@ -113,6 +113,26 @@ pub enum NvmlUnavailable {
     Count(NvmlError),
 }
 
+/// Where device readings come from: NVML, or a recorded device model in tests.
+pub trait DeviceSource: Send {
+    fn read(&self) -> Result<Vec<DeviceReading>, NvmlUnavailable>;
+}
+
+/// A recorded device model: readings taken on real hardware, replayed.
+pub struct Recorded(pub Vec<DeviceReading>);
+
+impl DeviceSource for Recorded {
+    fn read(&self) -> Result<Vec<DeviceReading>, NvmlUnavailable> {
+        Ok(self.0.clone())
+    }
+}
+
+impl DeviceSource for NvmlSource {
+    fn read(&self) -> Result<Vec<DeviceReading>, NvmlUnavailable> {
+        NvmlSource::read(self)
+    }
+}
+
 /// Reads every GPU through NVML.
 pub struct NvmlSource {
     nvml: Nvml,

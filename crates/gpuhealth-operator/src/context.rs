@@ -29,10 +29,11 @@ pub struct Context {
     /// Checked before every write: a replica that is not the leader (or no
     /// longer sure it is) writes nothing.
     pub leadership: Leadership,
-    /// Test hook for crash safety (`GPUHEALTH_TEST_CRASH_AFTER`): exit the
-    /// process right after recording entry into this phase and before
-    /// carrying out its actions, as a crash at the worst moment would.
-    pub crash_after: Option<Phase>,
+    /// Test hook for crash safety (`GPUHEALTH_TEST_CRASH_AFTER=<phase>[:<node>]`):
+    /// exit the process right after recording a node's entry into this phase
+    /// and before carrying out its actions, as a crash at the worst moment
+    /// would. Only for the named node, if one is named.
+    pub crash_after: Option<(Phase, Option<String>)>,
     /// The operator's own namespace: its Lease, and validation pods whose
     /// template names none.
     pub namespace: String,

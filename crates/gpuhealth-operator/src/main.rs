@@ -128,11 +128,16 @@ async fn run(args: Args) -> Result<(), Fatal> {
         )));
     }
     let crash_after = match std::env::var("GPUHEALTH_TEST_CRASH_AFTER") {
-        Ok(phase) => Some(
-            serde_json::from_value::<Phase>(serde_json::Value::String(phase.clone())).map_err(
-                |_| Fatal::Flags(format!("GPUHEALTH_TEST_CRASH_AFTER: no phase {phase}")),
-            )?,
-        ),
+        Ok(value) => {
+            let (phase, node) = match value.split_once(':') {
+                Some((p, n)) => (p.to_owned(), Some(n.to_owned())),
+                None => (value.clone(), None),
+            };
+            let phase = serde_json::from_value::<Phase>(serde_json::Value::String(phase)).map_err(
+                |_| Fatal::Flags(format!("GPUHEALTH_TEST_CRASH_AFTER: no phase in {value}")),
+            )?;
+            Some((phase, node))
+        }
         Err(_) => None,
     };
     let mut config = Config::infer().await.map_err(kube::Error::InferConfig)?;

@@ -137,7 +137,11 @@ async fn reconcile_node(node: &Node, ctx: &Context) -> Result<Requeue, Error> {
     written.insert(name.clone(), decision.status.clone());
     drop(written);
     let phase = decision.status.phase;
-    if ctx.crash_after == Some(phase) && stored.phase != phase {
+    let crash_here = ctx
+        .crash_after
+        .as_ref()
+        .is_some_and(|(at, only)| *at == phase && only.as_ref().is_none_or(|n| *n == name));
+    if crash_here && stored.phase != phase {
         tracing::error!(node = %name, ?phase, "GPUHEALTH_TEST_CRASH_AFTER: exiting before carrying out the actions");
         std::process::exit(3);
     }
