@@ -6,4 +6,5 @@ pub mod budget;
 pub mod diagnosis;
 pub mod drain;
 pub mod machine;
+pub mod probes;
 pub mod xid;
