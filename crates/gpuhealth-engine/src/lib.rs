@@ -7,4 +7,5 @@ pub mod diagnosis;
 pub mod drain;
 pub mod machine;
 pub mod probes;
+pub mod restarts;
 pub mod xid;
