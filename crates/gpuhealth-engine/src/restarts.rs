@@ -56,7 +56,7 @@ pub fn classify(
     let until = last.finished_at + SLACK;
     let during = |at: Timestamp| at >= from && at <= until;
     // The GPU first: a hung process is often what a probe then kills.
-    if let Some(x) = xids.iter().filter(|x| during(x.at.0)).next_back() {
+    if let Some(x) = xids.iter().rfind(|x| during(x.at.0)) {
         return RestartCause::GpuError { code: x.code };
     }
     if last.reason == "OOMKilled" {
@@ -65,8 +65,7 @@ pub fn classify(
     let killing = format!("Container {container} failed");
     let probe_kill = events
         .iter()
-        .filter(|e| e.reason == "Killing" && during(e.at) && e.message.starts_with(&killing))
-        .next_back();
+        .rfind(|e| e.reason == "Killing" && during(e.at) && e.message.starts_with(&killing));
     if let Some(e) = probe_kill {
         if e.message.contains("startup probe") {
             return RestartCause::StartupProbe;
