@@ -24,7 +24,7 @@ unit:
 # Everything against a real kube-apiserver with KWOK GPU nodes. Builds the
 # control plane on first use (cached in ~/.cache/gpuhealth).
 e2e:
-	cargo build -p gpuhealth-operator -p gpuhealth-agent -p gpuhealth-e2e --bins --tests
+	cargo build -p gpuhealth-operator -p gpuhealth-agent -p kubectl-gpuhealth -p gpuhealth-e2e --bins --tests
 	e2e/cluster/with-cluster.sh cargo test -p gpuhealth-e2e
 
 test: lint unit e2e

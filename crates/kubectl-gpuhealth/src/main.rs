@@ -1,18 +1,33 @@
 //! kubectl-gpuhealth: the kubectl plugin (`kubectl gpuhealth ...`).
 //!
-//! The subcommands are declared; each comes with the issue that builds its
-//! data. Until then a subcommand says so and exits non-zero.
+//! Built: `pods-on-gpu`. The other subcommands come with the issue that
+//! builds their data; until then each says so and exits non-zero.
+
+mod pods_on_gpu;
 
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{Parser, Subcommand, ValueEnum};
+use gpuhealth_api::contract::{AnnotationValue, GPU_REPORT_ANNOTATION, GpuReport};
+use k8s_openapi::api::core::v1::Node;
+use kube::{Api, Client, ResourceExt};
 
 /// Inspect gpuhealth: the fleet, a node's timeline, a workload's probes.
 #[derive(Debug, Parser)]
 #[command(name = "kubectl-gpuhealth", version, about, long_about = None)]
 struct Args {
+    /// Output format.
+    #[arg(short, long, global = true, value_enum, default_value_t = Output::Text)]
+    output: Output,
     #[command(subcommand)]
     command: Command,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum Output {
+    Text,
+    Json,
+    Yaml,
 }
 
 #[derive(Debug, Subcommand)]
@@ -29,21 +44,56 @@ enum Command {
         /// `namespace/pod` or `namespace/deployment/name`.
         target: String,
     },
-    /// The pods holding a GPU of a node.
-    Pods {
+    /// The pods holding a GPU of a node, from the agent's report.
+    PodsOnGpu {
         node: String,
-        /// GPU UUID or PCI bus id.
+        /// GPU UUID, index, or PCI bus id.
         gpu: String,
     },
 }
 
-fn main() -> ExitCode {
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> ExitCode {
     let args = Args::parse();
-    eprintln!(
-        "kubectl-gpuhealth: {:?} is not implemented yet",
-        args.command
-    );
-    ExitCode::from(2)
+    let result = match &args.command {
+        Command::PodsOnGpu { node, gpu } => pods_on_gpu(node, gpu, args.output).await,
+        other => Err(format!("{other:?} is not implemented yet")),
+    };
+    match result {
+        Ok(out) => {
+            print!("{out}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("kubectl-gpuhealth: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn pods_on_gpu(node: &str, gpu: &str, output: Output) -> Result<String, String> {
+    let client = Client::try_default()
+        .await
+        .map_err(|e| format!("connecting to the cluster: {e}"))?;
+    let n = Api::<Node>::all(client)
+        .get(node)
+        .await
+        .map_err(|e| format!("node {node}: {e}"))?;
+    let raw = n.annotations().get(GPU_REPORT_ANNOTATION).ok_or_else(|| {
+        format!(
+            "node {node} has no {GPU_REPORT_ANNOTATION} report: is gpuhealth-agent running there?"
+        )
+    })?;
+    let report = GpuReport::parse(raw).map_err(|e| format!("node {node}: {e}"))?;
+    let entry = pods_on_gpu::find(&report, gpu)?;
+    let answer = pods_on_gpu::Answer { node, gpu: entry };
+    match output {
+        Output::Text => Ok(pods_on_gpu::text(node, entry)),
+        Output::Json => serde_json::to_string_pretty(&answer)
+            .map(|s| s + "\n")
+            .map_err(|e| e.to_string()),
+        Output::Yaml => serde_yaml::to_string(&answer).map_err(|e| e.to_string()),
+    }
 }
 
 #[cfg(test)]
