@@ -145,6 +145,16 @@ async fn the_incident_gpu_7_is_reset_and_the_node_returns_to_service() {
             .await
             .expect("an Event for each step");
     }
+    // The pod on GPU 7 was told, on itself, before it was moved.
+    s.wait_event(&pods_before[7], "PodOnBadGpu")
+        .await
+        .expect("an Event on the pod that held the bad GPU");
+    assert!(
+        status.findings.iter().any(|f| f.type_ == "PodOnBadGpu"
+            && f.subject.as_deref() == Some(&format!("{}/{}", s.namespace, pods_before[7]))),
+        "{:?}",
+        status.findings
+    );
 }
 
 #[tokio::test]

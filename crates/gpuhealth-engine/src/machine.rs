@@ -138,6 +138,8 @@ pub enum Action {
         type_: EventType,
         reason: String,
         message: String,
+        /// About this pod (`namespace/name`); about the node when `None`.
+        pod: Option<String>,
     },
 }
 
@@ -273,6 +275,18 @@ impl<'a> Stepper<'a> {
                 })
                 .collect();
             self.status.bad_gpus = report.bad_gpus().count() as u32;
+            // A pod on a bad GPU can stay Ready: its probes rarely touch the GPU.
+            let node = node.name.clone();
+            for gpu in report.bad_gpus() {
+                for p in &gpu.pods {
+                    let pod = format!("{}/{}", p.namespace, p.name);
+                    let message = format!(
+                        "pod {pod} holds GPU {} ({}) on node {node}, which is {:?}; it may still look Ready, since its probes do not exercise the GPU",
+                        gpu.index, gpu.uuid, gpu.health
+                    );
+                    self.finding_about("PodOnBadGpu", Some(pod.clone()), message, Some(pod));
+                }
+            }
         }
     }
 
@@ -285,6 +299,7 @@ impl<'a> Stepper<'a> {
             type_,
             reason: reason.into(),
             message,
+            pod: None,
         });
     }
 
@@ -872,8 +887,19 @@ impl<'a> Stepper<'a> {
         }
     }
 
-    /// Records a finding once (until it changes) and says so in an Event.
+    /// Records a finding once (until it changes) and says so in an Event
+    /// (about the node, or about the pod in `pod`).
     fn finding(&mut self, type_: &str, subject: Option<String>, message: String) {
+        self.finding_about(type_, subject, message, None);
+    }
+
+    fn finding_about(
+        &mut self,
+        type_: &str,
+        subject: Option<String>,
+        message: String,
+        pod: Option<String>,
+    ) {
         let known = self
             .status
             .findings
@@ -895,7 +921,12 @@ impl<'a> Stepper<'a> {
             },
         );
         self.status.findings.truncate(FINDINGS_LIMIT);
-        self.event(EventType::Warning, type_, message);
+        self.actions.push(Action::Event {
+            type_: EventType::Warning,
+            reason: type_.into(),
+            message,
+            pod,
+        });
     }
 
     fn record(&mut self, what: &str) {

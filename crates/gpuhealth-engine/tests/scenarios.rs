@@ -442,3 +442,38 @@ fn a_validation_pod_that_never_appears_times_out() {
         w.state.history[0].actions
     );
 }
+
+#[test]
+fn a_pod_on_the_bad_gpu_gets_a_finding_and_an_event_once() {
+    let mut w = World::incident();
+    let first = w.reconcile();
+    let about_pods: Vec<&Option<String>> = first
+        .iter()
+        .filter_map(|a| match a {
+            Action::Event { reason, pod, .. } if reason == "PodOnBadGpu" => Some(pod),
+            _ => None,
+        })
+        .collect();
+    let holder = w.state.gpus[7].pods.clone();
+    assert_eq!(holder.len(), 1);
+    assert_eq!(
+        about_pods,
+        [&Some(holder[0].clone())],
+        "one Event, on that pod"
+    );
+    let finding = w
+        .state
+        .findings
+        .iter()
+        .find(|f| f.type_ == "PodOnBadGpu")
+        .expect("a finding");
+    assert_eq!(finding.subject.as_ref(), Some(&holder[0]));
+    assert!(finding.message.contains(BAD_GPU), "{}", finding.message);
+    let again = w.reconcile();
+    assert!(
+        !again
+            .iter()
+            .any(|a| matches!(a, Action::Event { reason, .. } if reason == "PodOnBadGpu")),
+        "not repeated"
+    );
+}

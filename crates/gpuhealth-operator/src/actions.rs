@@ -10,7 +10,7 @@ use gpuhealth_api::{
 };
 use gpuhealth_engine::machine::{Action, EventType};
 use k8s_openapi::{
-    api::core::v1::{Node, Pod},
+    api::core::v1::{Node, ObjectReference, Pod},
     apimachinery::pkg::apis::meta::v1::Time,
     jiff::Timestamp,
 };
@@ -186,7 +186,7 @@ async fn carry_out(
                 warn!(node = %name, %message);
                 publish(
                     ctx,
-                    node,
+                    &node.object_ref(&()),
                     KubeEventType::Warning,
                     "ValidationPodRefused",
                     message,
@@ -211,12 +211,26 @@ async fn carry_out(
             type_,
             reason,
             message,
+            pod,
         } => {
             let type_ = match type_ {
                 EventType::Normal => KubeEventType::Normal,
                 EventType::Warning => KubeEventType::Warning,
             };
-            if !publish(ctx, node, type_, reason, message.clone()).await {
+            let about = match pod {
+                Some(key) => {
+                    let (ns, name) = key.split_once('/').unwrap_or(("", key));
+                    ObjectReference {
+                        api_version: Some("v1".into()),
+                        kind: Some("Pod".into()),
+                        namespace: Some(ns.into()),
+                        name: Some(name.into()),
+                        ..Default::default()
+                    }
+                }
+                None => node.object_ref(&()),
+            };
+            if !publish(ctx, &about, type_, reason, message.clone()).await {
                 return Ok("failed");
             }
         }
@@ -224,11 +238,11 @@ async fn carry_out(
     Ok("done")
 }
 
-/// Publishes an Event about the node. Events are best effort: a lost one
+/// Publishes an Event about `about`. Events are best effort: a lost one
 /// must not stop remediation. False if it was lost.
 async fn publish(
     ctx: &Context,
-    node: &Node,
+    about: &ObjectReference,
     type_: KubeEventType,
     reason: &str,
     message: String,
@@ -240,10 +254,10 @@ async fn publish(
         action: "Remediate".into(),
         secondary: None,
     };
-    match ctx.recorder.publish(&event, &node.object_ref(&())).await {
+    match ctx.recorder.publish(&event, about).await {
         Ok(()) => true,
         Err(e) => {
-            warn!(node = %node.name_any(), error = %e, "could not publish an Event");
+            warn!(about = ?about.name, error = %e, "could not publish an Event");
             false
         }
     }
