@@ -10,6 +10,7 @@ pub mod crds;
 pub mod names;
 pub mod node_agent;
 pub mod operator;
+pub mod process;
 pub mod reports;
 pub mod scenario;
 pub mod sim;

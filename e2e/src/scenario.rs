@@ -30,8 +30,9 @@ use crate::{
     Result,
     agent::{FakeAgent, write_report},
     client, crds,
-    node_agent::{AgentProcess, hardware, set_hardware},
-    operator::Operator,
+    node_agent::{self, hardware, set_hardware},
+    operator,
+    process::Process,
     reports,
     sim::{GpuNodeSpec, SIM_GROUP_LABEL, gpu_deployment, gpu_node, node_is_ready},
     unique,
@@ -54,8 +55,8 @@ pub struct Scenario {
     agent_task: Option<Background>,
     /// The real agent binaries (fake backend), one per node, when the
     /// scenario runs them instead of the in-process fake agent.
-    agents: Vec<AgentProcess>,
-    pub operator: Option<Operator>,
+    agents: Vec<Process>,
+    pub operator: Option<Process>,
     _turn: MutexGuard<'static, ()>,
 }
 
@@ -148,7 +149,7 @@ impl Scenario {
     /// has taken in every node.
     pub async fn start(&mut self) -> Result<()> {
         self.start_agent();
-        self.operator = Some(Operator::start(&format!("operator-{}", self.group)).await?);
+        self.operator = Some(operator::start(&format!("operator-{}", self.group)).await?);
         self.wait_taken_in().await
     }
 
@@ -169,7 +170,7 @@ impl Scenario {
             let state = std::env::temp_dir().join(format!("gpuhealth-agent-{n}"));
             let _ = std::fs::remove_dir_all(&state);
             self.agents
-                .push(AgentProcess::start(&format!("{n}-agent"), &n, &state, None).await?);
+                .push(node_agent::start(&format!("{n}-agent"), &n, &state, None).await?);
             until(nodes.clone(), &n, WAIT, |node| {
                 node.annotations()
                     .get(GPU_REPORT_ANNOTATION)
@@ -178,7 +179,7 @@ impl Scenario {
             })
             .await?;
         }
-        self.operator = Some(Operator::start(&format!("operator-{}", self.group)).await?);
+        self.operator = Some(operator::start(&format!("operator-{}", self.group)).await?);
         self.wait_taken_in().await
     }
 
@@ -292,16 +293,26 @@ impl Scenario {
         Ok(g.status.unwrap_or_default())
     }
 
-    /// Waits until `node` is Healthy with its latest incident recovered.
+    /// Waits until `node` is Healthy with its latest incident recovered, and
+    /// the operator has carried that out: the status is written before the
+    /// uncordon, and the incident's `Recovered` Event is published after it.
     pub async fn wait_recovered(&self, node: &str) -> Result<GpuNodeHealthStatus> {
-        self.wait_status(node, "recovered", |st| {
-            st.phase == gpuhealth_api::node_health::Phase::Healthy
-                && st
-                    .history
-                    .first()
-                    .is_some_and(|i| i.outcome.as_deref() == Some("Recovered"))
-        })
-        .await
+        let status = self
+            .wait_status(node, "recovered", |st| {
+                st.phase == gpuhealth_api::node_health::Phase::Healthy
+                    && st
+                        .history
+                        .first()
+                        .is_some_and(|i| i.outcome.as_deref() == Some("Recovered"))
+            })
+            .await?;
+        let incident = status
+            .history
+            .first()
+            .map(|i| i.id.clone())
+            .unwrap_or_default();
+        self.wait_event_saying(node, "Recovered", &incident).await?;
+        Ok(status)
     }
 
     pub async fn node(&self, node: &str) -> Result<Node> {
@@ -310,14 +321,24 @@ impl Scenario {
 
     /// Waits until an Event with `reason` about the object `name` exists.
     pub async fn wait_event(&self, name: &str, reason: &str) -> Result<()> {
+        self.wait_event_saying(name, reason, "").await
+    }
+
+    /// Waits until an Event with `reason` about `name` whose message contains `text` exists.
+    pub async fn wait_event_saying(&self, name: &str, reason: &str, text: &str) -> Result<()> {
         let config = watcher::Config::default().fields(&format!("involvedObject.name={name}"));
-        let what = format!("an Event {reason} about {name}");
+        let what = format!("an Event {reason} about {name} saying {text:?}");
         until_set(
             Api::<Event>::all(self.client.clone()),
             config,
             &what,
             WAIT,
-            |set| set.values().any(|e| e.reason.as_deref() == Some(reason)),
+            |set| {
+                set.values().any(|e| {
+                    e.reason.as_deref() == Some(reason)
+                        && e.message.as_deref().unwrap_or_default().contains(text)
+                })
+            },
         )
         .await?;
         Ok(())

@@ -176,3 +176,8 @@ pub fn pod_is_ready(pod: &Pod) -> bool {
         .iter()
         .any(|c| c.type_ == "Ready" && c.status == "True")
 }
+
+/// Whether the node is cordoned (`spec.unschedulable`).
+pub fn is_cordoned(node: &Node) -> bool {
+    node.spec.as_ref().and_then(|s| s.unschedulable) == Some(true)
+}

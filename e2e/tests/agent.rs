@@ -21,7 +21,7 @@ use gpuhealth_api::{
 };
 use gpuhealth_e2e::{
     client,
-    node_agent::{AgentProcess, hardware, set_hardware},
+    node_agent::{self, hardware, set_hardware},
     reports,
     scenario::WAIT,
     sim::{GpuNodeSpec, gpu_node, node_is_ready},
@@ -122,7 +122,7 @@ async fn answered(client: &Client, node: &str, id: &str) -> (Node, RequestResult
 #[tokio::test]
 async fn the_report_follows_the_hardware_and_is_written_only_on_change() {
     let (client, node, state) = node("agent-report").await;
-    let agent = AgentProcess::start(&format!("{node}-agent"), &node, &state, None)
+    let agent = node_agent::start(&format!("{node}-agent"), &node, &state, None)
         .await
         .expect("agent");
     let nodes: Api<Node> = Api::all(client.clone());
@@ -209,7 +209,7 @@ async fn a_request_is_carried_out_once_and_repeated_or_stale_ones_are_not() {
         .await
         .expect("GPU 7 needs a reset");
     let gpu7 = hw.gpus[7].uuid.clone();
-    let _agent = AgentProcess::start(&format!("{node}-agent"), &node, &state, None)
+    let _agent = node_agent::start(&format!("{node}-agent"), &node, &state, None)
         .await
         .expect("agent");
 
@@ -248,17 +248,16 @@ async fn an_agent_restarted_mid_request_never_carries_it_out_twice() {
     let gpu7 = healthy().gpus[7].uuid.clone();
 
     // Dies after carrying it out, before writing the result.
-    let mut first =
-        AgentProcess::start(&format!("{node}-finished"), &node, &state, Some("finished"))
-            .await
-            .expect("agent");
+    let mut first = node_agent::start(&format!("{node}-finished"), &node, &state, Some("finished"))
+        .await
+        .expect("agent");
     request_reset(&client, &node, "inc-3-reset-1", &gpu7, Timestamp::now()).await;
     let exit = first.exited(WAIT).await.expect("the crash");
     assert_eq!(exit.code(), Some(3));
     let nodes: Api<Node> = Api::all(client.clone());
     let n = nodes.get(&node).await.expect("node");
     assert!(result(&n).is_none(), "no result written before the crash");
-    let _second = AgentProcess::start(&format!("{node}-after-finished"), &node, &state, None)
+    let _second = node_agent::start(&format!("{node}-after-finished"), &node, &state, None)
         .await
         .expect("agent");
     let (n, r) = answered(&client, &node, "inc-3-reset-1").await;
@@ -270,12 +269,12 @@ async fn an_agent_restarted_mid_request_never_carries_it_out_twice() {
     drop(_second);
 
     // Dies after journalling the start, before carrying it out.
-    let mut third = AgentProcess::start(&format!("{node}-begun"), &node, &state, Some("begun"))
+    let mut third = node_agent::start(&format!("{node}-begun"), &node, &state, Some("begun"))
         .await
         .expect("agent");
     request_reset(&client, &node, "inc-4-reset-1", &gpu7, Timestamp::now()).await;
     assert_eq!(third.exited(WAIT).await.expect("the crash").code(), Some(3));
-    let _fourth = AgentProcess::start(&format!("{node}-after-begun"), &node, &state, None)
+    let _fourth = node_agent::start(&format!("{node}-after-begun"), &node, &state, None)
         .await
         .expect("agent");
     let (n, r) = answered(&client, &node, "inc-4-reset-1").await;
@@ -302,7 +301,7 @@ async fn without_nvml_the_agent_reports_from_the_kernel_log() {
     std::fs::write(&kmsg, lines.join("\n") + "\n").expect("kernel log");
     let kmsg_arg = kmsg.display().to_string();
     let args = ["--backend", "nvml", "--kmsg-path", kmsg_arg.as_str()];
-    let agent = AgentProcess::start_with(&format!("{node}-agent"), &node, &state, None, &args)
+    let agent = node_agent::start_with(&format!("{node}-agent"), &node, &state, None, &args)
         .await
         .expect("agent");
     let nodes: Api<Node> = Api::all(client.clone());
@@ -346,7 +345,7 @@ async fn without_nvml_the_agent_reports_from_the_kernel_log() {
     }
 
     // Told NVML is required, the agent exits non-zero instead.
-    let mut strict = AgentProcess::start_with(
+    let mut strict = node_agent::start_with(
         &format!("{node}-strict"),
         &node,
         &state.with_extension("strict"),

@@ -9,14 +9,12 @@ use gpuhealth_api::{
     node_health::Phase,
 };
 use gpuhealth_e2e::{
-    operator::{LEASE_DURATION, Operator, Options, RETRY_PERIOD},
+    operator::{self, LEASE_DURATION, Options, RETRY_PERIOD},
     scenario::{Scenario, WAIT},
+    sim::is_cordoned,
     wait::until,
 };
-use k8s_openapi::api::{
-    coordination::v1::Lease,
-    core::v1::{Event, Node},
-};
+use k8s_openapi::api::{coordination::v1::Lease, core::v1::Event};
 use kube::{
     Api,
     api::{ListParams, PostParams},
@@ -67,7 +65,7 @@ async fn a_crash_in_any_phase_is_resumed_and_no_request_is_repeated() {
         let lease = format!("{}-{i}", s.group);
         // The first replica records entry into `phase`, then dies before
         // carrying out a single action of it.
-        let mut first = Operator::start_with(
+        let mut first = operator::start_with(
             &format!("{lease}-crashes"),
             Options {
                 lease: Some(lease.clone()),
@@ -88,7 +86,7 @@ async fn a_crash_in_any_phase_is_resumed_and_no_request_is_repeated() {
         assert_eq!(at_crash.phase, phase, "crashed in {phase:?}");
 
         // Its successor waits out the dead leader's Lease, then finishes.
-        let mut second = Operator::start_with(
+        let mut second = operator::start_with(
             &format!("{lease}-resumes"),
             Options {
                 lease: Some(lease),
@@ -98,12 +96,10 @@ async fn a_crash_in_any_phase_is_resumed_and_no_request_is_repeated() {
         .await
         .expect("operator");
         let status = s.wait_recovered(&node).await.expect("recovers");
-        // The status says Healthy before the uncordon it records is carried out.
-        until(Api::<Node>::all(s.client.clone()), &node, WAIT, |n| {
-            n.spec.as_ref().and_then(|s| s.unschedulable) != Some(true)
-        })
-        .await
-        .expect("uncordoned");
+        assert!(
+            !is_cordoned(&s.node(&node).await.expect("node")),
+            "uncordoned"
+        );
         second.kill().await;
 
         let written = s.agent.requests_written(&node);
@@ -140,11 +136,11 @@ async fn only_the_lease_holder_acts_and_a_standby_takes_over() {
     };
     let a_name = format!("{}-a", s.group);
     let b_name = format!("{}-b", s.group);
-    let mut a = Operator::start_with(&a_name, options.clone())
+    let mut a = operator::start_with(&a_name, options.clone())
         .await
         .expect("replica a");
     lease_held_by(&s, &lease, &a_name, WAIT).await;
-    let b = Operator::start_with(&b_name, options)
+    let b = operator::start_with(&b_name, options)
         .await
         .expect("replica b");
     s.wait_taken_in().await.expect("taken in");

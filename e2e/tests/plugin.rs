@@ -4,7 +4,7 @@ use gpuhealth_e2e::{
     agent::write_report,
     client,
     cluster::kubeconfig_path,
-    operator::built,
+    process::built,
     reports,
     scenario::WAIT,
     sim::{GpuNodeSpec, gpu_node, node_is_ready},

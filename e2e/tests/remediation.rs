@@ -21,6 +21,7 @@ use gpuhealth_e2e::{
     agent::{Answer, Request},
     reports,
     scenario::{Scenario, WAIT},
+    sim::is_cordoned,
     wait::{Background, applied, events, until, until_set},
 };
 use gpuhealth_engine::machine::is_disruptive;
@@ -72,7 +73,7 @@ async fn the_incident_gpu_7_is_reset_and_the_node_returns_to_service() {
                     .get(GPU_REPORT_ANNOTATION)
                     .and_then(|v| GpuReport::parse(v).ok())
                     .is_some_and(|r| r.bad_gpus().next().is_some());
-                let cordoned = n.spec.as_ref().and_then(|s| s.unschedulable) == Some(true);
+                let cordoned = is_cordoned(&n);
                 if let Ok(mut s) = seen.lock() {
                     if bad {
                         s.0.get_or_insert_with(Instant::now);
@@ -129,12 +130,8 @@ async fn the_incident_gpu_7_is_reset_and_the_node_returns_to_service() {
             "{other} kept running: {pods_after:?}"
         );
     }
-    // The status says Healthy before the uncordon it records is carried out.
-    let n = until(Api::<Node>::all(s.client.clone()), &node, WAIT, |n| {
-        n.spec.as_ref().and_then(|s| s.unschedulable) != Some(true)
-    })
-    .await
-    .expect("uncordoned");
+    let n = s.node(&node).await.expect("node");
+    assert!(!is_cordoned(&n), "uncordoned");
     assert!(
         !n.annotations().contains_key(CORDONED_BY_ANNOTATION),
         "ownership record removed with the cordon"
@@ -222,11 +219,7 @@ async fn when_reset_and_reboot_fail_the_node_stays_cordoned_for_a_person() {
         "says what a person should do: {message}"
     );
     let n = s.node(&node).await.expect("node");
-    assert_eq!(
-        n.spec.and_then(|s| s.unschedulable),
-        Some(true),
-        "stays cordoned"
-    );
+    assert!(is_cordoned(&n), "stays cordoned");
 }
 
 #[tokio::test]
@@ -282,11 +275,7 @@ async fn someone_elses_cordon_is_left_in_place() {
     s.break_gpu(&node, 7).await.expect("break");
     s.wait_recovered(&node).await.expect("recovers");
     let n = s.node(&node).await.expect("node");
-    assert_eq!(
-        n.spec.and_then(|s| s.unschedulable),
-        Some(true),
-        "the person's cordon stays"
-    );
+    assert!(is_cordoned(&n), "the person's cordon stays");
 }
 
 #[tokio::test]
@@ -354,8 +343,8 @@ async fn dry_run_records_the_plan_and_writes_no_node_or_pod() {
                     RESET_REQUEST_ANNOTATION,
                     REBOOT_REQUEST_ANNOTATION,
                 ];
-                let touched = n.spec.as_ref().and_then(|s| s.unschedulable) == Some(true)
-                    || ours.iter().any(|k| n.annotations().contains_key(*k));
+                let touched =
+                    is_cordoned(&n) || ours.iter().any(|k| n.annotations().contains_key(*k));
                 if touched && let Ok(mut w) = writes.lock() {
                     w.push(format!("node written: {:?}", n.metadata.annotations));
                 }
@@ -444,11 +433,7 @@ async fn a_malformed_gpu_report_is_an_event_not_an_action() {
         .await
         .expect("an Event");
     let n = s.node(&node).await.expect("node");
-    assert_ne!(
-        n.spec.and_then(|s| s.unschedulable),
-        Some(true),
-        "no action"
-    );
+    assert!(!is_cordoned(&n), "no action");
     let metrics = s
         .operator
         .as_ref()
@@ -555,11 +540,7 @@ async fn the_circuit_breaker_holds_new_remediations_and_closes_on_recovery() {
         .await
         .expect("an Event says why");
     let n = s.node(&second).await.expect("node");
-    assert_ne!(
-        n.spec.and_then(|s| s.unschedulable),
-        Some(true),
-        "no remediation started on the held node"
-    );
+    assert!(!is_cordoned(&n), "no remediation started on the held node");
 
     // The pod goes, the first node recovers, the breaker closes and the
     // second node is remediated.

@@ -17,7 +17,7 @@ use serde_json::json;
 
 use crate::{
     kmsg::{Feed, PciAddress},
-    nvml::{self, DeviceSource, NvmlSource},
+    nvml::{self, DeviceReading, DeviceSource, NvmlSource},
     pod_resources,
 };
 
@@ -198,11 +198,11 @@ fn add_xids(gpus: &mut [GpuEntry], kernel_log: Option<&Feed>) {
 }
 
 /// After a successful reset, the Xids logged before it are answered.
-fn forget_xids(gpus: &[GpuEntry], reset: &[String], kernel_log: Option<&Feed>) {
+fn forget_xids(readings: &[DeviceReading], reset: &[String], kernel_log: Option<&Feed>) {
     let Some(feed) = kernel_log else { return };
     feed.with(|log| {
-        for gpu in gpus.iter().filter(|g| reset.contains(&g.uuid)) {
-            if let Some(pci) = PciAddress::parse(&gpu.pci_bus_id) {
+        for r in readings.iter().filter(|r| reset.contains(&r.uuid)) {
+            if let Some(pci) = PciAddress::parse(&r.pci_bus_id) {
                 log.forget(&pci);
             }
         }
@@ -301,8 +301,7 @@ impl<S: DeviceSource> Backend for NvmlBackend<S> {
                 }
             }
         }
-        let entries: Vec<GpuEntry> = readings.iter().map(nvml::entry).collect();
-        forget_xids(&entries, gpus, self.kernel_log.as_ref());
+        forget_xids(&readings, gpus, self.kernel_log.as_ref());
         (Outcome::Succeeded, format!("reset {}", gpus.join(", ")))
     }
 
@@ -351,10 +350,7 @@ impl RebootMethod {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{
-        metrics::CodeLabels,
-        nvml::{DeviceReading, Recorded},
-    };
+    use crate::{metrics::CodeLabels, nvml::Recorded};
     use prometheus_client::metrics::{counter::Counter, family::Family};
 
     /// The H200 recorded in docs/device/h200-nvml/, with `change` applied.

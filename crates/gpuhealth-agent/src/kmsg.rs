@@ -251,16 +251,16 @@ impl KernelLog {
     /// cannot be loaded. A GPU whose UUID the driver never logged cannot be
     /// named, and is left out.
     pub fn entries(&self) -> Vec<GpuEntry> {
-        let mut pcis: Vec<&PciAddress> = self.uuids.keys().collect();
-        pcis.sort();
-        pcis.iter()
+        // In PCI order (the map's), which is how the driver numbers them.
+        self.uuids
+            .iter()
             .enumerate()
-            .map(|(index, pci)| {
+            .map(|(index, (pci, uuid))| {
                 let xids = self.xids(pci).to_vec();
-                let recovery_action = self.recovery.get(*pci).copied();
+                let recovery_action = self.recovery.get(pci).copied();
                 GpuEntry {
                     index: index as u32,
-                    uuid: self.uuids[*pci].clone(),
+                    uuid: uuid.clone(),
                     pci_bus_id: format!("{:08X}:{:02X}:{:02X}.0", pci.domain, pci.bus, pci.device),
                     product: None,
                     health: health_from_log(&xids, recovery_action),

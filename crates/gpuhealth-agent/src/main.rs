@@ -168,16 +168,13 @@ async fn serve(args: Args) -> Result<(), String> {
         request_max_age: args.request_max_age,
         crash_after,
     };
-    let shutdown = tokio::signal::ctrl_c();
     match args.backend {
         Backend::Fake => {
             let backend = FakeBackend {
                 client: client.clone(),
             };
-            tokio::select! {
-                () = NodeAgent::new(client, settings, backend, journal).with_metrics(metrics).run() => {}
-                _ = shutdown => {}
-            }
+            until_stopped(NodeAgent::new(client, settings, backend, journal).with_metrics(metrics))
+                .await;
         }
         Backend::Nvml => {
             let reboot_method = match args.reboot_method {
@@ -207,13 +204,12 @@ async fn serve(args: Args) -> Result<(), String> {
                         reboot_method,
                         nvidia_smi: PathBuf::from("nvidia-smi"),
                     };
-                    let agent = NodeAgent::new(client, settings, backend, journal)
-                        .with_metrics(metrics)
-                        .woken_by(wake);
-                    tokio::select! {
-                        () = agent.run() => {}
-                        _ = shutdown => {}
-                    }
+                    until_stopped(
+                        NodeAgent::new(client, settings, backend, journal)
+                            .with_metrics(metrics)
+                            .woken_by(wake),
+                    )
+                    .await;
                 }
                 Err(e) if args.require_nvml => return Err(e.to_string()),
                 Err(e) if following => {
@@ -222,13 +218,12 @@ async fn serve(args: Args) -> Result<(), String> {
                         kernel_log: feed,
                         reboot_method,
                     };
-                    let agent = NodeAgent::new(client, settings, backend, journal)
-                        .with_metrics(metrics)
-                        .woken_by(wake);
-                    tokio::select! {
-                        () = agent.run() => {}
-                        _ = shutdown => {}
-                    }
+                    until_stopped(
+                        NodeAgent::new(client, settings, backend, journal)
+                            .with_metrics(metrics)
+                            .woken_by(wake),
+                    )
+                    .await;
                 }
                 Err(e) => {
                     return Err(format!("{e}; and the kernel log cannot be read either"));
@@ -237,6 +232,15 @@ async fn serve(args: Args) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+/// Runs the agent until Ctrl-C. (On SIGTERM the process just ends: the
+/// journal makes that safe at any moment.)
+async fn until_stopped<B: gpuhealth_agent::backend::Backend>(agent: NodeAgent<B>) {
+    tokio::select! {
+        () = agent.run() => {}
+        _ = tokio::signal::ctrl_c() => {}
+    }
 }
 
 fn once_nvml(readings: bool) -> ExitCode {

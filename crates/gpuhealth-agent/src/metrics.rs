@@ -4,7 +4,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use gpuhealth_api::GpuHealth;
 use prometheus_client::{
-    encoding::{EncodeLabelSet, text::encode},
+    encoding::EncodeLabelSet,
     metrics::{counter::Counter, family::Family, gauge::Gauge},
     registry::Registry,
 };
@@ -101,11 +101,8 @@ impl AgentMetrics {
 }
 
 impl gpuhealth_http::Exposition for AgentMetrics {
-    fn render(&self) -> String {
-        let mut out = String::new();
-        // Writing into a String cannot fail.
-        let _ = encode(&mut out, &self.registry);
-        out
+    fn registry(&self) -> &Registry {
+        &self.registry
     }
 
     fn ready(&self) -> Result<(), String> {

@@ -252,19 +252,24 @@ impl<B: Backend> NodeAgent<B> {
     }
 
     async fn write_result(&self, result: &RequestResult) {
-        let patch = json!({"metadata": {"annotations": {REQUEST_RESULT_ANNOTATION: result.to_annotation()}}});
-        if let Err(e) = self
-            .api()
+        let value = result.to_annotation();
+        if let Err(e) = self.annotate(REQUEST_RESULT_ANNOTATION, &value).await {
+            // The journal keeps it: the next pass writes it again.
+            warn!(error = %e, "writing the request result; will retry");
+        }
+    }
+
+    /// Sets one annotation on the agent's own Node.
+    async fn annotate(&self, key: &str, value: &str) -> kube::Result<()> {
+        let patch = json!({"metadata": {"annotations": {key: value}}});
+        self.api()
             .patch(
                 &self.settings.node,
                 &PatchParams::default(),
                 &Patch::Merge(patch),
             )
             .await
-        {
-            // The journal keeps it: the next pass writes it again.
-            warn!(error = %e, "writing the request result; will retry");
-        }
+            .map(|_| ())
     }
 
     fn api(&self) -> Api<Node> {
@@ -309,14 +314,8 @@ impl<B: Backend> NodeAgent<B> {
                 warn!(error = %e, "the GPUs read would make an invalid report; not published");
                 return;
             }
-            let patch = json!({"metadata": {"annotations": {GPU_REPORT_ANNOTATION: report.to_annotation()}}});
             match self
-                .api()
-                .patch(
-                    &self.settings.node,
-                    &PatchParams::default(),
-                    &Patch::Merge(patch),
-                )
+                .annotate(GPU_REPORT_ANNOTATION, &report.to_annotation())
                 .await
             {
                 Ok(_) => {
@@ -353,10 +352,6 @@ impl<B: Backend> NodeAgent<B> {
         if !due {
             return;
         }
-        let bad: Vec<String> = report
-            .bad_gpus()
-            .map(|g| format!("GPU {} ({}) {:?}", g.index, g.uuid, g.health))
-            .collect();
         let (status, reason, message) = if healthy {
             (
                 "True",
@@ -364,6 +359,10 @@ impl<B: Backend> NodeAgent<B> {
                 format!("{} GPU(s) healthy", report.gpus.len()),
             )
         } else {
+            let bad: Vec<String> = report
+                .bad_gpus()
+                .map(|g| format!("GPU {} ({}) {:?}", g.index, g.uuid, g.health))
+                .collect();
             ("False", "GpuUnhealthy", bad.join("; "))
         };
         let transition = match self.condition {

@@ -58,11 +58,16 @@ impl StartBound {
         }
     }
 
-    pub fn window(&self) -> Option<Duration> {
+    /// The probe that can kill a starting container, if any.
+    pub fn probe(&self) -> Option<ProbeTiming> {
         match self {
-            StartBound::Startup(p) | StartBound::Liveness(p) => Some(p.window()),
+            StartBound::Startup(p) | StartBound::Liveness(p) => Some(*p),
             StartBound::Unbounded => None,
         }
+    }
+
+    pub fn window(&self) -> Option<Duration> {
+        self.probe().map(|p| p.window())
     }
 }
 
@@ -114,7 +119,7 @@ pub fn judge(bound: &StartBound, observed: &[ColdStart]) -> Verdict {
             ColdStart::Ready(_) => None,
         })
         .max();
-    let Some(window) = bound.window() else {
+    let Some(probe) = bound.probe() else {
         return match slowest_ready {
             Some(slowest) => Verdict::Ok {
                 window: None,
@@ -125,6 +130,7 @@ pub fn judge(bound: &StartBound, observed: &[ColdStart]) -> Verdict {
             },
         };
     };
+    let window = probe.window();
     // A kill during start means the start outlasted the window; a Ready
     // later than the window means the probe was lucky or slow to act.
     let needs = match (slowest_ready, longest_killed) {
@@ -134,14 +140,10 @@ pub fn judge(bound: &StartBound, observed: &[ColdStart]) -> Verdict {
         _ => None,
     };
     if let Some(needs_at_least) = needs {
-        let timing = match bound {
-            StartBound::Startup(p) | StartBound::Liveness(p) => *p,
-            StartBound::Unbounded => ProbeTiming::default(),
-        };
         return Verdict::WindowTooShort {
             window,
             needs_at_least,
-            recommended: recommend(&timing, needs_at_least),
+            recommended: recommend(&probe, needs_at_least),
         };
     }
     match slowest_ready {

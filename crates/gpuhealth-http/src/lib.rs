@@ -5,13 +5,21 @@
 use std::sync::Arc;
 
 use axum::{Router, extract::State, http::StatusCode, response::IntoResponse, routing::get};
+use prometheus_client::{encoding::text::encode, registry::Registry};
 
 /// What a binary exposes.
 pub trait Exposition: Send + Sync + 'static {
-    /// The metrics, in the text exposition format.
-    fn render(&self) -> String;
+    fn registry(&self) -> &Registry;
     /// Ready, or why not.
     fn ready(&self) -> Result<(), String>;
+}
+
+/// A registry in the text exposition format.
+pub fn render(registry: &Registry) -> String {
+    let mut out = String::new();
+    // Writing into a String cannot fail.
+    let _ = encode(&mut out, registry);
+    out
 }
 
 /// Serves the endpoints on `listener` until the process ends.
@@ -34,7 +42,7 @@ async fn metrics(State(e): State<Arc<dyn Exposition>>) -> impl IntoResponse {
             axum::http::header::CONTENT_TYPE,
             "application/openmetrics-text; version=1.0.0; charset=utf-8",
         )],
-        e.render(),
+        render(e.registry()),
     )
 }
 

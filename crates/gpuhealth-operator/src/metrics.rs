@@ -3,7 +3,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use prometheus_client::{
-    encoding::{EncodeLabelSet, text::encode},
+    encoding::EncodeLabelSet,
     metrics::{
         counter::Counter,
         family::Family,
@@ -117,19 +117,11 @@ impl Metrics {
             })
             .inc();
     }
-
-    /// The text exposition format.
-    pub fn render(&self) -> String {
-        let mut out = String::new();
-        // Writing into a String cannot fail.
-        let _ = encode(&mut out, &self.registry);
-        out
-    }
 }
 
 impl gpuhealth_http::Exposition for Metrics {
-    fn render(&self) -> String {
-        Metrics::render(self)
+    fn registry(&self) -> &Registry {
+        &self.registry
     }
 
     fn ready(&self) -> Result<(), String> {
@@ -155,7 +147,7 @@ mod tests {
                 error: "json".into(),
             })
             .inc();
-        let text = m.render();
+        let text = gpuhealth_http::render(&m.registry);
         for name in [
             "gpuhealth_actions_total{action=\"evict\",outcome=\"refused\"} 1",
             "gpuhealth_malformed_gpu_reports_total{policy=\"p\",error=\"json\"} 1",

@@ -1,0 +1,127 @@
+//! Running this workspace's binaries against the test cluster: each with
+//! the cluster's kubeconfig, `/metrics` on a free loopback port, its output
+//! in `target/e2e-logs/<name>.log`, and killed when dropped.
+
+use std::{
+    net::SocketAddr,
+    path::PathBuf,
+    process::{ExitStatus, Stdio},
+    time::Duration,
+};
+
+use tokio::{
+    io::{AsyncReadExt, AsyncWriteExt},
+    process::{Child, Command},
+};
+
+use crate::{HarnessError, Result, cluster::kubeconfig_path, wait::within};
+
+/// A binary of this workspace, as `cargo build` left it (`make e2e` builds
+/// them first).
+pub fn built(name: &str) -> PathBuf {
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../target")));
+    target.join("debug").join(name)
+}
+
+fn io(e: std::io::Error) -> HarnessError {
+    HarnessError::ClusterStart(e.to_string())
+}
+
+/// A running binary.
+pub struct Process {
+    child: Child,
+    pub name: String,
+    pub log: PathBuf,
+    pub metrics: SocketAddr,
+}
+
+impl Process {
+    /// Starts `binary` as `name`; `configure` adds its own flags and
+    /// environment.
+    pub async fn launch(
+        binary: &str,
+        name: &str,
+        configure: impl FnOnce(&mut Command),
+    ) -> Result<Process> {
+        let dir = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../target/e2e-logs"));
+        std::fs::create_dir_all(&dir).map_err(io)?;
+        let log = dir.join(format!("{name}.log"));
+        let file = std::fs::File::create(&log).map_err(io)?;
+        let err = file.try_clone().map_err(io)?;
+        let metrics = {
+            let listener = std::net::TcpListener::bind("127.0.0.1:0").map_err(io)?;
+            listener.local_addr().map_err(io)?
+        };
+        let bin = built(binary);
+        let mut command = Command::new(&bin);
+        command
+            .env("KUBECONFIG", kubeconfig_path().await?)
+            .args(["--metrics-addr", &metrics.to_string()])
+            .stdout(Stdio::from(file))
+            .stderr(Stdio::from(err))
+            .kill_on_drop(true);
+        configure(&mut command);
+        let child = command.spawn().map_err(|e| {
+            HarnessError::ClusterStart(format!(
+                "starting {}: {e} (run `cargo build -p {binary}`)",
+                bin.display()
+            ))
+        })?;
+        Ok(Process {
+            child,
+            name: name.to_owned(),
+            log,
+            metrics,
+        })
+    }
+
+    /// Kills it at once (SIGKILL), as a crash would.
+    pub async fn kill(&mut self) {
+        let _ = self.child.kill().await;
+    }
+
+    /// Waits for the process to exit by itself.
+    pub async fn exited(&mut self, timeout: Duration) -> Result<ExitStatus> {
+        let what = format!("{} to exit", self.name);
+        within(&what, timeout, async {
+            self.child.wait().await.map_err(io)
+        })
+        .await
+    }
+
+    /// The text of its `/metrics`, once the endpoint answers.
+    pub async fn scrape(&self) -> Result<String> {
+        let what = format!("/metrics of {}", self.name);
+        within(&what, Duration::from_secs(30), async {
+            loop {
+                if let Ok(body) = http_get(self.metrics, "/metrics").await {
+                    return Ok(body);
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        })
+        .await
+    }
+}
+
+/// A plain HTTP/1.0 GET: enough for a test to read `/metrics`.
+async fn http_get(addr: SocketAddr, path: &str) -> std::io::Result<String> {
+    let mut stream = tokio::net::TcpStream::connect(addr).await?;
+    stream
+        .write_all(format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes())
+        .await?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await?;
+    match response.split_once("\r\n\r\n") {
+        Some((head, body))
+            if head.starts_with("HTTP/1.0 200") || head.starts_with("HTTP/1.1 200") =>
+        {
+            Ok(body.to_owned())
+        }
+        _ => Err(std::io::Error::other(format!(
+            "unexpected response: {response}"
+        ))),
+    }
+}
