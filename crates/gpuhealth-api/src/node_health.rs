@@ -206,4 +206,31 @@ pub struct Incident {
     /// `Recovered`, `Failed`, `Replaced`, or unset while open.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub outcome: Option<String>,
+    /// The workloads whose pods this incident evicted, and whether they
+    /// came back after the node did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workloads: Option<WorkloadRecovery>,
 }
+
+/// Whether the workloads an incident evicted are serving again: the
+/// hardware can recover while its workloads do not.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct WorkloadRecovery {
+    /// The controllers of the evicted pods, as `Kind/namespace/name`
+    /// (`ReplicaSet/ml/vllm-7d9f6`, `StatefulSet/ml/trainer`).
+    #[schemars(length(max = 64))]
+    pub evicted: Vec<String>,
+    /// Until when they may take to be Ready again; set at uncordon.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deadline: Option<Time>,
+    /// `Recovered` or `WorkloadNotRecovered`; unset while watched.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub outcome: Option<String>,
+    /// What was seen, in plain words: which pods are not Ready and why.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+}
+
+/// At most this many workloads are tracked per incident.
+pub const WORKLOADS_LIMIT: usize = 64;

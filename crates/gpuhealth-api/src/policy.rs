@@ -349,6 +349,19 @@ pub struct Verification {
     /// must succeed before uncordon, e.g. a short CUDA or NCCL test.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub validation_pod: Option<ValidationPod>,
+
+    /// How long after uncordon the workloads whose pods were evicted have
+    /// to be Ready again, wherever they were rescheduled. If they are not,
+    /// the incident records `WorkloadNotRecovered` with the cause (a startup
+    /// probe too short for the cold start, a crash, an OOM kill, a GPU
+    /// error), separate from the hardware's recovery. Long enough for the
+    /// slowest cold start; `0s` turns the check off.
+    #[serde(default = "default_workload_recovery_timeout")]
+    #[schemars(extend("x-kubernetes-validations" = [{
+        "rule": "duration(self) >= duration('0s') && duration(self) <= duration('24h')",
+        "message": "verification.workloadRecoveryTimeout must be from 0s to 24h"
+    }]))]
+    pub workload_recovery_timeout: Duration,
 }
 
 impl Default for Verification {
@@ -357,6 +370,7 @@ impl Default for Verification {
             stable_for: default_stable_for(),
             timeout: default_verification_timeout(),
             validation_pod: None,
+            workload_recovery_timeout: default_workload_recovery_timeout(),
         }
     }
 }
@@ -496,6 +510,9 @@ fn default_stable_for() -> Duration {
 }
 fn default_verification_timeout() -> Duration {
     Duration::from_mins(10)
+}
+fn default_workload_recovery_timeout() -> Duration {
+    Duration::from_mins(30)
 }
 fn default_validation_timeout() -> Duration {
     Duration::from_mins(10)

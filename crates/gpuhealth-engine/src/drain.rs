@@ -27,6 +27,24 @@ pub struct PodView {
     /// UUIDs of the GPUs it holds, from the node's GPU report.
     pub gpus: Vec<String>,
     pub tolerance: Result<DisruptionTolerance, ContractError>,
+    /// Its controller, as `Kind/namespace/name`: what must come back after
+    /// an eviction.
+    pub workload: Option<String>,
+    /// Its `gpuhealth.io/gpu-healthy` readiness gate.
+    pub gpu_gate: GpuGate,
+}
+
+/// A pod's `gpuhealth.io/gpu-healthy` readiness gate: pods that list it in
+/// `spec.readinessGates` are Ready only while the condition is `True`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum GpuGate {
+    /// The pod does not list the gate.
+    #[default]
+    NotOptedIn,
+    /// Listed, with no condition yet: the pod is not Ready until it is set.
+    Unset,
+    /// Listed, with the condition's status.
+    Is(bool),
 }
 
 impl PodView {
@@ -151,6 +169,8 @@ mod tests {
             requests_gpu: !gpus.is_empty(),
             gpus: gpus.iter().map(|g| g.to_string()).collect(),
             tolerance: Ok(DisruptionTolerance::Evict),
+            workload: None,
+            gpu_gate: GpuGate::NotOptedIn,
         }
     }
 

@@ -8,4 +8,5 @@ pub mod drain;
 pub mod machine;
 pub mod probes;
 pub mod restarts;
+pub mod workload;
 pub mod xid;

@@ -15,7 +15,7 @@ use gpuhealth_api::{
     contract::{ContractError, GpuReport, Outcome, RequestResult},
     node_health::{
         ActionStatus, FINDINGS_LIMIT, Finding, GpuNodeHealthStatus, GpuStatus, HISTORY_LIMIT,
-        Incident, Phase, Plan,
+        Incident, Phase, Plan, WORKLOADS_LIMIT,
     },
     policy::{DrainScope, DrainTimeoutAction, EscalationStep, GpuHealthPolicySpec, Mode},
 };
@@ -24,7 +24,8 @@ use k8s_openapi::{apimachinery::pkg::apis::meta::v1::Time, jiff::Timestamp};
 use crate::{
     budget::Budget,
     diagnosis::{Diagnosis, Evidence, ObservedCondition, after, diagnose},
-    drain::{self, BudgetView, DrainPlan, PodView},
+    drain::{self, BudgetView, DrainPlan, GpuGate, PodView},
+    workload::{WorkloadView, assess, verdict_text},
 };
 
 /// How often to look again while waiting on something that sends no event
@@ -87,6 +88,9 @@ pub struct Input<'a> {
     /// The validation pod of the attempt in flight, if the policy has one
     /// and it exists.
     pub validation: Option<&'a ValidationView>,
+    /// The pods, wherever they run, of the workloads named by
+    /// [`workloads_to_watch`]; empty otherwise.
+    pub workloads: &'a [WorkloadView],
     pub budget: Budget,
     pub state: &'a GpuNodeHealthStatus,
 }
@@ -130,6 +134,12 @@ pub enum Action {
     DeleteValidationPod {
         name: String,
     },
+    /// Set the pod's `gpuhealth.io/gpu-healthy` condition (its readiness gate).
+    SetGpuHealthy {
+        pod: String,
+        healthy: bool,
+        message: String,
+    },
     /// Label the node for replacement; it stays cordoned.
     MarkForReplacement {
         incident: String,
@@ -160,6 +170,18 @@ pub fn is_disruptive(phase: Phase) -> bool {
     )
 }
 
+/// The workloads whose pods the last incident evicted and that are still
+/// being watched after its recovery: the operator lists their pods.
+pub fn workloads_to_watch(status: &GpuNodeHealthStatus) -> Vec<String> {
+    status
+        .history
+        .first()
+        .and_then(|i| i.workloads.as_ref())
+        .filter(|w| w.deadline.is_some() && w.outcome.is_none())
+        .map(|w| w.evicted.clone())
+        .unwrap_or_default()
+}
+
 pub fn step(input: &Input<'_>) -> Decision {
     let mut s = Stepper {
         input,
@@ -170,6 +192,7 @@ pub fn step(input: &Input<'_>) -> Decision {
     };
     s.status.policy = Some(input.policy.to_owned());
     s.observe();
+    s.readiness_gates();
     let mode = input.spec.mode;
     if mode != Mode::Enforce
         && !matches!(
@@ -187,7 +210,7 @@ pub fn step(input: &Input<'_>) -> Decision {
         s.status.message = Some(message);
         return Decision {
             status: s.status,
-            actions: Vec::new(),
+            actions: s.actions,
             requeue_after: None,
         };
     }
@@ -332,6 +355,7 @@ impl<'a> Stepper<'a> {
 
     fn healthy_or_suspect(&mut self) {
         self.status.plan = None;
+        self.watch_workloads();
         let Some(required) = self.diagnosis.required() else {
             match self.diagnosis.pending_until {
                 Some(at) => {
@@ -391,6 +415,7 @@ impl<'a> Stepper<'a> {
             return;
         }
         let incident = format!("inc-{}", self.now().as_second());
+        self.supersede_workload_watch(&incident);
         self.status.incident = Some(incident.clone());
         self.status.action = None;
         self.status.clear_since = None;
@@ -403,6 +428,7 @@ impl<'a> Stepper<'a> {
                 trigger: headline.clone(),
                 actions: Vec::new(),
                 outcome: None,
+                workloads: None,
             },
         );
         self.status.history.truncate(HISTORY_LIMIT);
@@ -558,6 +584,7 @@ impl<'a> Stepper<'a> {
         let timed_out = self.phase_age() >= drain.timeout.as_std();
         if timed_out && drain.on_timeout == DrainTimeoutAction::ForceDelete {
             for pod in plan.evict.iter().chain(&plan.waiting) {
+                self.note_evicted(pod);
                 self.actions.push(Action::ForceDelete { pod: pod.clone() });
             }
         } else if timed_out {
@@ -578,6 +605,7 @@ impl<'a> Stepper<'a> {
             );
         } else {
             for pod in &plan.evict {
+                self.note_evicted(pod);
                 self.actions.push(Action::Evict { pod: pod.clone() });
             }
         }
@@ -819,6 +847,7 @@ impl<'a> Stepper<'a> {
             )
         };
         self.close("Recovered");
+        self.start_workload_watch();
         self.status.action = None;
         self.status.incident = None;
         self.status.clear_since = None;
@@ -927,6 +956,180 @@ impl<'a> Stepper<'a> {
             message,
             pod,
         });
+    }
+
+    /// Remembers the controller of a pod about to be evicted: after the
+    /// node recovers, what it runs must be serving again.
+    fn note_evicted(&mut self, pod: &str) {
+        let Some(workload) = self
+            .input
+            .pods
+            .iter()
+            .find(|p| p.key() == pod)
+            .and_then(|p| p.workload.clone())
+        else {
+            return;
+        };
+        if let Some(incident) = self.status.history.first_mut() {
+            let w = incident.workloads.get_or_insert_with(Default::default);
+            if !w.evicted.contains(&workload) && w.evicted.len() < WORKLOADS_LIMIT {
+                w.evicted.push(workload);
+            }
+        }
+    }
+
+    /// At uncordon: the evicted workloads have until the deadline to be
+    /// Ready again.
+    fn start_workload_watch(&mut self) {
+        let timeout = self.spec().verification.workload_recovery_timeout;
+        let now = self.now();
+        let Some(w) = self
+            .status
+            .history
+            .first_mut()
+            .and_then(|i| i.workloads.as_mut())
+        else {
+            return;
+        };
+        if timeout.as_std().is_zero() {
+            w.message = Some("not checked: verification.workloadRecoveryTimeout is 0s".into());
+        } else {
+            w.deadline = Some(Time(after(now, timeout.as_std())));
+            self.wait(POLL);
+        }
+    }
+
+    /// A new incident ends the last one's watch unjudged.
+    fn supersede_workload_watch(&mut self, new: &str) {
+        if let Some(w) = self
+            .status
+            .history
+            .first_mut()
+            .and_then(|i| i.workloads.as_mut())
+            .filter(|w| w.deadline.is_some() && w.outcome.is_none())
+        {
+            w.outcome = Some("Superseded".into());
+            w.message = Some(format!(
+                "incident {new} began before the workloads' window ended"
+            ));
+        }
+    }
+
+    /// After a recovery: are the evicted workloads serving again? A
+    /// workload that is not is a finding about the workload (a probe too
+    /// short for its cold start, a crash), never a new signal about the
+    /// node: nothing here starts a remediation.
+    fn watch_workloads(&mut self) {
+        let evicted = workloads_to_watch(&self.status);
+        let Some(incident) = self.status.history.first() else {
+            return;
+        };
+        let (id, Some(deadline)) = (
+            incident.id.clone(),
+            incident.workloads.as_ref().and_then(|w| w.deadline.clone()),
+        ) else {
+            return;
+        };
+        if evicted.is_empty() {
+            return;
+        }
+        let mut not_serving = Vec::new();
+        for name in &evicted {
+            let pods = self
+                .input
+                .workloads
+                .iter()
+                .find(|v| &v.name == name)
+                .map_or(&[][..], |v| v.pods.as_slice());
+            let a = assess(pods);
+            for c in a.too_short() {
+                let pod = pods.iter().find(|p| !p.is_fine()).map(|p| p.pod.clone());
+                let message = format!(
+                    "{name}, evicted by incident {id}: {}",
+                    verdict_text(&c.container, &c.verdict)
+                );
+                self.finding_about("StartupProbeTooShort", Some(name.clone()), message, pod);
+            }
+            if !a.recovered() {
+                not_serving.push(format!("{name}: {}", a.why_not()));
+            }
+        }
+        let now = self.now();
+        let (outcome, message) = if not_serving.is_empty() {
+            let message = format!(
+                "every workload incident {id} evicted is Ready again: {}",
+                evicted.join(", ")
+            );
+            self.event(EventType::Normal, "WorkloadsRecovered", message.clone());
+            ("Recovered", message)
+        } else if now >= deadline.0 {
+            let message = format!(
+                "the node recovered, but not every workload incident {id} evicted is serving: {}",
+                not_serving.join(" | ")
+            );
+            self.finding(
+                "WorkloadNotRecovered",
+                Some(format!("incident/{id}")),
+                message.clone(),
+            );
+            ("WorkloadNotRecovered", message)
+        } else {
+            let left = deadline
+                .0
+                .duration_since(now)
+                .try_into()
+                .unwrap_or(Duration::ZERO);
+            self.wait(left.min(POLL));
+            return;
+        };
+        if let Some(w) = self
+            .status
+            .history
+            .first_mut()
+            .and_then(|i| i.workloads.as_mut())
+        {
+            w.outcome = Some(outcome.into());
+            w.message = Some(message);
+        }
+    }
+
+    /// Pods that opted in to the `gpuhealth.io/gpu-healthy` readiness gate
+    /// are Ready only while their GPUs are healthy, so Services stop sending
+    /// them traffic before any drain. Only an `Enforce` policy takes a pod
+    /// out of service; the others keep the gate `True` so that opting in
+    /// never holds a pod back.
+    fn readiness_gates(&mut self) {
+        // Health unknown: leave every gate as it is.
+        let Some(Ok(report)) = &self.input.node.report else {
+            return;
+        };
+        let enforce = self.spec().mode == Mode::Enforce;
+        for pod in self.input.pods {
+            if pod.gpu_gate == GpuGate::NotOptedIn || pod.finished || pod.terminating {
+                continue;
+            }
+            let bad: Vec<String> = report
+                .bad_gpus()
+                .filter(|g| pod.gpus.contains(&g.uuid))
+                .map(|g| format!("GPU {} ({}) is {:?}", g.index, g.uuid, g.health))
+                .collect();
+            let healthy = bad.is_empty() || !enforce;
+            if pod.gpu_gate == GpuGate::Is(healthy) {
+                continue;
+            }
+            let message = match (bad.is_empty(), enforce) {
+                (true, _) => "every GPU it holds is healthy".to_owned(),
+                (false, true) => bad.join(", "),
+                (false, false) => {
+                    format!("{}; left True: the policy is not Enforce", bad.join(", "))
+                }
+            };
+            self.actions.push(Action::SetGpuHealthy {
+                pod: pod.key(),
+                healthy,
+                message,
+            });
+        }
     }
 
     fn record(&mut self, what: &str) {

@@ -3,8 +3,9 @@
 
 use gpuhealth_api::{
     contract::{
-        AnnotationValue, CORDONED_BY_ANNOTATION, CordonRecord, REBOOT_REQUEST_ANNOTATION,
-        REPLACE_LABEL, RESET_REQUEST_ANNOTATION, RebootRequest, RequestId, ResetRequest,
+        AnnotationValue, CORDONED_BY_ANNOTATION, CordonRecord, GPU_HEALTHY_READINESS_GATE,
+        REBOOT_REQUEST_ANNOTATION, REPLACE_LABEL, RESET_REQUEST_ANNOTATION, RebootRequest,
+        RequestId, ResetRequest,
     },
     policy::GpuHealthPolicySpec,
 };
@@ -44,6 +45,7 @@ pub async fn run(
         Action::MarkForReplacement { .. } => "mark_for_replacement",
         Action::CreateValidationPod { .. } => "create_validation_pod",
         Action::DeleteValidationPod { .. } => "delete_validation_pod",
+        Action::SetGpuHealthy { .. } => "set_gpu_healthy",
         Action::Event { .. } => "event",
     };
     let result = carry_out(ctx, node, spec, action).await;
@@ -149,6 +151,32 @@ async fn carry_out(
             .to_annotation();
             annotate(&nodes, &name, REBOOT_REQUEST_ANNOTATION, &value).await?;
             info!(node = %name, %request, "reboot requested");
+        }
+        Action::SetGpuHealthy {
+            pod,
+            healthy,
+            message,
+        } => {
+            let (ns, pod_name) = pod.split_once('/').unwrap_or(("", pod));
+            let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
+            // Conditions merge by type: only ours changes.
+            let patch = json!({"status": {"conditions": [{
+                "type": GPU_HEALTHY_READINESS_GATE,
+                "status": if *healthy { "True" } else { "False" },
+                "reason": if *healthy { "GpuHealthy" } else { "GpuUnhealthy" },
+                "message": message,
+                "lastTransitionTime": now,
+            }]}});
+            match pods
+                .patch_status(pod_name, &PatchParams::default(), &Patch::Strategic(patch))
+                .await
+            {
+                Ok(_) => {
+                    info!(node = %name, %pod, healthy, "readiness gate {GPU_HEALTHY_READINESS_GATE} set")
+                }
+                Err(kube::Error::Api(s)) if s.code == 404 => return Ok("gone"),
+                Err(e) => return Err(e.into()),
+            }
         }
         Action::MarkForReplacement { incident } => {
             let patch = json!({"metadata": {"labels": {REPLACE_LABEL: incident}}});

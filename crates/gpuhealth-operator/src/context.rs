@@ -1,6 +1,9 @@
 //! What every reconcile shares.
 
-use std::{collections::HashMap, sync::Arc};
+use std::{
+    collections::{BTreeSet, HashMap},
+    sync::{Arc, Mutex},
+};
 
 use gpuhealth_api::{
     GpuHealthPolicy, GpuNodeHealth,
@@ -26,6 +29,9 @@ pub struct Context {
     /// budget could both start.
     pub decisions: tokio::sync::Mutex<HashMap<String, GpuNodeHealthStatus>>,
     pub metrics: Arc<Metrics>,
+    /// Per node, the pods (`namespace/name`) its last reconcile saw holding
+    /// a GPU: a new holder is listed once, to set its readiness gate.
+    pub holders_seen: Mutex<HashMap<String, BTreeSet<String>>>,
     /// Checked before every write: a replica that is not the leader (or no
     /// longer sure it is) writes nothing.
     pub leadership: Leadership,

@@ -11,6 +11,7 @@ mod policy_status;
 mod reconcile;
 mod selection;
 mod validation;
+mod workloads;
 
 use std::{net::SocketAddr, process::ExitCode, sync::Arc, time::Duration};
 
@@ -224,6 +225,7 @@ async fn run(args: Args) -> Result<(), Fatal> {
         policies: policies.clone(),
         node_health,
         decisions: Default::default(),
+        holders_seen: Default::default(),
         metrics: metrics.clone(),
         leadership: elector.leadership(),
         crash_after,

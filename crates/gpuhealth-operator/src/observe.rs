@@ -4,14 +4,15 @@ use std::collections::BTreeMap;
 
 use gpuhealth_api::contract::{
     AnnotationValue, CORDONED_BY_ANNOTATION, CordonRecord, DISRUPTION_TOLERANCE_ANNOTATION,
-    DisruptionTolerance, GPU_REPORT_ANNOTATION, GpuReport, REBOOT_REQUEST_ANNOTATION,
-    REQUEST_RESULT_ANNOTATION, RESET_REQUEST_ANNOTATION, RebootRequest, RequestResult,
-    ResetRequest,
+    DisruptionTolerance, GPU_HEALTHY_READINESS_GATE, GPU_REPORT_ANNOTATION, GpuReport,
+    REBOOT_REQUEST_ANNOTATION, REQUEST_RESULT_ANNOTATION, RESET_REQUEST_ANNOTATION, RebootRequest,
+    RequestResult, ResetRequest,
 };
 use gpuhealth_engine::{
     diagnosis::ObservedCondition,
-    drain::{BudgetView, PodView},
+    drain::{BudgetView, GpuGate, PodView},
     machine::NodeView,
+    workload::controller_of,
 };
 use k8s_openapi::{
     api::{
@@ -116,7 +117,29 @@ pub fn pod_view(pod: &Pod, holders: &BTreeMap<String, Vec<String>>) -> PodView {
                 .get(DISRUPTION_TOLERANCE_ANNOTATION)
                 .map(String::as_str),
         ),
+        workload: controller_of(pod),
+        gpu_gate: gpu_gate(pod),
     }
+}
+
+/// The pod's `gpuhealth.io/gpu-healthy` readiness gate and its condition.
+fn gpu_gate(pod: &Pod) -> GpuGate {
+    let opted_in = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.readiness_gates.as_ref())
+        .is_some_and(|g| {
+            g.iter()
+                .any(|g| g.condition_type == GPU_HEALTHY_READINESS_GATE)
+        });
+    if !opted_in {
+        return GpuGate::NotOptedIn;
+    }
+    pod.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .and_then(|cs| cs.iter().find(|c| c.type_ == GPU_HEALTHY_READINESS_GATE))
+        .map_or(GpuGate::Unset, |c| GpuGate::Is(c.status == "True"))
 }
 
 /// `namespace/name` → GPU UUIDs, from the node's report.

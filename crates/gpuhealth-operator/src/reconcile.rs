@@ -14,7 +14,7 @@ use gpuhealth_api::{
 };
 use gpuhealth_engine::{
     budget::Budget,
-    machine::{Action, Input, is_disruptive, step, validation_pod_name},
+    machine::{Action, Input, is_disruptive, step, validation_pod_name, workloads_to_watch},
 };
 use k8s_openapi::{
     api::{
@@ -38,7 +38,7 @@ use crate::{
     observe::{budget_views, gpu_holders, node_view, pod_view},
     policy_status::{managed, unhealthy},
     selection::winner,
-    validation,
+    validation, workloads,
 };
 
 pub async fn reconcile(node: Arc<Node>, ctx: Arc<Context>) -> Result<Requeue, Error> {
@@ -78,11 +78,18 @@ async fn reconcile_node(node: &Node, ctx: &Context) -> Result<Requeue, Error> {
         .or(in_cluster.clone())
         .unwrap_or_default();
     let budget = budget(ctx, &written, &policy, &name);
-    // Pods are listed only for a node that may need draining, so memory
-    // follows the work in flight rather than the size of the cluster.
+    // Pods are listed only for a node that may need draining, or when a
+    // pod newly holds one of its GPUs (its readiness gate may need setting),
+    // so memory follows the work in flight rather than the size of the cluster.
     let has_bad_gpu = matches!(&view.report, Some(Ok(r)) if r.bad_gpus().next().is_some());
-    let pods = if stored.phase != Phase::Healthy || has_bad_gpu {
-        let holders = gpu_holders(&view);
+    let holders = gpu_holders(&view);
+    let new_holder = {
+        let seen = ctx.holders_seen.lock().unwrap_or_else(|e| e.into_inner());
+        holders
+            .keys()
+            .any(|k| seen.get(&name).is_none_or(|s| !s.contains(k)))
+    };
+    let pods = if stored.phase != Phase::Healthy || has_bad_gpu || new_holder {
         let api: Api<Pod> = Api::all(ctx.client.clone());
         let list = api
             .list(&ListParams::default().fields(&format!("spec.nodeName={name}")))
@@ -105,6 +112,12 @@ async fn reconcile_node(node: &Node, ctx: &Context) -> Result<Requeue, Error> {
     } else {
         Vec::new()
     };
+    let watched = workloads_to_watch(&stored);
+    let workload_views = if watched.is_empty() {
+        Vec::new()
+    } else {
+        workloads::watched(ctx, &watched).await?
+    };
     let validation = match (&policy.spec.verification.validation_pod, &stored.action) {
         (Some(template), Some(action)) if stored.phase == Phase::Verifying => {
             let ns = validation::namespace(template, &ctx.namespace);
@@ -123,6 +136,7 @@ async fn reconcile_node(node: &Node, ctx: &Context) -> Result<Requeue, Error> {
         pods: &pods,
         disruption_budgets: &disruption_budgets,
         validation: validation.as_ref(),
+        workloads: &workload_views,
         budget,
         state: &stored,
     });
@@ -172,6 +186,10 @@ async fn reconcile_node(node: &Node, ctx: &Context) -> Result<Requeue, Error> {
         debug!(node = %name, ?action, "carrying out");
         actions::run(ctx, node, &policy.spec, action).await?;
     }
+    ctx.holders_seen
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert(name, holders.into_keys().collect());
     Ok(match decision.requeue_after {
         Some(after) => Requeue::requeue(after.max(Duration::from_secs(1))),
         None => Requeue::requeue(Duration::from_secs(300)),

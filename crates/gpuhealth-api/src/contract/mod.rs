@@ -36,6 +36,9 @@ pub const DISRUPTION_TOLERANCE_ANNOTATION: &str = "gpuhealth.io/disruption-toler
 pub const REPLACE_LABEL: &str = "gpuhealth.io/replace";
 /// Node condition type written by detectors (`True` means healthy).
 pub const GPU_HEALTHY_CONDITION: &str = "GpuHealthy";
+/// Pod readiness gate and condition: a pod that lists it in
+/// `spec.readinessGates` is Ready only while the GPUs it holds are healthy.
+pub const GPU_HEALTHY_READINESS_GATE: &str = "gpuhealth.io/gpu-healthy";
 
 /// The largest annotation value the contract accepts. The API server caps all
 /// annotations of an object at 256 KiB together; one value of ours has no

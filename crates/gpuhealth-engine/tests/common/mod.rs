@@ -16,9 +16,10 @@ use gpuhealth_api::{
 };
 use gpuhealth_engine::{
     budget::Budget,
-    drain::{BudgetView, PodView},
+    drain::{BudgetView, GpuGate, PodView},
     machine::ValidationView,
     machine::{Action, Input, NodeView, step},
+    workload::WorkloadView,
 };
 use k8s_openapi::{apimachinery::pkg::apis::meta::v1::Time, jiff::Timestamp};
 
@@ -42,6 +43,8 @@ pub fn gpu_pod(name: &str, gpu: &str) -> PodView {
         requests_gpu: true,
         gpus: vec![gpu.into()],
         tolerance: Ok(DisruptionTolerance::Evict),
+        workload: Some(format!("ReplicaSet/ml-serving/{name}-rs")),
+        gpu_gate: GpuGate::NotOptedIn,
     }
 }
 
@@ -65,6 +68,8 @@ pub struct World {
     /// The API server refuses the validation pod (an invalid template).
     pub refuse_validation_pod: bool,
     pub state: GpuNodeHealthStatus,
+    /// The pods of the workloads the engine watches after a recovery.
+    pub workloads: Vec<WorkloadView>,
     pub budget: Budget,
     pub reset_agent: Agent,
     pub reboot_agent: Agent,
@@ -106,6 +111,7 @@ impl World {
             validation: None,
             refuse_validation_pod: false,
             state: GpuNodeHealthStatus::default(),
+            workloads: Vec::new(),
             budget,
             reset_agent: Agent::Succeeds,
             reboot_agent: Agent::Succeeds,
@@ -129,6 +135,7 @@ impl World {
             pods: &self.pods,
             disruption_budgets: &self.disruption_budgets,
             validation: self.validation.as_ref(),
+            workloads: &self.workloads,
             budget: self.budget,
             state: &self.state,
         });
@@ -190,6 +197,11 @@ impl World {
                 });
             }
             Action::DeleteValidationPod { .. } => self.validation = None,
+            Action::SetGpuHealthy { pod, healthy, .. } => {
+                for p in self.pods.iter_mut().filter(|p| &p.key() == pod) {
+                    p.gpu_gate = GpuGate::Is(*healthy);
+                }
+            }
             Action::MarkForReplacement { .. } | Action::Event { .. } => {}
         }
     }
@@ -256,6 +268,16 @@ impl World {
             for g in &mut report.gpus {
                 g.health = GpuHealth::Healthy;
                 g.recovery_action = Some(0);
+            }
+        }
+    }
+
+    /// GPU `index` reported in `health`, in a report observed now.
+    pub fn set_gpu_health(&mut self, index: u32, health: GpuHealth) {
+        if let Some(Ok(report)) = &mut self.node.report {
+            report.observed_at = Time(self.now);
+            for g in report.gpus.iter_mut().filter(|g| g.index == index) {
+                g.health = health;
             }
         }
     }
