@@ -134,6 +134,11 @@ kwok_config() {
     echo "---" >>"$out"
     cat "$stages/$f" >>"$out"
   done
+  # Ours: what KWOK's stock stages leave out (see each file).
+  for f in "$here"/stages/*.yaml; do
+    echo "---" >>"$out"
+    cat "$f" >>"$out"
+  done
 }
 
 start() {

@@ -30,6 +30,7 @@ use crate::{
     Result,
     agent::{FakeAgent, write_report},
     client, crds,
+    kubelet::Kubelet,
     node_agent::{self, hardware, set_hardware},
     operator,
     process::Process,
@@ -57,6 +58,7 @@ pub struct Scenario {
     /// scenario runs them instead of the in-process fake agent.
     agents: Vec<Process>,
     pub operator: Option<Process>,
+    _kubelet: Option<Background>,
     _turn: MutexGuard<'static, ()>,
 }
 
@@ -64,7 +66,20 @@ impl Scenario {
     /// `nodes` eight-GPU nodes, each running eight one-GPU pods, reported
     /// healthy; the policy is `spec` with its selector set to these nodes.
     /// The operator is not started yet: see [`Scenario::start`].
-    pub async fn new(name: &str, nodes: usize, mut spec: GpuHealthPolicySpec) -> Result<Scenario> {
+    pub async fn new(name: &str, nodes: usize, spec: GpuHealthPolicySpec) -> Result<Scenario> {
+        Scenario::new_with(name, nodes, spec, |_| {}, None).await
+    }
+
+    /// Like [`Scenario::new`], with the vLLM Deployment changed by
+    /// `customize` before it is created, and `kubelet` starting its pods
+    /// where the template takes them away from KWOK.
+    pub async fn new_with(
+        name: &str,
+        nodes: usize,
+        mut spec: GpuHealthPolicySpec,
+        customize: impl FnOnce(&mut Deployment),
+        kubelet: Option<&Kubelet>,
+    ) -> Result<Scenario> {
         let turn = ONE_AT_A_TIME.lock().await;
         let client = client().await?;
         crds::install(&client).await?;
@@ -95,14 +110,12 @@ impl Scenario {
         Api::<Namespace>::all(client.clone())
             .create(&PostParams::default(), &ns)
             .await?;
+        let kubelet_task = kubelet.map(|k| k.spawn(client.clone(), &namespace));
         let deployments: Api<Deployment> = Api::namespaced(client.clone(), &namespace);
-        let replicas = (nodes * 8) as i32;
-        deployments
-            .create(
-                &PostParams::default(),
-                &gpu_deployment(&namespace, "vllm", &group, replicas, 1),
-            )
-            .await?;
+        let mut vllm = gpu_deployment(&namespace, "vllm", &group, (nodes * 8) as i32, 1);
+        customize(&mut vllm);
+        let replicas = vllm.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
+        deployments.create(&PostParams::default(), &vllm).await?;
         until(deployments, "vllm", WAIT, |d| {
             d.status.as_ref().and_then(|s| s.ready_replicas) == Some(replicas)
         })
@@ -118,6 +131,7 @@ impl Scenario {
             agent_task: None,
             agents: Vec::new(),
             operator: None,
+            _kubelet: kubelet_task,
             _turn: turn,
         };
         for n in scenario.nodes.clone() {

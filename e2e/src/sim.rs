@@ -4,17 +4,20 @@
 
 use std::collections::BTreeMap;
 
+use gpuhealth_api::contract::GPU_HEALTHY_READINESS_GATE;
 use k8s_openapi::{
     api::{
         apps::v1::{Deployment, DeploymentSpec},
         core::v1::{
-            Container, Node, NodeCondition, NodeSpec, NodeStatus, NodeSystemInfo, Pod,
-            PodCondition, PodSpec, PodTemplateSpec, ResourceRequirements, Toleration,
+            Container, HTTPGetAction, Node, NodeCondition, NodeSpec, NodeStatus, NodeSystemInfo,
+            Pod, PodCondition, PodReadinessGate, PodSpec, PodTemplateSpec, Probe,
+            ResourceRequirements, Toleration,
         },
     },
     apimachinery::pkg::{
         api::resource::Quantity,
         apis::meta::v1::{LabelSelector, ObjectMeta},
+        util::intstr::IntOrString,
     },
 };
 
@@ -151,6 +154,55 @@ pub fn gpu_deployment(
         }),
         ..Default::default()
     }
+}
+
+/// The incident's vLLM startup probe on every container: 30 s delay, then
+/// 30 tries 10 s apart, a 330 s window against a 600–800 s cold start.
+pub fn with_incident_startup_probe(deployment: &mut Deployment) {
+    for c in pod_spec(deployment)
+        .map(|s| s.containers.iter_mut())
+        .into_iter()
+        .flatten()
+    {
+        c.startup_probe = Some(Probe {
+            http_get: Some(HTTPGetAction {
+                path: Some("/health".into()),
+                port: IntOrString::Int(8000),
+                ..Default::default()
+            }),
+            initial_delay_seconds: Some(30),
+            period_seconds: Some(10),
+            timeout_seconds: Some(5),
+            failure_threshold: Some(30),
+            ..Default::default()
+        });
+    }
+}
+
+/// Pods of `deployment` list the readiness gate `gpuhealth.io/gpu-healthy`.
+pub fn with_gpu_gate(deployment: &mut Deployment) {
+    if let Some(spec) = pod_spec(deployment) {
+        spec.readiness_gates = Some(vec![PodReadinessGate {
+            condition_type: GPU_HEALTHY_READINESS_GATE.into(),
+        }]);
+    }
+}
+
+/// Pods of `deployment` carry `key: value`.
+pub fn with_pod_annotation(deployment: &mut Deployment, (key, value): (&str, &str)) {
+    if let Some(meta) = deployment
+        .spec
+        .as_mut()
+        .and_then(|s| s.template.metadata.as_mut())
+    {
+        meta.annotations
+            .get_or_insert_default()
+            .insert(key.into(), value.into());
+    }
+}
+
+fn pod_spec(deployment: &mut Deployment) -> Option<&mut PodSpec> {
+    deployment.spec.as_mut()?.template.spec.as_mut()
 }
 
 /// Whether a node reports `Ready=True`.
