@@ -11,6 +11,7 @@ pub mod kubelet;
 pub mod names;
 pub mod node_agent;
 pub mod operator;
+pub mod plugin;
 pub mod process;
 pub mod reports;
 pub mod scenario;

@@ -8,6 +8,7 @@ use std::time::Duration;
 use gpuhealth_api::{GpuHealth, contract::GPU_HEALTHY_READINESS_GATE, node_health::Phase};
 use gpuhealth_e2e::{
     kubelet::{Kubelet, Start, with_test_kubelet},
+    plugin::plugin,
     reports,
     scenario::{Scenario, WAIT},
     sim::{
@@ -246,6 +247,47 @@ async fn the_incidents_second_half_a_startup_probe_loop_is_a_probe_problem_not_a
     s.wait_event(replacement, "StartupProbeTooShort")
         .await
         .expect("the finding is told to the pod");
+
+    // The plugin says the same: the probe check of the Deployment with the
+    // YAML to paste, and the node's whole story.
+    let check = plugin(&["probe-check", "deploy/vllm", "-n", &s.namespace]).await;
+    assert!(check.ok, "{}", check.stderr);
+    for expected in [
+        "WindowTooShort",
+        "= 330s",
+        "startupProbe:",
+        "failureThreshold: 47",
+        "killed by its startup probe",
+    ] {
+        assert!(
+            check.stdout.contains(expected),
+            "{expected}: {}",
+            check.stdout
+        );
+    }
+    let story = plugin(&["explain", &node]).await;
+    assert!(story.ok, "{}", story.stderr);
+    for expected in [
+        "Xid 119 on GPU 7",
+        "Xid 154 on GPU 7",
+        "ActionRequested",
+        "GpuReset#1 Succeeded",
+        "Recovered",
+        "WorkloadNotRecovered",
+        "StartupProbeTooShort",
+        "What to do next",
+        "probe-check",
+    ] {
+        assert!(
+            story.stdout.contains(expected),
+            "{expected}: {}",
+            story.stdout
+        );
+    }
+    let fleet = plugin(&["status", "-o", "json"]).await;
+    assert!(fleet.ok, "{}", fleet.stderr);
+    let json: serde_json::Value = serde_json::from_str(&fleet.stdout).expect("json");
+    assert!(json.to_string().contains(&node), "{}", fleet.stdout);
 
     // A probe problem, not a GPU failure: no second incident, no second reset.
     assert_eq!(status.phase, Phase::Healthy);

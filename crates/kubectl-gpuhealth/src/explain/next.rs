@@ -1,0 +1,208 @@
+//! "What to do next", derived from the node's state: someone reading a
+//! node's story wants the command to run, not the state machine.
+
+use gpuhealth_api::node_health::{Finding, Phase};
+use k8s_openapi::jiff::Timestamp;
+
+use super::ExplainInput;
+use crate::{
+    output::{ago, rfc3339},
+    status::open_findings,
+};
+
+pub fn steps(input: &ExplainInput, now: Timestamp) -> Vec<String> {
+    let s = &input.status;
+    let node = &input.node;
+    let reason = s.reason.as_deref().unwrap_or("-");
+    let message = s.message.as_deref().unwrap_or("");
+    let policy = s.policy.as_deref().unwrap_or("(none)");
+    let mut steps = Vec::new();
+
+    match s.phase {
+        Phase::Healthy => {}
+        Phase::Failed => {
+            steps.push(format!(
+                "{node} is Failed ({reason}) and stays cordoned until a person acts: {message}"
+            ));
+            if reason != "ReplacementRequested" {
+                steps.push(format!(
+                    "once it is repaired and its GPUs report healthy, `kubectl uncordon {node}`: gpuhealth then marks it Healthy"
+                ));
+            }
+        }
+        Phase::Suspect => steps.push(match reason {
+            "SignalPending" => format!("wait: {message}; gpuhealth acts if it holds"),
+            "Paused" => format!(
+                "policy {policy} is Paused, so gpuhealth does nothing: {message}; set its spec.mode to Enforce to let it act"
+            ),
+            "DryRun" => format!(
+                "policy {policy} is in DryRun, so gpuhealth changes nothing: {message}; `kubectl get gnh {node} -o yaml` shows the plan (status.plan); set spec.mode to Enforce to act"
+            ),
+            _ => format!(
+                "gpuhealth is holding back ({reason}): {message}; `kubectl gpuhealth status` shows which other nodes are unhealthy or being remediated"
+            ),
+        }),
+        phase => steps.push(if reason == "WaitingForPod" {
+            format!(
+                "the drain is waiting: {message}; the pod moves when its disruption tolerance and PodDisruptionBudget allow, or the drain times out"
+            )
+        } else {
+            format!("nothing to do yet: gpuhealth is working on it ({phase:?}, {reason}: {message})")
+        }),
+    }
+
+    let mut current: Vec<&Finding> = open_findings(s).collect();
+    // The most specific advice about a workload first: a probe too short
+    // says more than "not serving".
+    current.sort_by_key(|f| f.type_ != "StartupProbeTooShort");
+
+    let mut workloads: Vec<String> = Vec::new();
+    for f in &current {
+        match f.type_.as_str() {
+            "StartupProbeTooShort" => {
+                let Some(w) = f.subject.as_deref() else {
+                    steps.push(format!("{}: {}", f.type_, f.message));
+                    continue;
+                };
+                if workloads.iter().any(|seen| seen == w) {
+                    continue;
+                }
+                workloads.push(w.to_owned());
+                steps.push(match probe_check_command(w) {
+                    Some(cmd) => format!(
+                        "{w}: its startup probe gives up before it has started; `{cmd}` prints the startupProbe timing to paste into its spec"
+                    ),
+                    None => format!(
+                        "{w}: its startup probe gives up before it has started: {}",
+                        f.message
+                    ),
+                });
+            }
+            "WorkloadNotRecovered" => {
+                let id = f.subject.as_deref().and_then(|s| s.strip_prefix("incident/"));
+                let evicted = s
+                    .history
+                    .iter()
+                    .find(|i| Some(i.id.as_str()) == id)
+                    .and_then(|i| i.workloads.as_ref())
+                    .map(|w| w.evicted.clone())
+                    .unwrap_or_default();
+                for w in evicted {
+                    if workloads.contains(&w) {
+                        continue;
+                    }
+                    steps.push(match probe_check_command(&w) {
+                        Some(cmd) => format!(
+                            "{w} is not serving again after incident {}: `{cmd}` tells a startup probe too short for its cold start from a crash",
+                            id.unwrap_or("-")
+                        ),
+                        None => format!(
+                            "{w} is not serving again after incident {}: look at its pods (kubectl describe pod, kubectl logs --previous)",
+                            id.unwrap_or("-")
+                        ),
+                    });
+                    workloads.push(w);
+                }
+            }
+            "MalformedGpuReport" => steps.push(format!(
+                "the gpuhealth.io/gpus report on {node} is refused, so gpuhealth is blind to its GPUs: {}; fix its writer (gpuhealth-agent's logs on the node)",
+                f.message
+            )),
+            // A pod on a bad GPU is what the remediation answers; it needs a
+            // person only while gpuhealth does not act.
+            "PodOnBadGpu" if s.phase == Phase::Suspect && s.bad_gpus > 0 => {
+                steps.push(format!("{}; it stays there until gpuhealth acts", f.message));
+            }
+            "PodOnBadGpu" => {}
+            other => {
+                let subject = f
+                    .subject
+                    .as_deref()
+                    .map(|s| format!(" {s}"))
+                    .unwrap_or_default();
+                steps.push(format!("{other}{subject}: {}", f.message));
+            }
+        }
+    }
+
+    if let Some(i) = s.history.first()
+        && let Some(w) = &i.workloads
+        && let (Some(deadline), None) = (&w.deadline, &w.outcome)
+        && deadline.0 > now
+    {
+        steps.push(format!(
+            "wait: the workloads incident {} evicted ({}) have until {} ({}) to be Ready again",
+            i.id,
+            w.evicted.join(", "),
+            rfc3339(deadline.0),
+            ago(now, deadline.0)
+        ));
+    }
+
+    if s.phase == Phase::Healthy {
+        if steps.is_empty() {
+            steps.push(format!(
+                "nothing to do: {node} is Healthy and nothing is open"
+            ));
+        } else {
+            steps.insert(
+                0,
+                format!("{node} itself is Healthy: nothing to do for its GPUs"),
+            );
+        }
+    }
+    steps
+}
+
+/// The probe-check for a workload named `Kind/namespace/name`, if the
+/// plugin can find its pods: a ReplicaSet is named after its Deployment
+/// plus the pod template hash, and the Deployment is what its owner edits.
+pub fn probe_check_command(workload: &str) -> Option<String> {
+    let mut parts = workload.splitn(3, '/');
+    let (kind, namespace, name) = (parts.next()?, parts.next()?, parts.next()?);
+    let target = match kind {
+        "Deployment" => format!("deploy/{name}"),
+        "ReplicaSet" => match deployment_of(name) {
+            Some(d) => format!("deploy/{d}"),
+            None => format!("rs/{name}"),
+        },
+        "StatefulSet" => format!("sts/{name}"),
+        _ => return None,
+    };
+    Some(format!(
+        "kubectl gpuhealth probe-check -n {namespace} {target}"
+    ))
+}
+
+/// The Deployment a ReplicaSet name comes from, when it ends in a pod
+/// template hash (the alphabet Kubernetes draws those from has no vowels).
+fn deployment_of(replica_set: &str) -> Option<&str> {
+    const HASH: &str = "bcdfghjklmnpqrstvwxz2456789";
+    let (deployment, hash) = replica_set.rsplit_once('-')?;
+    let is_hash = !hash.is_empty() && hash.len() <= 10 && hash.chars().all(|c| HASH.contains(c));
+    (is_hash && !deployment.is_empty()).then_some(deployment)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_workload_maps_to_the_probe_check_its_owner_runs() {
+        assert_eq!(
+            probe_check_command("ReplicaSet/ml-serving/vllm-7d9f6").as_deref(),
+            Some("kubectl gpuhealth probe-check -n ml-serving deploy/vllm")
+        );
+        assert_eq!(
+            probe_check_command("ReplicaSet/ml/standalone").as_deref(),
+            Some("kubectl gpuhealth probe-check -n ml rs/standalone"),
+            "no hash: the ReplicaSet itself"
+        );
+        assert_eq!(
+            probe_check_command("StatefulSet/ml/trainer").as_deref(),
+            Some("kubectl gpuhealth probe-check -n ml sts/trainer")
+        );
+        assert_eq!(probe_check_command("Job/ml/bench"), None);
+        assert_eq!(probe_check_command("nonsense"), None);
+    }
+}

@@ -1,0 +1,263 @@
+use gpuhealth_api::{
+    GpuNodeHealth,
+    contract::{AnnotationValue, GpuReport},
+};
+use k8s_openapi::{
+    api::{core::v1::ObjectReference, events::v1::EventSeries},
+    apimachinery::pkg::apis::meta::v1::MicroTime,
+};
+
+use super::*;
+
+const FIXTURES: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/tests/fixtures/explain-incident"
+);
+const GOLDEN: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/tests/golden/explain-incident.txt"
+);
+
+fn t(s: &str) -> Timestamp {
+    s.parse().expect("timestamp")
+}
+
+fn fixture(file: &str) -> String {
+    std::fs::read_to_string(format!("{FIXTURES}/{file}")).expect("fixture file")
+}
+
+/// The incident, half an hour after the node recovered: GPU 7 of 8 had
+/// Xid 119 then Xid 154, was quarantined, drained, reset once, verified and
+/// uncordoned; its vLLM never came back, killed by a startup probe shorter
+/// than its cold start.
+fn incident() -> ExplainInput {
+    let gnh: GpuNodeHealth = serde_json::from_str(&fixture("gpunodehealth.json")).expect("gnh");
+    let events: Vec<CoreEvent> = serde_json::from_str(&fixture("events.json")).expect("events");
+    ExplainInput {
+        node: "192.168.1.1".into(),
+        status: gnh.status.expect("status"),
+        report: GpuReport::parse(&fixture("gpu-report.json")).map_err(|e| e.to_string()),
+        events: events.iter().filter_map(NodeEvent::from_core).collect(),
+        xid_overrides: Vec::new(),
+    }
+}
+
+const NOW: &str = "2026-05-29T09:00:00Z";
+
+/// The rendered incident must match `tests/golden/explain-incident.txt`
+/// byte for byte. After an intended change to the output, regenerate it
+/// with `UPDATE_GOLDEN=1 cargo test -p kubectl-gpuhealth` and review the
+/// diff before committing it.
+#[test]
+fn the_incident_reads_as_the_golden_file() {
+    let rendered = render(&incident(), t(NOW), Style::default());
+    if std::env::var_os("UPDATE_GOLDEN").is_some_and(|v| v == "1") {
+        std::fs::write(GOLDEN, &rendered).expect("write the golden file");
+        return;
+    }
+    let golden = std::fs::read_to_string(GOLDEN).expect("golden file (UPDATE_GOLDEN=1 writes it)");
+    assert!(
+        rendered == golden,
+        "explain output differs from {GOLDEN}; if the change is intended, rerun with UPDATE_GOLDEN=1.\n--- rendered ---\n{rendered}"
+    );
+}
+
+#[test]
+fn the_story_starts_at_the_first_signal_and_tells_each_thing_once() {
+    let (origin, entries) = timeline(&incident());
+    assert_eq!(origin, Some(t("2026-05-29T08:15:40Z")));
+    let first = &entries[0];
+    assert_eq!((first.kind, first.offset.as_str()), (Kind::Signal, "+0s"));
+    assert!(first.text.contains("Xid 119 on GPU 7"), "{}", first.text);
+    assert!(
+        first.text.contains("asks for a GPU reset"),
+        "{}",
+        first.text
+    );
+    assert!(
+        entries[1]
+            .text
+            .contains("recovery action 0x1: asks for a GPU reset"),
+        "{}",
+        entries[1].text
+    );
+    assert!(
+        entries.windows(2).all(|w| w[0].at.0 <= w[1].at.0),
+        "time order"
+    );
+    // The WorkloadNotRecovered Warning Event, its finding and the
+    // incident's workload verdict are one thing.
+    let told = entries
+        .iter()
+        .filter(|e| e.text.contains("WorkloadNotRecovered"))
+        .count();
+    assert_eq!(told, 1);
+    let kubelet = entries
+        .iter()
+        .find(|e| e.text.starts_with("NodeNotSchedulable"))
+        .expect("the kubelet's Event");
+    assert!(kubelet.text.contains("[kubelet]"), "{}", kubelet.text);
+}
+
+#[test]
+fn the_advice_points_at_the_probe_not_the_node() {
+    let steps = next::steps(&incident(), t(NOW));
+    assert_eq!(
+        steps[0],
+        "192.168.1.1 itself is Healthy: nothing to do for its GPUs"
+    );
+    assert_eq!(steps.len(), 2, "one workload, told once: {steps:#?}");
+    assert!(
+        steps[1].starts_with(
+            "ReplicaSet/ml-serving/vllm-7d9f6: its startup probe gives up before it has started; `kubectl gpuhealth probe-check -n ml-serving deploy/vllm`"
+        ),
+        "{}",
+        steps[1]
+    );
+}
+
+#[test]
+fn json_is_the_timeline_and_the_status() {
+    let input = incident();
+    let v = serde_json::to_value(explanation(&input, t(NOW))).expect("json");
+    assert_eq!(v["origin"], "2026-05-29T08:15:40Z");
+    assert_eq!(v["timeline"][0]["kind"], "signal");
+    assert_eq!(v["timeline"][0]["offset"], "+0s");
+    assert_eq!(v["timeline"][0]["at"], "2026-05-29T08:15:40Z");
+    assert_eq!(v["status"]["history"][0]["id"], "inc-1780042543");
+    assert!(v.get("reportError").is_none());
+    assert!(
+        v["timeline"][0].get("paint").is_none(),
+        "colour is text only"
+    );
+}
+
+fn bare(phase: Phase, reason: &str, message: &str) -> ExplainInput {
+    ExplainInput {
+        node: "n1".into(),
+        status: GpuNodeHealthStatus {
+            phase,
+            policy: Some("gpu-default".into()),
+            phase_since: Some(Time(t("2026-05-29T08:00:00Z"))),
+            reason: Some(reason.into()),
+            message: Some(message.into()),
+            ..Default::default()
+        },
+        report: Err("node n1 has no gpuhealth.io/gpus report".into()),
+        events: Vec::new(),
+        xid_overrides: Vec::new(),
+    }
+}
+
+#[test]
+fn a_failed_node_passes_on_its_advice_and_says_how_to_hand_it_back() {
+    let input = bare(
+        Phase::Failed,
+        "EscalationExhausted",
+        "every rung of the escalation ladder failed (GpuReset#1 Failed, NodeReboot#1 Failed); the node stays cordoned: inspect its GPUs (nvidia-smi, kernel log), repair or replace it, then uncordon",
+    );
+    let steps = next::steps(&input, t(NOW));
+    assert!(
+        steps[0].contains("inspect its GPUs (nvidia-smi"),
+        "{steps:#?}"
+    );
+    assert!(steps[1].contains("`kubectl uncordon n1`"), "{steps:#?}");
+    let out = render(&input, t(NOW), Style::default());
+    assert!(out.contains("No GPU report: node n1 has no"), "{out}");
+    assert!(
+        out.contains("phase      Failed since 2026-05-29T08:00:00Z (for 1h0m)"),
+        "{out}"
+    );
+    assert!(out.contains("  nothing recorded"), "{out}");
+}
+
+#[test]
+fn without_an_xid_offsets_count_from_the_first_entry() {
+    let mut input = incident();
+    input.report = Err("node 192.168.1.1 has no gpuhealth.io/gpus report".into());
+    let (origin, entries) = timeline(&input);
+    assert_eq!(origin, Some(t("2026-05-29T08:15:43Z")), "the incident");
+    assert_eq!(entries[0].offset, "+0s");
+    let out = render(&input, t(NOW), Style::default());
+    assert!(
+        out.contains("Timeline (offsets from the first entry, 2026-05-29T08:15:43Z)"),
+        "{out}"
+    );
+}
+
+#[test]
+fn a_healthy_node_with_nothing_open_needs_nothing_and_old_findings_stay_old() {
+    let mut input = bare(Phase::Healthy, "", "");
+    assert_eq!(
+        next::steps(&input, t(NOW)),
+        vec!["nothing to do: n1 is Healthy and nothing is open"]
+    );
+    // A finding from before the latest incident was answered by it.
+    input.status.findings.push(Finding {
+        type_: "StartupProbeTooShort".into(),
+        subject: Some("StatefulSet/ml/trainer".into()),
+        message: "old".into(),
+        observed_at: Time(t("2026-05-29T07:00:00Z")),
+    });
+    let mut old = incident().status.history[0].clone();
+    old.workloads = None;
+    input.status.history.push(old);
+    assert_eq!(
+        next::steps(&input, t(NOW)),
+        vec!["nothing to do: n1 is Healthy and nothing is open"]
+    );
+}
+
+#[test]
+fn a_held_or_working_node_says_why_it_waits() {
+    let held = bare(
+        Phase::Suspect,
+        "CircuitOpen",
+        "3 of 10 nodes unhealthy; waiting to act on: Xid 79",
+    );
+    assert!(next::steps(&held, t(NOW))[0].contains("gpuhealth is holding back (CircuitOpen)"));
+    let draining = bare(
+        Phase::Draining,
+        "WaitingForPod",
+        "waiting for pod ml/db-0 to leave: PodDisruptionBudget allows 0",
+    );
+    assert!(next::steps(&draining, t(NOW))[0].starts_with("the drain is waiting"));
+    let working = bare(
+        Phase::Remediating,
+        "ActionRequested",
+        "GpuReset attempt 1 requested",
+    );
+    assert!(next::steps(&working, t(NOW))[0].starts_with("nothing to do yet"));
+}
+
+#[test]
+fn events_k8s_io_events_read_like_core_ones() {
+    let e = EventsV1Event {
+        event_time: Some(MicroTime(t("2026-05-29T08:15:43.215Z"))),
+        reason: Some("Recovered".into()),
+        note: Some("incident inc-1 recovered".into()),
+        regarding: Some(ObjectReference {
+            kind: Some("Node".into()),
+            name: Some("n1".into()),
+            ..Default::default()
+        }),
+        reporting_controller: Some(OPERATOR.into()),
+        series: Some(EventSeries {
+            count: 3,
+            last_observed_time: MicroTime(t("2026-05-29T08:20:00Z")),
+        }),
+        type_: Some("Normal".into()),
+        ..Default::default()
+    };
+    assert_eq!(
+        NodeEvent::from_events_v1(&e),
+        Some(NodeEvent {
+            at: t("2026-05-29T08:15:43.215Z"),
+            type_: "Normal".into(),
+            reason: "Recovered".into(),
+            message: "incident inc-1 recovered".into(),
+            reporter: OPERATOR.into(),
+            count: 3,
+        })
+    );
+}
