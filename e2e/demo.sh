@@ -41,8 +41,10 @@ if [[ -z "$local_cluster" ]]; then
 fi
 
 say "Building gpuhealth"
-cargo build -q -p gpuhealth-operator -p gpuhealth-agent -p gpuhealth-e2e --bins
+cargo build -q -p gpuhealth-operator -p gpuhealth-agent -p kubectl-gpuhealth -p gpuhealth-e2e --bins
 sim=target/debug/gpuhealth-sim
+# kubectl finds its plugins on PATH: `kubectl gpuhealth` is target/debug/kubectl-gpuhealth.
+export PATH="$repo/target/debug:$PATH"
 logs=target/demo
 mkdir -p "$logs"
 node=192.168.1.1
@@ -121,12 +123,14 @@ say "The pods: only the one on GPU 7 was moved; its replacement runs once the no
 k rollout status deployment/vllm -n ml-serving --timeout 120s >/dev/null
 k get pods -n ml-serving -o wide
 
-say "The incident, as gpuhealth recorded it"
-k get gnh "$node" -o jsonpath='{range .status.history[0]}{"incident: "}{.id}{"\ntrigger:  "}{.trigger}{"\nactions:  "}{.actions}{"\noutcome:  "}{.outcome}{"\n"}{end}'
-# By uid: Events of an earlier replay's node of the same name stay behind.
-uid=$(k get node "$node" -o jsonpath='{.metadata.uid}')
-k get events --field-selector "involvedObject.uid=$uid" --sort-by=.metadata.creationTimestamp \
-  -o custom-columns=TYPE:.type,REASON:.reason,MESSAGE:.message
+say "The incident, as gpuhealth tells it: kubectl gpuhealth explain $node"
+k gpuhealth explain "$node"
+
+say "Which pod holds GPU 7 now (the runbook's crictl loop, in one command)"
+k gpuhealth pods-on-gpu "$node" 7
+
+say "The fleet at a glance: kubectl gpuhealth status"
+k gpuhealth status
 
 say "kubectl get gpuhealth"
 k get gpuhealth
