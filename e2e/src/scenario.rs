@@ -329,6 +329,18 @@ impl Scenario {
         Ok(status)
     }
 
+    /// Waits until the workloads `node`'s latest incident evicted have been
+    /// judged (Ready again or not): the end of the incident's work.
+    pub async fn wait_workloads_judged(&self, node: &str) -> Result<GpuNodeHealthStatus> {
+        self.wait_status(node, "the evicted workloads judged", |st| {
+            st.history
+                .first()
+                .and_then(|i| i.workloads.as_ref())
+                .is_some_and(|w| w.outcome.is_some())
+        })
+        .await
+    }
+
     pub async fn node(&self, node: &str) -> Result<Node> {
         Ok(Api::<Node>::all(self.client.clone()).get(node).await?)
     }

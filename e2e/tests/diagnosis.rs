@@ -200,15 +200,7 @@ async fn the_incidents_second_half_a_startup_probe_loop_is_a_probe_problem_not_a
     );
     s.wait_recovered(&node).await.expect("the GPU is reset");
 
-    let status = s
-        .wait_status(&node, "the workload check", |st| {
-            st.history
-                .first()
-                .and_then(|i| i.workloads.as_ref())
-                .is_some_and(|w| w.outcome.is_some())
-        })
-        .await
-        .expect("judged");
+    let status = s.wait_workloads_judged(&node).await.expect("judged");
     let watch = status.history[0].workloads.clone().expect("workloads");
     assert_eq!(
         watch.outcome.as_deref(),

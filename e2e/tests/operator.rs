@@ -151,6 +151,10 @@ async fn only_the_lease_holder_acts_and_a_standby_takes_over() {
     let first = s.nodes[0].clone();
     s.break_gpu(&first, 7).await.expect("break");
     s.wait_recovered(&first).await.expect("recovers under a");
+    // Its work ends when the evicted workload is judged back.
+    s.wait_workloads_judged(&first)
+        .await
+        .expect("judged under a");
     assert_eq!(event_reporters(&s, &first).await, vec![a_name.clone()]);
 
     // A crash of the leader: B takes over once the Lease runs out.

@@ -154,15 +154,7 @@ async fn the_incident_gpu_7_is_reset_and_the_node_returns_to_service() {
     );
     // The evicted vLLM pod's workload is serving again, wherever its
     // replacement runs: the incident says so, and finds nothing wrong.
-    let status = s
-        .wait_status(&node, "the evicted workload judged", |st| {
-            st.history
-                .first()
-                .and_then(|i| i.workloads.as_ref())
-                .is_some_and(|w| w.outcome.is_some())
-        })
-        .await
-        .expect("judged");
+    let status = s.wait_workloads_judged(&node).await.expect("judged");
     let watch = status.history[0].workloads.clone().expect("workloads");
     assert_eq!(watch.outcome.as_deref(), Some("Recovered"), "{watch:?}");
     assert_eq!(watch.evicted.len(), 1, "{watch:?}");
