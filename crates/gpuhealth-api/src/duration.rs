@@ -49,6 +49,10 @@ impl Duration {
         Duration(time::Duration::from_secs(mins * 60))
     }
 
+    pub const fn from_hours(hours: u64) -> Self {
+        Duration(time::Duration::from_secs(hours * 3600))
+    }
+
     pub const fn as_std(self) -> time::Duration {
         self.0
     }

@@ -58,6 +58,9 @@ pub enum Phase {
     Draining,
     /// A recovery action is in flight.
     Remediating,
+    /// Drained ahead of a scheduled maintenance; waiting for the provider
+    /// to do its work (the node's boot id changes).
+    AwaitingMaintenance,
     /// The action finished; waiting for signals to stay clear (and the
     /// validation pod, if any) before uncordon.
     Verifying,
@@ -100,6 +103,14 @@ pub struct GpuNodeHealthStatus {
     /// While verifying: since when every signal has been clear.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub clear_since: Option<Time>,
+    /// Other tools disrupting the node now (driver upgrade, reboot,
+    /// maintenance), per the policy's `otherActors`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 32))]
+    pub disrupted_by: Vec<String>,
+    /// The scheduled maintenance the current incident drains for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub maintenance: Option<MaintenanceStatus>,
     /// In `DryRun` mode: what gpuhealth would do now.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub plan: Option<Plan>,
@@ -206,10 +217,30 @@ pub struct Incident {
     /// `Recovered`, `Failed`, `Replaced`, or unset while open.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub outcome: Option<String>,
+    /// The GPUs it was about (UUIDs; empty: the whole node), for the
+    /// repeat-offender counts.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64))]
+    pub gpus: Vec<String>,
+    /// The deadline of the maintenance notice it handled, if that is what it was.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub maintenance_deadline: Option<Time>,
     /// The workloads whose pods this incident evicted, and whether they
     /// came back after the node did.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub workloads: Option<WorkloadRecovery>,
+}
+
+/// A scheduled maintenance being handled.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MaintenanceStatus {
+    pub deadline: Time,
+    pub source: String,
+    pub reason: String,
+    /// When the node was empty and left to the provider.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub drained_at: Option<Time>,
 }
 
 /// Whether the workloads an incident evicted are serving again: the

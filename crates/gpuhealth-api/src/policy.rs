@@ -113,6 +113,182 @@ pub struct GpuHealthPolicySpec {
     /// How a node proves it is healthy again before it is uncordoned.
     #[serde(default)]
     pub verification: Verification,
+
+    /// Other tools that disrupt nodes (the GPU Operator's driver upgrades,
+    /// kured's reboots, Medik8s maintenance): while one of these signals is
+    /// on a node, gpuhealth starts nothing disruptive there, and the node
+    /// counts against `maxConcurrent`.
+    #[serde(default = "default_other_actors")]
+    #[schemars(length(max = 32))]
+    pub other_actors: Vec<OtherActor>,
+
+    /// Repeat offenders: how often one GPU or one node may be remediated in
+    /// a rolling window before it is handed over for replacement, and the
+    /// pause between two remediations of a node.
+    #[serde(default)]
+    pub remediation_limits: RemediationLimits,
+
+    /// When steps that disrupt healthy GPUs may run (evicting pods that
+    /// hold no bad GPU, reboots). Empty: at any time. A reset scoped to the
+    /// broken GPU's own pods runs at once regardless.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16))]
+    pub maintenance_windows: Vec<MaintenanceWindow>,
+
+    /// Scheduled maintenance announced on a node (`gpuhealth.io/maintenance`).
+    #[serde(default)]
+    pub maintenance: Maintenance,
+}
+
+/// Where another tool's signal lives on a Node.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum SignalSource {
+    Label,
+    Annotation,
+    Taint,
+}
+
+/// A signal that another tool is disrupting a node.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct OtherActor {
+    /// Who it is, for messages: `gpu-operator`, `kured`, `medik8s`.
+    #[schemars(length(min = 1, max = 63))]
+    pub name: String,
+    /// A label, an annotation or a taint of the Node.
+    pub source: SignalSource,
+    #[schemars(length(min = 1, max = 316))]
+    pub key: String,
+    /// Disrupting while the value is one of these; any value when empty.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16))]
+    pub values: Vec<String>,
+    /// Not disrupting while the value is one of these.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16))]
+    pub except_values: Vec<String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RemediationLimits {
+    /// The rolling window the counts below are over.
+    #[serde(default = "default_limits_window")]
+    #[schemars(extend("x-kubernetes-validations" = [{
+        "rule": "duration(self) > duration('0s') && duration(self) <= duration('2160h')",
+        "message": "remediationLimits.window must be more than 0s and at most 2160h (90 days)"
+    }]))]
+    pub window: Duration,
+    /// Remediations of one GPU in the window; the next sends the node to
+    /// `Failed` (`RepeatedFailures`), labelled `gpuhealth.io/needs-replacement=true`,
+    /// instead of another one. 0: no limit.
+    #[serde(default = "default_per_gpu")]
+    #[schemars(range(max = 100))]
+    pub per_gpu: u32,
+    /// Remediations of one node in the window, whatever the GPU. 0: no limit.
+    #[serde(default = "default_per_node")]
+    #[schemars(range(max = 100))]
+    pub per_node: u32,
+    /// The least time from the end of one remediation of a node to the
+    /// start of the next one's action; the node waits cordoned meanwhile.
+    #[serde(default = "default_cooldown")]
+    #[schemars(extend("x-kubernetes-validations" = [{
+        "rule": "duration(self) >= duration('0s') && duration(self) <= duration('24h')",
+        "message": "remediationLimits.cooldown must be from 0s to 24h"
+    }]))]
+    pub cooldown: Duration,
+}
+
+impl Default for RemediationLimits {
+    fn default() -> Self {
+        RemediationLimits {
+            window: default_limits_window(),
+            per_gpu: default_per_gpu(),
+            per_node: default_per_node(),
+            cooldown: default_cooldown(),
+        }
+    }
+}
+
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize, JsonSchema,
+)]
+pub enum Weekday {
+    Mon,
+    Tue,
+    Wed,
+    Thu,
+    Fri,
+    Sat,
+    Sun,
+}
+
+/// A recurring window, e.g. weekdays 22:00 to 06:00 in Europe/Berlin. An end
+/// at or before the start runs into the next day.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MaintenanceWindow {
+    /// The days it starts on; every day when empty.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 7))]
+    #[schemars(extend("x-kubernetes-list-type" = "set"))]
+    pub days: Vec<Weekday>,
+    /// `HH:MM`, 24-hour.
+    #[schemars(extend("x-kubernetes-validations" = [{
+        "rule": "self.matches('^([01][0-9]|2[0-3]):[0-5][0-9]$')",
+        "message": "maintenanceWindows[].start must be HH:MM (24-hour)"
+    }]))]
+    pub start: String,
+    /// `HH:MM`, 24-hour.
+    #[schemars(extend("x-kubernetes-validations" = [{
+        "rule": "self.matches('^([01][0-9]|2[0-3]):[0-5][0-9]$')",
+        "message": "maintenanceWindows[].end must be HH:MM (24-hour)"
+    }]))]
+    pub end: String,
+    /// An IANA time zone (`Europe/Berlin`); `UTC` when unset.
+    #[serde(default = "default_time_zone")]
+    #[schemars(length(min = 1, max = 64))]
+    pub time_zone: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Maintenance {
+    /// Act on `gpuhealth.io/maintenance` notices.
+    #[serde(default = "default_true")]
+    pub enabled: bool,
+    /// How long before the notice's deadline to cordon and drain the node,
+    /// so that the provider finds it empty.
+    #[serde(default = "default_lead_time")]
+    #[schemars(extend("x-kubernetes-validations" = [{
+        "rule": "duration(self) >= duration('0s') && duration(self) <= duration('720h')",
+        "message": "maintenance.leadTime must be from 0s to 720h"
+    }]))]
+    pub lead_time: Duration,
+    /// Whether a GPU that fails on a node with maintenance ahead is
+    /// remediated first; by default the node goes straight to the
+    /// maintenance drain, and the provider's work is its remediation.
+    #[serde(default)]
+    pub remediate_before: bool,
+    /// How long past the deadline a drained node may wait for the provider
+    /// before gpuhealth reports it overdue (it keeps waiting, cordoned).
+    #[serde(default = "default_overdue_after")]
+    #[schemars(extend("x-kubernetes-validations" = [{
+        "rule": "duration(self) >= duration('0s') && duration(self) <= duration('720h')",
+        "message": "maintenance.overdueAfter must be from 0s to 720h"
+    }]))]
+    pub overdue_after: Duration,
+}
+
+impl Default for Maintenance {
+    fn default() -> Self {
+        Maintenance {
+            enabled: true,
+            lead_time: default_lead_time(),
+            remediate_before: false,
+            overdue_after: default_overdue_after(),
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
@@ -511,6 +687,53 @@ fn default_stable_for() -> Duration {
 fn default_verification_timeout() -> Duration {
     Duration::from_mins(10)
 }
+/// The three tools a GPU fleet usually runs beside gpuhealth.
+pub fn default_other_actors() -> Vec<OtherActor> {
+    vec![
+        OtherActor {
+            name: "gpu-operator".into(),
+            source: SignalSource::Label,
+            key: "nvidia.com/gpu-driver-upgrade-state".into(),
+            values: Vec::new(),
+            except_values: vec!["upgrade-done".into()],
+        },
+        OtherActor {
+            name: "kured".into(),
+            source: SignalSource::Annotation,
+            key: "weave.works/kured-reboot-in-progress".into(),
+            values: Vec::new(),
+            except_values: Vec::new(),
+        },
+        OtherActor {
+            name: "medik8s".into(),
+            source: SignalSource::Taint,
+            key: "medik8s.io/drain".into(),
+            values: Vec::new(),
+            except_values: Vec::new(),
+        },
+    ]
+}
+fn default_limits_window() -> Duration {
+    Duration::from_hours(24)
+}
+fn default_per_gpu() -> u32 {
+    2
+}
+fn default_per_node() -> u32 {
+    4
+}
+fn default_cooldown() -> Duration {
+    Duration::from_mins(10)
+}
+fn default_time_zone() -> String {
+    "UTC".into()
+}
+fn default_lead_time() -> Duration {
+    Duration::from_hours(2)
+}
+fn default_overdue_after() -> Duration {
+    Duration::from_hours(1)
+}
 fn default_workload_recovery_timeout() -> Duration {
     Duration::from_mins(30)
 }
@@ -532,6 +755,10 @@ impl GpuHealthPolicySpec {
             max_concurrent: default_max_concurrent(),
             max_unhealthy: default_max_unhealthy(),
             verification: Verification::default(),
+            other_actors: default_other_actors(),
+            remediation_limits: RemediationLimits::default(),
+            maintenance_windows: Vec::new(),
+            maintenance: Maintenance::default(),
         }
     }
 }

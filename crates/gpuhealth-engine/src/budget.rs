@@ -15,6 +15,9 @@ pub struct Budget {
     pub disruptive_elsewhere: usize,
     /// Nodes of the policy with a firm signal now, this one included.
     pub unhealthy: usize,
+    /// Other nodes of the policy that other tools are disrupting now (and
+    /// gpuhealth is not): they take capacity out just the same.
+    pub disrupted_by_others: usize,
 }
 
 /// Why a remediation may not start now.
@@ -50,6 +53,15 @@ impl Budget {
             max_unhealthy: resolve(&spec.max_unhealthy, nodes, Rounding::Up),
             disruptive_elsewhere,
             unhealthy,
+            disrupted_by_others: 0,
+        }
+    }
+
+    /// The same budget with `n` other nodes disrupted by other tools.
+    pub fn with_others(self, n: usize) -> Self {
+        Budget {
+            disrupted_by_others: n,
+            ..self
         }
     }
 
@@ -61,7 +73,7 @@ impl Budget {
     pub fn may_start(&self) -> Result<(), Hold> {
         if self.circuit_open() {
             Err(Hold::CircuitOpen)
-        } else if self.disruptive_elsewhere >= self.max_concurrent {
+        } else if self.disruptive_elsewhere + self.disrupted_by_others >= self.max_concurrent {
             Err(Hold::Concurrency)
         } else {
             Ok(())

@@ -12,10 +12,13 @@ use std::time::Duration;
 
 use gpuhealth_api::{
     RecoveryAction,
-    contract::{ContractError, GpuReport, Outcome, RequestResult},
+    contract::{
+        ContractError, GpuReport, MaintenanceNotice, NEEDS_REPLACEMENT_LABEL, Outcome,
+        REPLACE_LABEL, RequestResult,
+    },
     node_health::{
         ActionStatus, FINDINGS_LIMIT, Finding, GpuNodeHealthStatus, GpuStatus, HISTORY_LIMIT,
-        Incident, Phase, Plan, WORKLOADS_LIMIT,
+        Incident, MaintenanceStatus, Phase, Plan, WORKLOADS_LIMIT,
     },
     policy::{DrainScope, DrainTimeoutAction, EscalationStep, GpuHealthPolicySpec, Mode},
 };
@@ -25,6 +28,7 @@ use crate::{
     budget::Budget,
     diagnosis::{Diagnosis, Evidence, ObservedCondition, after, diagnose},
     drain::{self, BudgetView, DrainPlan, GpuGate, PodView},
+    windows,
     workload::{WorkloadView, assess, verdict_text},
 };
 
@@ -51,6 +55,10 @@ pub struct NodeView {
     pub reset_request: Option<String>,
     pub reboot_request: Option<String>,
     pub result: Option<Result<RequestResult, ContractError>>,
+    /// Other tools disrupting the node now, in words (see `others`).
+    pub disrupted_by: Vec<String>,
+    /// The `gpuhealth.io/maintenance` notice, if any.
+    pub maintenance: Option<Result<MaintenanceNotice, ContractError>>,
 }
 
 /// The validation pod of the attempt in flight, as observed.
@@ -140,9 +148,10 @@ pub enum Action {
         healthy: bool,
         message: String,
     },
-    /// Label the node for replacement; it stays cordoned.
-    MarkForReplacement {
-        incident: String,
+    /// Label the node (for replacement); it stays cordoned.
+    LabelNode {
+        key: String,
+        value: String,
     },
     Event {
         type_: EventType,
@@ -166,7 +175,19 @@ pub struct Decision {
 pub fn is_disruptive(phase: Phase) -> bool {
     matches!(
         phase,
-        Phase::Quarantined | Phase::Draining | Phase::Remediating | Phase::Verifying
+        Phase::Quarantined
+            | Phase::Draining
+            | Phase::Remediating
+            | Phase::AwaitingMaintenance
+            | Phase::Verifying
+    )
+}
+
+/// A maintenance notice in words.
+fn maintenance_headline(n: &MaintenanceNotice) -> String {
+    format!(
+        "maintenance by {} due {}: {}",
+        n.source, n.deadline.0, n.reason
     )
 }
 
@@ -191,6 +212,7 @@ pub fn step(input: &Input<'_>) -> Decision {
         diagnosis: Diagnosis::default(),
     };
     s.status.policy = Some(input.policy.to_owned());
+    s.status.disrupted_by = input.node.disrupted_by.clone();
     s.observe();
     s.readiness_gates();
     let mode = input.spec.mode;
@@ -216,8 +238,23 @@ pub fn step(input: &Input<'_>) -> Decision {
     }
     match input.state.phase {
         Phase::Healthy | Phase::Suspect => s.healthy_or_suspect(),
+        Phase::Quarantined | Phase::Draining if input.state.maintenance.is_some() => {
+            s.maintenance_drain()
+        }
+        // An attempt recorded but held back (by a maintenance window):
+        // carry on with it rather than decide a new one.
+        Phase::Quarantined
+            if input
+                .state
+                .action
+                .as_ref()
+                .is_some_and(|a| a.requested_at.is_none()) =>
+        {
+            s.draining()
+        }
         Phase::Quarantined => s.quarantined(),
         Phase::Draining => s.draining(),
+        Phase::AwaitingMaintenance => s.awaiting_maintenance(),
         Phase::Remediating => s.remediating(),
         Phase::Verifying => s.verifying(),
         Phase::Failed => s.failed(),
@@ -356,7 +393,9 @@ impl<'a> Stepper<'a> {
     fn healthy_or_suspect(&mut self) {
         self.status.plan = None;
         self.watch_workloads();
-        let Some(required) = self.diagnosis.required() else {
+        let notice = self.maintenance_due();
+        let required = self.diagnosis.required();
+        if required.is_none() && notice.is_none() {
             match self.diagnosis.pending_until {
                 Some(at) => {
                     let left = at
@@ -373,14 +412,29 @@ impl<'a> Stepper<'a> {
                 None => self.enter(Phase::Healthy, "", String::new()),
             }
             return;
+        }
+        let headline = match &notice {
+            Some(n) => maintenance_headline(n),
+            None => self.headline(),
         };
-        let headline = self.headline();
         if self.spec().mode == Mode::Paused {
             self.enter(
                 Phase::Suspect,
                 "Paused",
                 format!("policy is Paused; would act on: {headline}"),
             );
+            return;
+        }
+        if !self.input.node.disrupted_by.is_empty() {
+            self.enter(
+                Phase::Suspect,
+                "DisruptedByOther",
+                format!(
+                    "another tool is disrupting the node ({}); gpuhealth starts nothing until it is done; waiting to act on: {headline}",
+                    self.input.node.disrupted_by.join("; ")
+                ),
+            );
+            self.wait(POLL);
             return;
         }
         if let Err(hold) = self.input.budget.may_start() {
@@ -390,12 +444,10 @@ impl<'a> Stepper<'a> {
                     "{} of the policy's nodes are unhealthy, more than maxUnhealthy allows ({}); no new remediation starts",
                     b.unhealthy, b.max_unhealthy
                 ),
-                crate::budget::Hold::Concurrency => {
-                    format!(
-                        "{} node(s) already being remediated (maxConcurrent {})",
-                        b.disruptive_elsewhere, b.max_concurrent
-                    )
-                }
+                crate::budget::Hold::Concurrency => format!(
+                    "{} node(s) already being remediated and {} disrupted by other tools (maxConcurrent {})",
+                    b.disruptive_elsewhere, b.disrupted_by_others, b.max_concurrent
+                ),
             };
             self.enter(
                 Phase::Suspect,
@@ -406,14 +458,66 @@ impl<'a> Stepper<'a> {
             return;
         }
         if self.spec().mode == Mode::DryRun {
-            self.status.plan = Some(self.dry_run_plan(required));
+            let (action, what) = match (&notice, required) {
+                (Some(_), _) | (None, None) => (
+                    RecoveryAction::NodeReboot,
+                    "drain for maintenance".to_owned(),
+                ),
+                (None, Some(r)) => (r, format!("{r:?}")),
+            };
+            self.status.plan = Some(self.dry_run_plan(action));
             self.enter(
                 Phase::Suspect,
                 "DryRun",
-                format!("DryRun: would quarantine and {required:?} for: {headline}"),
+                format!("DryRun: would quarantine and {what} for: {headline}"),
             );
             return;
         }
+        if let Some(notice) = notice {
+            self.open_incident(headline.clone(), Vec::new(), Some(notice.deadline.clone()));
+            self.status.maintenance = Some(MaintenanceStatus {
+                deadline: notice.deadline,
+                source: notice.source,
+                reason: notice.reason,
+                drained_at: None,
+            });
+            self.enter(
+                Phase::Quarantined,
+                "MaintenanceScheduled",
+                format!("cordoned ahead of {headline}"),
+            );
+            return;
+        }
+        let gpus = self.diagnosis.gpus();
+        if let Some(why) = self.repeat_offender(&gpus) {
+            self.open_incident(headline.clone(), gpus, None);
+            self.actions.push(Action::LabelNode {
+                key: NEEDS_REPLACEMENT_LABEL.into(),
+                value: "true".into(),
+            });
+            return self.fail(
+                "RepeatedFailures",
+                format!(
+                    "{why}: handed over for replacement instead of another remediation; the node stays cordoned and is labelled {NEEDS_REPLACEMENT_LABEL}=true (now: {headline})"
+                ),
+            );
+        }
+        self.open_incident(headline.clone(), gpus, None);
+        self.enter(
+            Phase::Quarantined,
+            &self.headline_reason(),
+            format!("cordoned for: {headline}"),
+        );
+    }
+
+    /// Starts an incident: recorded first, then the cordon (unless the
+    /// node is cordoned already, by anyone).
+    fn open_incident(
+        &mut self,
+        trigger: String,
+        gpus: Vec<String>,
+        maintenance_deadline: Option<Time>,
+    ) {
         let incident = format!("inc-{}", self.now().as_second());
         self.supersede_workload_watch(&incident);
         self.status.incident = Some(incident.clone());
@@ -425,9 +529,11 @@ impl<'a> Stepper<'a> {
                 id: incident.clone(),
                 started_at: Time(self.now()),
                 ended_at: None,
-                trigger: headline.clone(),
+                trigger,
                 actions: Vec::new(),
                 outcome: None,
+                gpus,
+                maintenance_deadline,
                 workloads: None,
             },
         );
@@ -435,11 +541,97 @@ impl<'a> Stepper<'a> {
         if !self.input.node.unschedulable {
             self.actions.push(Action::Cordon { incident });
         }
-        self.enter(
-            Phase::Quarantined,
-            &self.headline_reason(),
-            format!("cordoned for: {headline}"),
-        );
+    }
+
+    /// Whether this GPU or node was remediated as often as the policy
+    /// allows in its window; why, if so.
+    fn repeat_offender(&self, gpus: &[String]) -> Option<String> {
+        let limits = &self.spec().remediation_limits;
+        let since = self
+            .now()
+            .checked_sub(k8s_openapi::jiff::SignedDuration::try_from(limits.window.as_std()).ok()?)
+            .ok()?;
+        // Remediations that acted: not maintenance, not a hand-over.
+        let recent: Vec<&Incident> = self
+            .status
+            .history
+            .iter()
+            .filter(|i| i.started_at.0 >= since && !i.actions.is_empty())
+            .filter(|i| i.maintenance_deadline.is_none())
+            .collect();
+        if limits.per_node > 0 && recent.len() >= limits.per_node as usize {
+            return Some(format!(
+                "the node was remediated {} times in the last {} (remediationLimits.perNode {})",
+                recent.len(),
+                limits.window,
+                limits.per_node
+            ));
+        }
+        gpus.iter().find_map(|g| {
+            let count = recent.iter().filter(|i| i.gpus.contains(g)).count();
+            (limits.per_gpu > 0 && count >= limits.per_gpu as usize).then(|| {
+                format!(
+                    "GPU {g} was remediated {count} times in the last {} (remediationLimits.perGpu {})",
+                    limits.window, limits.per_gpu
+                )
+            })
+        })
+    }
+
+    /// A maintenance notice to act on now: its lead time has come, or a GPU
+    /// failed before it and the policy leaves the repair to the provider.
+    fn maintenance_due(&mut self) -> Option<MaintenanceNotice> {
+        let policy = self.spec().maintenance.clone();
+        if !policy.enabled {
+            return None;
+        }
+        let notice = match &self.input.node.maintenance {
+            Some(Ok(n)) => n.clone(),
+            Some(Err(e)) => {
+                let message = format!("the maintenance notice was ignored: {e}");
+                self.finding("MalformedMaintenanceNotice", None, message);
+                return None;
+            }
+            None => return None,
+        };
+        let handled = self
+            .status
+            .history
+            .iter()
+            .any(|i| i.maintenance_deadline.as_ref() == Some(&notice.deadline));
+        if handled {
+            return None;
+        }
+        let now = self.now();
+        if now >= notice.deadline.0 {
+            let message = format!(
+                "{} passed before gpuhealth drained the node: if the provider has not acted yet it may at any moment; once the work is done, remove the gpuhealth.io/maintenance annotation",
+                maintenance_headline(&notice)
+            );
+            self.finding(
+                "MaintenanceDeadlinePassed",
+                Some(notice.source.clone()),
+                message,
+            );
+            return None;
+        }
+        let drain_from = notice
+            .deadline
+            .0
+            .checked_sub(
+                k8s_openapi::jiff::SignedDuration::try_from(policy.lead_time.as_std()).ok()?,
+            )
+            .ok()?;
+        let gpu_waits = self.diagnosis.required().is_some() && !policy.remediate_before;
+        if now >= drain_from || gpu_waits {
+            return Some(notice);
+        }
+        let left = drain_from
+            .duration_since(now)
+            .try_into()
+            .unwrap_or(Duration::ZERO);
+        self.wait(left);
+        None
     }
 
     fn headline(&self) -> String {
@@ -464,6 +656,9 @@ impl<'a> Stepper<'a> {
             // Our cordon has not landed yet (or was undone): ask again.
             self.actions.push(Action::Cordon { incident });
             self.wait(POLL);
+            return;
+        }
+        if self.held_by_other_actor(Phase::Quarantined) || self.cooling_down() {
             return;
         }
         let required = self
@@ -576,12 +771,32 @@ impl<'a> Stepper<'a> {
             // Draining with no attempt recorded: decide one afresh.
             return self.quarantined();
         };
+        if self.held_by_other_actor(Phase::Draining) {
+            return;
+        }
         let plan = self.drain_plan(action.type_, &action.gpus);
+        if self.disrupts_healthy_gpus(action.type_, &action.gpus, &plan)
+            && let Some(why) = self.outside_window()
+        {
+            // Cordoned, nothing evicted yet: the drain's timeout starts
+            // when the drain does.
+            self.enter(Phase::Quarantined, "OutsideMaintenanceWindow", why);
+            return;
+        }
         if plan.is_done() {
             return self.request(action);
         }
+        self.drain(plan, "Draining");
+    }
+
+    /// One round of a drain that is not done: evict what may go, wait for
+    /// the rest, and fail or force at `drain.timeout`.
+    fn drain(&mut self, plan: DrainPlan, reason: &str) {
         let drain = &self.spec().drain;
-        let timed_out = self.phase_age() >= drain.timeout.as_std();
+        // Counted from the start of this drain: time held back before it
+        // (cordoned, outside a window) is not the pods' fault.
+        let timed_out =
+            self.status.phase == Phase::Draining && self.phase_age() >= drain.timeout.as_std();
         if timed_out && drain.on_timeout == DrainTimeoutAction::ForceDelete {
             for pod in plan.evict.iter().chain(&plan.waiting) {
                 self.note_evicted(pod);
@@ -620,10 +835,231 @@ impl<'a> Stepper<'a> {
                     plan.evict.len(),
                     plan.waiting.len()
                 );
-                self.enter(Phase::Draining, "Draining", message);
+                self.enter(Phase::Draining, reason, message);
             }
         }
         self.wait(DRAIN_POLL);
+    }
+
+    /// Holds the node in `phase` while another tool disrupts it.
+    fn held_by_other_actor(&mut self, phase: Phase) -> bool {
+        if self.input.node.disrupted_by.is_empty() {
+            return false;
+        }
+        let message = format!(
+            "another tool is disrupting the node ({}); gpuhealth's next step waits until it is done",
+            self.input.node.disrupted_by.join("; ")
+        );
+        self.enter(phase, "DisruptedByOther", message);
+        self.wait(POLL);
+        true
+    }
+
+    /// Holds the node cordoned until the cooldown after its last
+    /// remediation has passed.
+    fn cooling_down(&mut self) -> bool {
+        let cooldown = self.spec().remediation_limits.cooldown;
+        let Some(ended) = self
+            .status
+            .history
+            .get(1)
+            .and_then(|i| i.ended_at.as_ref())
+            .map(|t| t.0)
+        else {
+            return false;
+        };
+        let until = after(ended, cooldown.as_std());
+        if cooldown.as_std().is_zero() || self.now() >= until {
+            return false;
+        }
+        let message = format!(
+            "the last remediation of this node ended at {ended}; the next waits for remediationLimits.cooldown {cooldown}, until {until}"
+        );
+        self.enter(Phase::Quarantined, "Cooldown", message);
+        let left = until
+            .duration_since(self.now())
+            .try_into()
+            .unwrap_or(Duration::ZERO);
+        self.wait(left);
+        true
+    }
+
+    /// Whether a step takes down GPUs that are not broken: a reboot, or
+    /// evicting a pod that holds no GPU the action is about.
+    fn disrupts_healthy_gpus(
+        &self,
+        action: RecoveryAction,
+        gpus: &[String],
+        plan: &DrainPlan,
+    ) -> bool {
+        if action >= RecoveryAction::NodeReboot {
+            return true;
+        }
+        if gpus.is_empty() {
+            // Every GPU of the node is concerned.
+            return false;
+        }
+        plan.evict.iter().chain(&plan.waiting).any(|key| {
+            self.input
+                .pods
+                .iter()
+                .find(|p| &p.key() == key)
+                .is_some_and(|p| !p.gpus.iter().any(|g| gpus.contains(g)))
+        })
+    }
+
+    /// Why a step that disrupts healthy GPUs must wait now, if it must.
+    fn outside_window(&mut self) -> Option<String> {
+        let windows_ = &self.spec().maintenance_windows;
+        let why = match windows::is_open(windows_, self.now()) {
+            Ok(true) => return None,
+            Ok(false) => match windows::next_opening(windows_, self.now()) {
+                Some(at) => {
+                    let left = at
+                        .duration_since(self.now())
+                        .try_into()
+                        .unwrap_or(Duration::ZERO);
+                    self.wait(left.min(POLL));
+                    format!("the next maintenance window opens at {at}")
+                }
+                None => {
+                    self.wait(POLL);
+                    "no maintenance window opens within a week".into()
+                }
+            },
+            Err(e) => {
+                self.wait(POLL);
+                format!("the policy's maintenanceWindows cannot be read ({e}); fix the policy")
+            }
+        };
+        Some(format!(
+            "this step disrupts GPUs that are not broken (a reboot, or pods on healthy GPUs), which the policy allows only in its maintenance windows; {why}"
+        ))
+    }
+
+    /// Quarantined or draining ahead of a scheduled maintenance: every pod
+    /// leaves (the provider takes the whole node), by the same rules.
+    fn maintenance_drain(&mut self) {
+        if self.maintenance_withdrawn() {
+            return self.maintenance_cancelled();
+        }
+        if !self.input.node.unschedulable {
+            let incident = self.status.incident.clone().unwrap_or_default();
+            self.actions.push(Action::Cordon { incident });
+            self.wait(POLL);
+            return;
+        }
+        let phase = self.status.phase;
+        if self.held_by_other_actor(phase) {
+            return;
+        }
+        let plan = drain::plan(
+            &self.spec().drain,
+            DrainScope::AllPods,
+            &[],
+            self.input.pods,
+        );
+        if !plan.is_done() {
+            return self.drain(plan, "DrainingForMaintenance");
+        }
+        let now = self.now();
+        let Some(m) = self.status.maintenance.as_mut() else {
+            return self.quarantined();
+        };
+        m.drained_at = Some(Time(now));
+        let message = format!(
+            "drained; waiting for {}'s maintenance, due {}: {}",
+            m.source, m.deadline.0, m.reason
+        );
+        self.status.boot_id_before_reboot = Some(self.input.node.boot_id.clone());
+        self.record("drained for maintenance");
+        self.enter(Phase::AwaitingMaintenance, "AwaitingMaintenance", message);
+        self.wait(POLL);
+    }
+
+    /// Drained and waiting: the provider's work shows as a new boot id.
+    fn awaiting_maintenance(&mut self) {
+        let Some(m) = self.status.maintenance.clone() else {
+            return self.quarantined();
+        };
+        let node = self.input.node;
+        let rebooted = self
+            .status
+            .boot_id_before_reboot
+            .as_deref()
+            .is_some_and(|b| b != node.boot_id);
+        if rebooted {
+            let incident = self.status.incident.clone().unwrap_or_default();
+            let now = self.now();
+            let action = ActionStatus {
+                id: format!("{incident}-maintenance"),
+                type_: RecoveryAction::NodeReboot,
+                attempt: 1,
+                gpus: Vec::new(),
+                started_at: m.drained_at.clone().unwrap_or(Time(now)),
+                requested_at: Some(Time(now)),
+                deadline: None,
+            };
+            self.record("maintenance done (new boot id)");
+            self.status.action = Some(action);
+            self.status.clear_since = None;
+            self.enter(
+                Phase::Verifying,
+                "Verifying",
+                "back from maintenance; waiting for every signal to stay clear".into(),
+            );
+            return self.verifying();
+        }
+        if self.maintenance_withdrawn() {
+            return self.maintenance_cancelled();
+        }
+        let overdue = after(m.deadline.0, self.spec().maintenance.overdue_after.as_std());
+        if self.now() >= overdue {
+            let message = format!(
+                "drained for {}'s maintenance due {}, but the node has not been taken down (same boot id) by {overdue}; it stays cordoned: ask the provider, or remove the gpuhealth.io/maintenance annotation to return it to service",
+                m.source, m.deadline.0
+            );
+            self.finding("MaintenanceOverdue", Some(m.source.clone()), message);
+        } else {
+            let left = overdue
+                .duration_since(self.now())
+                .try_into()
+                .unwrap_or(Duration::ZERO);
+            self.wait(left);
+        }
+        self.wait(POLL);
+    }
+
+    /// The notice being handled is gone from the node (or replaced).
+    fn maintenance_withdrawn(&self) -> bool {
+        let handled = self.status.maintenance.as_ref().map(|m| &m.deadline);
+        match &self.input.node.maintenance {
+            Some(Ok(n)) => Some(&n.deadline) != handled,
+            // A malformed notice is ignored, never acted on: as if withdrawn.
+            _ => true,
+        }
+    }
+
+    fn maintenance_cancelled(&mut self) {
+        let incident = self.status.incident.clone().unwrap_or_default();
+        if self.ours() {
+            self.actions.push(Action::Uncordon {
+                incident: incident.clone(),
+            });
+        }
+        self.close("Cancelled");
+        self.status.maintenance = None;
+        self.status.action = None;
+        self.status.incident = None;
+        self.status.boot_id_before_reboot = None;
+        self.event(
+            EventType::Normal,
+            "MaintenanceCancelled",
+            format!(
+                "incident {incident}: the maintenance notice was withdrawn; node back in service"
+            ),
+        );
+        self.enter(Phase::Healthy, "", String::new());
     }
 
     fn request(&mut self, mut action: ActionStatus) {
@@ -648,7 +1084,10 @@ impl<'a> Stepper<'a> {
                 });
             }
             RecoveryAction::ReplaceNode => {
-                self.actions.push(Action::MarkForReplacement { incident });
+                self.actions.push(Action::LabelNode {
+                    key: REPLACE_LABEL.into(),
+                    value: incident,
+                });
                 self.status.action = Some(action);
                 self.record("ReplaceNode requested");
                 return self.fail(
@@ -848,6 +1287,7 @@ impl<'a> Stepper<'a> {
         };
         self.close("Recovered");
         self.start_workload_watch();
+        self.status.maintenance = None;
         self.status.action = None;
         self.status.incident = None;
         self.status.clear_since = None;
@@ -912,6 +1352,7 @@ impl<'a> Stepper<'a> {
         if !self.input.node.unschedulable && self.diagnosis.is_clear() {
             self.status.action = None;
             self.status.incident = None;
+            self.status.maintenance = None;
             self.enter(Phase::Healthy, "", String::new());
         }
     }

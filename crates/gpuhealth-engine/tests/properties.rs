@@ -293,4 +293,64 @@ proptest! {
             prop_assert!(disruptive <= max_concurrent as usize, "{disruptive} disruptive nodes, maxConcurrent {max_concurrent}");
         }
     }
+
+    /// Nodes other tools are disrupting count against `maxConcurrent` as
+    /// gpuhealth's own do: it never starts a remediation that would take
+    /// more nodes out than the policy allows, and never takes a disruptive
+    /// step on a node another tool is disrupting.
+    #[test]
+    fn foreign_disruptions_count_against_max_concurrent(
+        max_concurrent in 1i32..3,
+        order in prop::collection::vec(
+            (0usize..4, 1u64..120, any::<bool>(), prop::option::of(0usize..4)),
+            1..200,
+        ),
+    ) {
+        let mut nodes: Vec<World> = (0..4).map(|_| World::incident()).collect();
+        let mut foreign = [false; 4];
+        for n in &mut nodes {
+            n.spec.max_concurrent = k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(max_concurrent);
+            n.spec.max_unhealthy = k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(4);
+        }
+        for (i, secs, agent_turn, toggle) in order {
+            if let Some(j) = toggle {
+                foreign[j] = !foreign[j];
+                nodes[j].node.disrupted_by = if foreign[j] {
+                    vec!["gpu-operator: label nvidia.com/gpu-driver-upgrade-state=upgrade-required".into()]
+                } else {
+                    Vec::new()
+                };
+            }
+            let ours = nodes.iter().enumerate().filter(|(j, n)| *j != i && is_disruptive(n.state.phase)).count();
+            let others = nodes
+                .iter()
+                .enumerate()
+                .filter(|(j, n)| *j != i && foreign[*j] && !is_disruptive(n.state.phase))
+                .count();
+            let n = &mut nodes[i];
+            let before = is_disruptive(n.state.phase);
+            n.budget = Budget::new(&n.spec, 4, ours, 4).with_others(others);
+            let actions = n.reconcile();
+            if !before && is_disruptive(n.state.phase) {
+                prop_assert!(
+                    ours + others < max_concurrent as usize,
+                    "started with {ours} of ours and {others} of others' nodes out, maxConcurrent {max_concurrent}"
+                );
+            }
+            if foreign[i] {
+                let disruptive_step = actions.iter().find(|a| matches!(
+                    a,
+                    Action::Cordon { .. } | Action::Evict { .. } | Action::ForceDelete { .. }
+                        | Action::RequestReset { .. } | Action::RequestReboot { .. }
+                ));
+                prop_assert!(disruptive_step.is_none(), "{disruptive_step:?} on a node another tool is disrupting");
+            }
+            if agent_turn {
+                n.agent_turn();
+            }
+            for m in &mut nodes {
+                m.advance(Duration::from_secs(secs));
+            }
+        }
+    }
 }

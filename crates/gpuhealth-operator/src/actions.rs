@@ -4,8 +4,8 @@
 use gpuhealth_api::{
     contract::{
         AnnotationValue, CORDONED_BY_ANNOTATION, CordonRecord, GPU_HEALTHY_READINESS_GATE,
-        REBOOT_REQUEST_ANNOTATION, REPLACE_LABEL, RESET_REQUEST_ANNOTATION, RebootRequest,
-        RequestId, ResetRequest,
+        REBOOT_REQUEST_ANNOTATION, RESET_REQUEST_ANNOTATION, RebootRequest, RequestId,
+        ResetRequest,
     },
     policy::GpuHealthPolicySpec,
 };
@@ -42,7 +42,7 @@ pub async fn run(
         Action::ForceDelete { .. } => "force_delete",
         Action::RequestReset { .. } => "request_reset",
         Action::RequestReboot { .. } => "request_reboot",
-        Action::MarkForReplacement { .. } => "mark_for_replacement",
+        Action::LabelNode { .. } => "label_node",
         Action::CreateValidationPod { .. } => "create_validation_pod",
         Action::DeleteValidationPod { .. } => "delete_validation_pod",
         Action::SetGpuHealthy { .. } => "set_gpu_healthy",
@@ -178,12 +178,12 @@ async fn carry_out(
                 Err(e) => return Err(e.into()),
             }
         }
-        Action::MarkForReplacement { incident } => {
-            let patch = json!({"metadata": {"labels": {REPLACE_LABEL: incident}}});
+        Action::LabelNode { key, value } => {
+            let patch = json!({"metadata": {"labels": {key: value}}});
             nodes
                 .patch(&name, &PatchParams::default(), &Patch::Merge(patch))
                 .await?;
-            warn!(node = %name, %incident, "handed off for replacement");
+            warn!(node = %name, %key, %value, "labelled for replacement");
         }
         Action::CreateValidationPod { name: pod } => {
             let Some(template) = &spec.verification.validation_pod else {

@@ -5,13 +5,16 @@ use std::collections::BTreeMap;
 use gpuhealth_api::contract::{
     AnnotationValue, CORDONED_BY_ANNOTATION, CordonRecord, DISRUPTION_TOLERANCE_ANNOTATION,
     DisruptionTolerance, GPU_HEALTHY_READINESS_GATE, GPU_REPORT_ANNOTATION, GpuReport,
-    REBOOT_REQUEST_ANNOTATION, REQUEST_RESULT_ANNOTATION, RESET_REQUEST_ANNOTATION, RebootRequest,
-    RequestResult, ResetRequest,
+    MAINTENANCE_ANNOTATION, MaintenanceNotice, REBOOT_REQUEST_ANNOTATION,
+    REQUEST_RESULT_ANNOTATION, RESET_REQUEST_ANNOTATION, RebootRequest, RequestResult,
+    ResetRequest,
 };
+use gpuhealth_api::policy::OtherActor;
 use gpuhealth_engine::{
     diagnosis::ObservedCondition,
     drain::{BudgetView, GpuGate, PodView},
     machine::NodeView,
+    others::{NodeSignals, disruptions},
     workload::controller_of,
 };
 use k8s_openapi::{
@@ -26,8 +29,9 @@ use kube::{
     core::{Selector, SelectorExt},
 };
 
-/// The node as the engine sees it.
-pub fn node_view(node: &Node) -> NodeView {
+/// The node as the engine sees it, with the other tools `actors` names
+/// that are disrupting it.
+pub fn node_view(node: &Node, actors: &[OtherActor]) -> NodeView {
     let annotations = node.annotations();
     let parse_id =
         |key: &str, f: fn(&str) -> Option<String>| annotations.get(key).and_then(|v| f(v));
@@ -78,7 +82,33 @@ pub fn node_view(node: &Node) -> NodeView {
         result: annotations
             .get(REQUEST_RESULT_ANNOTATION)
             .map(|v| RequestResult::parse(v)),
+        disrupted_by: disrupted_by(node, actors),
+        maintenance: annotations
+            .get(MAINTENANCE_ANNOTATION)
+            .map(|v| MaintenanceNotice::parse(v)),
     }
+}
+
+/// Which of `actors` are disrupting `node` now.
+pub fn disrupted_by(node: &Node, actors: &[OtherActor]) -> Vec<String> {
+    let taints: BTreeMap<String, String> = node
+        .spec
+        .as_ref()
+        .and_then(|s| s.taints.as_ref())
+        .map(|ts| {
+            ts.iter()
+                .map(|t| (t.key.clone(), t.value.clone().unwrap_or_default()))
+                .collect()
+        })
+        .unwrap_or_default();
+    disruptions(
+        actors,
+        NodeSignals {
+            labels: node.labels(),
+            annotations: node.annotations(),
+            taints: &taints,
+        },
+    )
 }
 
 /// A pod as the drain planner sees it; `holders` maps `namespace/name` to the

@@ -29,23 +29,42 @@ use crate::{
     selection::{selects, winner},
 };
 
-const PHASES: [Phase; 7] = [
+const PHASES: [Phase; 8] = [
     Phase::Healthy,
     Phase::Suspect,
     Phase::Quarantined,
     Phase::Draining,
     Phase::Remediating,
+    Phase::AwaitingMaintenance,
     Phase::Verifying,
     Phase::Failed,
 ];
 
-/// Whether a node status counts against the circuit breaker.
+/// Whether a node status counts against the circuit breaker: a
+/// scheduled maintenance says nothing about the fleet's health.
 pub fn unhealthy(s: &GpuNodeHealthStatus) -> bool {
-    s.phase != Phase::Healthy && s.reason.as_deref() != Some("SignalPending")
+    s.phase != Phase::Healthy
+        && s.reason.as_deref() != Some("SignalPending")
+        && s.maintenance.is_none()
 }
 
 /// The nodes `policy` manages (selects and wins), and for the nodes it selects
 /// but another policy wins, how many each winner took.
+/// The nodes `policy` manages (selects, and wins).
+pub fn policy_nodes(
+    ctx: &Context,
+    policy: &GpuHealthPolicy,
+) -> Vec<Arc<k8s_openapi::api::core::v1::Node>> {
+    let name = policy.name_any();
+    let policies = ctx.policies.state();
+    ctx.nodes
+        .state()
+        .into_iter()
+        .filter(|n| selects(policy, n))
+        .filter(|n| winner(&policies, n).is_some_and(|w| w.name_any() == name))
+        .collect()
+}
+
 pub fn managed(ctx: &Context, policy: &GpuHealthPolicy) -> (usize, Vec<(String, usize)>) {
     let name = policy.name_any();
     let policies = ctx.policies.state();

@@ -35,8 +35,8 @@ use crate::{
     actions,
     context::{Context, Error, MANAGER, latest},
     metrics::{ErrorLabels, ReportLabels},
-    observe::{budget_views, gpu_holders, node_view, pod_view},
-    policy_status::{managed, unhealthy},
+    observe::{budget_views, disrupted_by, gpu_holders, node_view, pod_view},
+    policy_status::{managed, policy_nodes, unhealthy},
     selection::winner,
     validation, workloads,
 };
@@ -60,7 +60,7 @@ async fn reconcile_node(node: &Node, ctx: &Context) -> Result<Requeue, Error> {
     };
     let name = node.name_any();
     let policy_name = policy.name_any();
-    let view = node_view(node);
+    let view = node_view(node, &policy.spec.other_actors);
     if let Some(Err(e)) = &view.report {
         warn!(node = %name, error = %e, "malformed GPU report; ignoring it");
     }
@@ -204,16 +204,28 @@ fn budget(
 ) -> Budget {
     let policy_name = policy.name_any();
     let (nodes, _) = managed(ctx, policy);
-    let others: Vec<GpuNodeHealthStatus> = latest(ctx, written)
+    let others_by_name: HashMap<String, GpuNodeHealthStatus> = latest(ctx, written)
         .into_iter()
         .filter(|(name, s)| name != this && s.policy.as_deref() == Some(policy_name.as_str()))
-        .map(|(_, s)| s)
         .collect();
+    let others: Vec<&GpuNodeHealthStatus> = others_by_name.values().collect();
     let disruptive = others.iter().filter(|s| is_disruptive(s.phase)).count();
     let unhealthy = others.iter().filter(|s| unhealthy(s)).count();
+    // Nodes other tools are disrupting take capacity out too, unless
+    // gpuhealth already counts them.
+    let ours_disruptive = |name: &str| {
+        others_by_name
+            .get(name)
+            .is_some_and(|s| is_disruptive(s.phase))
+    };
+    let by_others = policy_nodes(ctx, policy)
+        .iter()
+        .filter(|n| n.name_any() != this && !ours_disruptive(&n.name_any()))
+        .filter(|n| !disrupted_by(n, &policy.spec.other_actors).is_empty())
+        .count();
     // This node counts itself only when it wants to start, which is the only
     // time the engine consults the breaker.
-    Budget::new(&policy.spec, nodes, disruptive, unhealthy + 1)
+    Budget::new(&policy.spec, nodes, disruptive, unhealthy + 1).with_others(by_others)
 }
 
 async fn write_status(

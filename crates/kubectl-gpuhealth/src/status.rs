@@ -14,12 +14,13 @@ use serde::Serialize;
 use crate::output::{Paint, Style, ago, table};
 
 /// Phases in the order a node goes through them; `Failed` last.
-const PHASES: [Phase; 7] = [
+const PHASES: [Phase; 8] = [
     Phase::Healthy,
     Phase::Suspect,
     Phase::Quarantined,
     Phase::Draining,
     Phase::Remediating,
+    Phase::AwaitingMaintenance,
     Phase::Verifying,
     Phase::Failed,
 ];
@@ -637,6 +638,8 @@ mod tests {
                 trigger: "Xid 119".into(),
                 actions: vec![],
                 outcome: None,
+                gpus: vec![],
+                maintenance_deadline: None,
                 workloads: None,
             }],
             bad_gpus: 1,

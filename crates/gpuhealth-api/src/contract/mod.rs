@@ -34,6 +34,9 @@ pub const CORDONED_BY_ANNOTATION: &str = "gpuhealth.io/cordoned-by";
 pub const DISRUPTION_TOLERANCE_ANNOTATION: &str = "gpuhealth.io/disruption-tolerance";
 /// Node label: set when a node is handed off for replacement.
 pub const REPLACE_LABEL: &str = "gpuhealth.io/replace";
+/// Node label, `true` when a node's GPUs failed more often than the
+/// policy's `remediationLimits` allow: for an RMA process or Cluster API.
+pub const NEEDS_REPLACEMENT_LABEL: &str = "gpuhealth.io/needs-replacement";
 /// Node condition type written by detectors (`True` means healthy).
 pub const GPU_HEALTHY_CONDITION: &str = "GpuHealthy";
 /// Pod readiness gate and condition: a pod that lists it in

@@ -77,6 +77,8 @@ pub struct World {
     pub log: Vec<Action>,
     /// Request ids the agent carried out.
     pub executed: Vec<String>,
+    /// Labels the engine set on the node.
+    pub labels: BTreeMap<String, String>,
     boots: u32,
 }
 
@@ -105,6 +107,8 @@ impl World {
                 reset_request: None,
                 reboot_request: None,
                 result: None,
+                disrupted_by: Vec::new(),
+                maintenance: None,
             },
             pods,
             disruption_budgets: Vec::new(),
@@ -117,6 +121,7 @@ impl World {
             reboot_agent: Agent::Succeeds,
             log: Vec::new(),
             executed: Vec::new(),
+            labels: BTreeMap::new(),
             boots: 1,
         }
     }
@@ -202,7 +207,10 @@ impl World {
                     p.gpu_gate = GpuGate::Is(*healthy);
                 }
             }
-            Action::MarkForReplacement { .. } | Action::Event { .. } => {}
+            Action::LabelNode { key, value } => {
+                self.labels.insert(key.clone(), value.clone());
+            }
+            Action::Event { .. } => {}
         }
     }
 
