@@ -284,6 +284,30 @@ impl Scenario {
         Ok(())
     }
 
+    /// The node comes back from someone else's reboot (a provider's
+    /// maintenance): a new boot id, and once the operator has seen it (the
+    /// node is `Verifying`), a fresh report with every GPU healthy, as the
+    /// agent would write on start.
+    pub async fn rebooted_by_provider(&self, node: &str) -> Result<()> {
+        let boot = format!(
+            "boot-{}",
+            k8s_openapi::jiff::Timestamp::now().as_millisecond()
+        );
+        let status = serde_json::json!({"status": {"nodeInfo": {"bootID": boot}}});
+        Api::<Node>::all(self.client.clone())
+            .patch_status(
+                node,
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Merge(status),
+            )
+            .await?;
+        self.wait_status(node, "the new boot id seen", |st| {
+            st.phase == gpuhealth_api::node_health::Phase::Verifying
+        })
+        .await?;
+        self.report_healthy(node).await
+    }
+
     /// Writes an arbitrary GPU report on `node`.
     pub async fn write_report(
         &self,

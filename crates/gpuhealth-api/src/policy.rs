@@ -234,12 +234,14 @@ pub struct MaintenanceWindow {
     #[schemars(extend("x-kubernetes-list-type" = "set"))]
     pub days: Vec<Weekday>,
     /// `HH:MM`, 24-hour.
+    #[schemars(length(min = 5, max = 5))]
     #[schemars(extend("x-kubernetes-validations" = [{
         "rule": "self.matches('^([01][0-9]|2[0-3]):[0-5][0-9]$')",
         "message": "maintenanceWindows[].start must be HH:MM (24-hour)"
     }]))]
     pub start: String,
     /// `HH:MM`, 24-hour.
+    #[schemars(length(min = 5, max = 5))]
     #[schemars(extend("x-kubernetes-validations" = [{
         "rule": "self.matches('^([01][0-9]|2[0-3]):[0-5][0-9]$')",
         "message": "maintenanceWindows[].end must be HH:MM (24-hour)"

@@ -183,6 +183,10 @@ pub fn is_disruptive(phase: Phase) -> bool {
     )
 }
 
+fn whole_second(t: Timestamp) -> Timestamp {
+    Timestamp::from_second(t.as_second()).unwrap_or(t)
+}
+
 /// A maintenance notice in words.
 fn maintenance_headline(n: &MaintenanceNotice) -> String {
     format!(
@@ -278,7 +282,7 @@ impl<'a> Stepper<'a> {
     /// Now, in whole seconds: Kubernetes stores times to the second, and a
     /// time compared with one read back from the cluster must be too.
     fn now(&self) -> Timestamp {
-        Timestamp::from_second(self.input.now.as_second()).unwrap_or(self.input.now)
+        whole_second(self.input.now)
     }
 
     fn spec(&self) -> &'a GpuHealthPolicySpec {
@@ -585,7 +589,7 @@ impl<'a> Stepper<'a> {
         if !policy.enabled {
             return None;
         }
-        let notice = match &self.input.node.maintenance {
+        let mut notice = match &self.input.node.maintenance {
             Some(Ok(n)) => n.clone(),
             Some(Err(e)) => {
                 let message = format!("the maintenance notice was ignored: {e}");
@@ -594,6 +598,9 @@ impl<'a> Stepper<'a> {
             }
             None => return None,
         };
+        // Kubernetes stores times to the second: the deadline recorded in
+        // status must compare equal to the notice's when read back.
+        notice.deadline = Time(whole_second(notice.deadline.0));
         let handled = self
             .status
             .history
@@ -1032,9 +1039,9 @@ impl<'a> Stepper<'a> {
 
     /// The notice being handled is gone from the node (or replaced).
     fn maintenance_withdrawn(&self) -> bool {
-        let handled = self.status.maintenance.as_ref().map(|m| &m.deadline);
+        let handled = self.status.maintenance.as_ref().map(|m| m.deadline.0);
         match &self.input.node.maintenance {
-            Some(Ok(n)) => Some(&n.deadline) != handled,
+            Some(Ok(n)) => Some(whole_second(n.deadline.0)) != handled,
             // A malformed notice is ignored, never acted on: as if withdrawn.
             _ => true,
         }

@@ -40,7 +40,9 @@ fn announced(ahead: Duration) -> World {
         }
     }
     w.spec.maintenance.lead_time = gpuhealth_api::Duration::from_mins(1);
-    w.node.maintenance = Some(Ok(notice(later(&w, ahead))));
+    // Half a second past: Kubernetes keeps times to the second, and the
+    // notice must still be recognised as the one handled.
+    w.node.maintenance = Some(Ok(notice(later(&w, ahead + Duration::from_millis(500)))));
     w
 }
 
