@@ -17,13 +17,14 @@ use gpuhealth_e2e::{
     wait::until,
 };
 use k8s_openapi::{
-    api::core::v1::Node,
+    api::{apps::v1::DaemonSet, core::v1::Node},
+    apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
     apimachinery::pkg::{apis::meta::v1::Time, util::intstr::IntOrString},
     jiff::{SignedDuration, Timestamp},
 };
 use kube::{
     Api, ResourceExt,
-    api::{Patch, PatchParams},
+    api::{ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams},
 };
 use serde_json::json;
 
@@ -277,4 +278,132 @@ async fn outside_a_window_a_gpu_pods_drain_waits_and_an_affected_pods_reset_proc
     s.break_gpu(&node, 7).await.expect("break");
     s.wait_recovered(&node).await.expect("reset at once");
     assert_eq!(s.agent.requests().len(), 1);
+}
+
+/// Medik8s' NodeMaintenance kind, as its operator installs it (schema
+/// reduced to what gpuhealth reads).
+async fn install_node_maintenance_kind(s: &Scenario) {
+    let crd: CustomResourceDefinition = serde_json::from_value(json!({
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": "nodemaintenances.nodemaintenance.medik8s.io"},
+        "spec": {
+            "group": "nodemaintenance.medik8s.io",
+            "scope": "Cluster",
+            "names": {"kind": "NodeMaintenance", "plural": "nodemaintenances", "singular": "nodemaintenance"},
+            "versions": [{
+                "name": "v1beta1", "served": true, "storage": true,
+                "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}},
+            }],
+        },
+    }))
+    .expect("crd");
+    let api: Api<CustomResourceDefinition> = Api::all(s.client.clone());
+    api.patch(
+        "nodemaintenances.nodemaintenance.medik8s.io",
+        &PatchParams::apply("gpuhealth-e2e").force(),
+        &Patch::Apply(&crd),
+    )
+    .await
+    .expect("install the NodeMaintenance kind");
+    until(
+        api,
+        "nodemaintenances.nodemaintenance.medik8s.io",
+        WAIT,
+        |c| {
+            c.status
+                .as_ref()
+                .and_then(|s| s.conditions.as_ref())
+                .is_some_and(|cs| {
+                    cs.iter()
+                        .any(|c| c.type_ == "Established" && c.status == "True")
+                })
+        },
+    )
+    .await
+    .expect("established");
+}
+
+#[tokio::test]
+async fn kureds_lock_and_a_medik8s_node_maintenance_hold_the_nodes_they_name() {
+    let mut spec = Scenario::quick_spec();
+    spec.max_unhealthy = IntOrString::Int(2);
+    let mut s = Scenario::new("locks", 2, spec).await.expect("scenario");
+    let (maintained, rebooting) = (s.nodes[0].clone(), s.nodes[1].clone());
+    install_node_maintenance_kind(&s).await;
+    let resource = ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("nodemaintenance.medik8s.io", "v1beta1", "NodeMaintenance"),
+        "nodemaintenances",
+    );
+    let maintenances: Api<DynamicObject> = Api::all_with(s.client.clone(), &resource);
+    let maintenance = format!("{}-maintenance", s.group);
+    let mut object = DynamicObject::new(&maintenance, &resource);
+    object.data = json!({"spec": {"nodeName": maintained, "reason": "NIC replacement"}});
+    maintenances
+        .create(&PostParams::default(), &object)
+        .await
+        .expect("NodeMaintenance");
+    // kured holds its lock for the other node, on its DaemonSet.
+    let daemonsets: Api<DaemonSet> = Api::namespaced(s.client.clone(), "kube-system");
+    let lock = json!({"nodeID": rebooting, "metadata": {"unschedulable": false}, "created": Timestamp::now().to_string(), "TTL": 0});
+    let kured: DaemonSet = serde_json::from_value(json!({
+        "apiVersion": "apps/v1", "kind": "DaemonSet",
+        "metadata": {"name": "kured", "namespace": "kube-system",
+                     "annotations": {"weave.works/kured-node-lock": lock.to_string()}},
+        "spec": {
+            "selector": {"matchLabels": {"name": "kured"}},
+            "template": {
+                "metadata": {"labels": {"name": "kured"}},
+                "spec": {"nodeSelector": {"gpuhealth.io/no-such-node": "x"},
+                         "containers": [{"name": "kured", "image": "ghcr.io/kubereboot/kured:1.17.1"}]},
+            },
+        },
+    }))
+    .expect("kured");
+    let _ = daemonsets.delete("kured", &Default::default()).await;
+    daemonsets
+        .create(&PostParams::default(), &kured)
+        .await
+        .expect("kured's DaemonSet");
+    s.start().await.expect("operator");
+
+    s.break_gpu(&maintained, 7).await.expect("break");
+    s.break_gpu(&rebooting, 7).await.expect("break");
+    for (node, by) in [
+        (
+            &maintained,
+            format!("medik8s: NodeMaintenance {maintenance}"),
+        ),
+        (
+            &rebooting,
+            "kured: reboot lock weave.works/kured-node-lock on kube-system/kured".to_owned(),
+        ),
+    ] {
+        let held = s
+            .wait_status(node, "held for the other tool", |st| {
+                st.reason.as_deref() == Some("DisruptedByOther")
+            })
+            .await
+            .expect("held");
+        assert_eq!(held.disrupted_by, [by], "{node}");
+        assert!(
+            !is_cordoned(&s.node(node).await.expect("node")),
+            "{node} untouched"
+        );
+    }
+    assert!(s.agent.requests().is_empty());
+
+    // Both tools finish: gpuhealth takes over, one node at a time.
+    maintenances
+        .delete(&maintenance, &Default::default())
+        .await
+        .expect("end the maintenance");
+    daemonsets
+        .delete("kured", &Default::default())
+        .await
+        .expect("release kured's lock");
+    s.wait_recovered(&maintained)
+        .await
+        .expect("maintained node");
+    s.wait_recovered(&rebooting).await.expect("rebooted node");
 }

@@ -140,12 +140,21 @@ pub struct GpuHealthPolicySpec {
     pub maintenance: Maintenance,
 }
 
-/// Where another tool's signal lives on a Node.
+/// Where another tool's signal lives.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub enum SignalSource {
+    /// A label of the Node (`key`).
     Label,
+    /// An annotation of the Node (`key`).
     Annotation,
+    /// A taint of the Node (`key`).
     Taint,
+    /// kured's reboot lock: the annotation `key` on kured's DaemonSet
+    /// (`object`, `namespace/name`) names the node (`"nodeID":"<node>"`).
+    KuredLock,
+    /// A Medik8s `NodeMaintenance` (API group `key`, version `v1beta1`)
+    /// whose `spec.nodeName` is the node.
+    NodeMaintenance,
 }
 
 /// A signal that another tool is disrupting a node.
@@ -155,10 +164,15 @@ pub struct OtherActor {
     /// Who it is, for messages: `gpu-operator`, `kured`, `medik8s`.
     #[schemars(length(min = 1, max = 63))]
     pub name: String,
-    /// A label, an annotation or a taint of the Node.
     pub source: SignalSource,
+    /// The label, annotation or taint key; for `KuredLock` the lock
+    /// annotation; for `NodeMaintenance` the API group.
     #[schemars(length(min = 1, max = 316))]
     pub key: String,
+    /// For `KuredLock`: kured's DaemonSet, as `namespace/name`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 3, max = 317))]
+    pub object: Option<String>,
     /// Disrupting while the value is one of these; any value when empty.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 16))]
@@ -689,30 +703,47 @@ fn default_stable_for() -> Duration {
 fn default_verification_timeout() -> Duration {
     Duration::from_mins(10)
 }
-/// The three tools a GPU fleet usually runs beside gpuhealth.
+/// The three tools a GPU fleet usually runs beside gpuhealth, each by
+/// what it writes: the GPU Operator's upgrade state label; kured's lock
+/// (and the node annotation it sets with `--annotate-nodes`); a Medik8s
+/// `NodeMaintenance` (and the taint its operator sets).
 pub fn default_other_actors() -> Vec<OtherActor> {
+    let actor = |name: &str, source, key: &str| OtherActor {
+        name: name.into(),
+        source,
+        key: key.into(),
+        object: None,
+        values: Vec::new(),
+        except_values: Vec::new(),
+    };
     vec![
         OtherActor {
-            name: "gpu-operator".into(),
-            source: SignalSource::Label,
-            key: "nvidia.com/gpu-driver-upgrade-state".into(),
-            values: Vec::new(),
             except_values: vec!["upgrade-done".into()],
+            ..actor(
+                "gpu-operator",
+                SignalSource::Label,
+                "nvidia.com/gpu-driver-upgrade-state",
+            )
         },
         OtherActor {
-            name: "kured".into(),
-            source: SignalSource::Annotation,
-            key: "weave.works/kured-reboot-in-progress".into(),
-            values: Vec::new(),
-            except_values: Vec::new(),
+            object: Some("kube-system/kured".into()),
+            ..actor(
+                "kured",
+                SignalSource::KuredLock,
+                "weave.works/kured-node-lock",
+            )
         },
-        OtherActor {
-            name: "medik8s".into(),
-            source: SignalSource::Taint,
-            key: "medik8s.io/drain".into(),
-            values: Vec::new(),
-            except_values: Vec::new(),
-        },
+        actor(
+            "kured",
+            SignalSource::Annotation,
+            "weave.works/kured-reboot-in-progress",
+        ),
+        actor(
+            "medik8s",
+            SignalSource::NodeMaintenance,
+            "nodemaintenance.medik8s.io",
+        ),
+        actor("medik8s", SignalSource::Taint, "medik8s.io/drain"),
     ]
 }
 fn default_limits_window() -> Duration {

@@ -7,12 +7,14 @@ use std::collections::BTreeMap;
 use gpuhealth_api::policy::{OtherActor, SignalSource};
 
 /// A Node's labels, annotations and taints (key to value; a taint without
-/// a value maps to "").
+/// a value maps to ""), and what names it elsewhere: for each `KuredLock`
+/// or `NodeMaintenance` actor (by name) that names the node, how.
 #[derive(Clone, Copy, Debug)]
 pub struct NodeSignals<'a> {
     pub labels: &'a BTreeMap<String, String>,
     pub annotations: &'a BTreeMap<String, String>,
     pub taints: &'a BTreeMap<String, String>,
+    pub named_by: &'a BTreeMap<String, String>,
 }
 
 /// Which of `actors` are disrupting the node now, in words
@@ -25,6 +27,12 @@ pub fn disruptions(actors: &[OtherActor], node: NodeSignals<'_>) -> Vec<String> 
                 SignalSource::Label => (node.labels, "label"),
                 SignalSource::Annotation => (node.annotations, "annotation"),
                 SignalSource::Taint => (node.taints, "taint"),
+                SignalSource::KuredLock | SignalSource::NodeMaintenance => {
+                    return node
+                        .named_by
+                        .get(&a.name)
+                        .map(|how| format!("{}: {how}", a.name));
+                }
             };
             let value = map.get(&a.key)?;
             let listed = a.values.is_empty() || a.values.contains(value);
@@ -60,6 +68,7 @@ mod tests {
                     labels,
                     annotations,
                     taints,
+                    named_by: &none,
                 },
             )
         };
@@ -81,6 +90,24 @@ mod tests {
         let medik8s = map(&[("medik8s.io/drain", "")]);
         assert_eq!(check(&none, &none, &medik8s).len(), 1);
         assert!(check(&none, &none, &none).is_empty());
+        // kured's lock and a NodeMaintenance, as the operator found them.
+        let named = map(&[(
+            "kured",
+            "lock weave.works/kured-node-lock on kube-system/kured",
+        )]);
+        let found = disruptions(
+            &actors,
+            NodeSignals {
+                labels: &none,
+                annotations: &none,
+                taints: &none,
+                named_by: &named,
+            },
+        );
+        assert_eq!(
+            found,
+            ["kured: lock weave.works/kured-node-lock on kube-system/kured"]
+        );
     }
 
     #[test]
@@ -89,6 +116,7 @@ mod tests {
             name: "ops".into(),
             source: SignalSource::Label,
             key: "example.com/state".into(),
+            object: None,
             values: vec!["draining".into()],
             except_values: Vec::new(),
         }];
@@ -97,6 +125,7 @@ mod tests {
             labels,
             annotations: &none,
             taints: &none,
+            named_by: &none,
         };
         let draining = map(&[("example.com/state", "draining")]);
         let idle = map(&[("example.com/state", "idle")]);

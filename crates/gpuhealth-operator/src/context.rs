@@ -32,6 +32,9 @@ pub struct Context {
     /// Per node, the pods (`namespace/name`) its last reconcile saw holding
     /// a GPU: a new holder is listed once, to set its readiness gate.
     pub holders_seen: Mutex<HashMap<String, BTreeSet<String>>>,
+    /// Other tools' locks that name nodes (kured, Medik8s), kept fresh by
+    /// `locks::poll`.
+    pub locks: Arc<crate::locks::Locks>,
     /// Checked before every write: a replica that is not the leader (or no
     /// longer sure it is) writes nothing.
     pub leadership: Leadership,

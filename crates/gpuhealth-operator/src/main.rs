@@ -5,6 +5,7 @@ mod actions;
 mod conditions;
 mod context;
 mod leader;
+mod locks;
 mod metrics;
 mod observe;
 mod policy_status;
@@ -216,6 +217,8 @@ async fn run(args: Args) -> Result<(), Fatal> {
     }
     metrics.leader.set(1);
 
+    let locks = Arc::new(locks::Locks::default());
+    tokio::spawn(locks::poll(client.clone(), policies.clone(), locks.clone()));
     let node_controller =
         Controller::new(Api::<Node>::all(client.clone()), watcher::Config::default());
     let nodes = node_controller.store();
@@ -226,6 +229,7 @@ async fn run(args: Args) -> Result<(), Fatal> {
         node_health,
         decisions: Default::default(),
         holders_seen: Default::default(),
+        locks: locks.clone(),
         metrics: metrics.clone(),
         leadership: elector.leadership(),
         crash_after,

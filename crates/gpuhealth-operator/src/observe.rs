@@ -30,8 +30,12 @@ use kube::{
 };
 
 /// The node as the engine sees it, with the other tools `actors` names
-/// that are disrupting it.
-pub fn node_view(node: &Node, actors: &[OtherActor]) -> NodeView {
+/// that are disrupting it (`named_by`: the locks that name it, see `locks`).
+pub fn node_view(
+    node: &Node,
+    actors: &[OtherActor],
+    named_by: &BTreeMap<String, String>,
+) -> NodeView {
     let annotations = node.annotations();
     let parse_id =
         |key: &str, f: fn(&str) -> Option<String>| annotations.get(key).and_then(|v| f(v));
@@ -82,7 +86,7 @@ pub fn node_view(node: &Node, actors: &[OtherActor]) -> NodeView {
         result: annotations
             .get(REQUEST_RESULT_ANNOTATION)
             .map(|v| RequestResult::parse(v)),
-        disrupted_by: disrupted_by(node, actors),
+        disrupted_by: disrupted_by(node, actors, named_by),
         maintenance: annotations
             .get(MAINTENANCE_ANNOTATION)
             .map(|v| MaintenanceNotice::parse(v)),
@@ -90,7 +94,11 @@ pub fn node_view(node: &Node, actors: &[OtherActor]) -> NodeView {
 }
 
 /// Which of `actors` are disrupting `node` now.
-pub fn disrupted_by(node: &Node, actors: &[OtherActor]) -> Vec<String> {
+pub fn disrupted_by(
+    node: &Node,
+    actors: &[OtherActor],
+    named_by: &BTreeMap<String, String>,
+) -> Vec<String> {
     let taints: BTreeMap<String, String> = node
         .spec
         .as_ref()
@@ -107,6 +115,7 @@ pub fn disrupted_by(node: &Node, actors: &[OtherActor]) -> Vec<String> {
             labels: node.labels(),
             annotations: node.annotations(),
             taints: &taints,
+            named_by,
         },
     )
 }

@@ -60,7 +60,7 @@ async fn reconcile_node(node: &Node, ctx: &Context) -> Result<Requeue, Error> {
     };
     let name = node.name_any();
     let policy_name = policy.name_any();
-    let view = node_view(node, &policy.spec.other_actors);
+    let view = node_view(node, &policy.spec.other_actors, &ctx.locks.of(&name));
     if let Some(Err(e)) = &view.report {
         warn!(node = %name, error = %e, "malformed GPU report; ignoring it");
     }
@@ -221,7 +221,9 @@ fn budget(
     let by_others = policy_nodes(ctx, policy)
         .iter()
         .filter(|n| n.name_any() != this && !ours_disruptive(&n.name_any()))
-        .filter(|n| !disrupted_by(n, &policy.spec.other_actors).is_empty())
+        .filter(|n| {
+            !disrupted_by(n, &policy.spec.other_actors, &ctx.locks.of(&n.name_any())).is_empty()
+        })
         .count();
     // This node counts itself only when it wants to start, which is the only
     // time the engine consults the breaker.
