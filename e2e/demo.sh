@@ -28,9 +28,11 @@ export GPUHEALTH_E2E_KUBECONFIG=$KUBECONFIG
 k() { "$kubectl_bin" "$@"; }
 
 say "Installing the CRDs and the sample policies: kubectl apply -k"
-# --force-conflicts: the e2e suite installs the same CRDs with its own field
-# manager, and a number it wrote as 0 reads as a change from 0.0 here.
-k apply --server-side --force-conflicts -k config/default
+# The CRDs only: the operator and agent run here as local processes (a real
+# cluster takes all of config/default). --force-conflicts: the e2e suite
+# installs the same CRDs with its own field manager, and a number it wrote
+# as 0 reads as a change from 0.0 here.
+k apply --server-side --force-conflicts -k crds
 k wait --for condition=Established --timeout 60s crd/gpuhealthpolicies.gpuhealth.io crd/gpunodehealths.gpuhealth.io
 k apply --server-side -k config/samples
 

@@ -68,6 +68,28 @@ pub async fn client_with_token(token: &str) -> Result<Client> {
     Ok(Client::try_from(config)?)
 }
 
+/// A kubeconfig file at `path` for the test cluster that authenticates
+/// with `token` alone: for running a binary as a ServiceAccount.
+pub async fn kubeconfig_with_token(token: &str, path: &Path) -> Result<PathBuf> {
+    let admin = kubeconfig_path().await?;
+    let mut kubeconfig =
+        Kubeconfig::read_from(&admin).map_err(|source| HarnessError::Kubeconfig {
+            path: admin.display().to_string(),
+            source,
+        })?;
+    for user in &mut kubeconfig.auth_infos {
+        user.auth_info = Some(kube::config::AuthInfo {
+            token: Some(token.to_owned().into()),
+            ..Default::default()
+        });
+    }
+    let yaml = serde_yaml::to_string(&kubeconfig)
+        .map_err(|e| HarnessError::ClusterStart(format!("writing a kubeconfig: {e}")))?;
+    std::fs::write(path, yaml)
+        .map_err(|e| HarnessError::ClusterStart(format!("writing {}: {e}", path.display())))?;
+    Ok(path.to_owned())
+}
+
 async fn config() -> Result<Config> {
     let path = kubeconfig_path().await?;
     let kubeconfig = Kubeconfig::read_from(&path).map_err(|source| HarnessError::Kubeconfig {

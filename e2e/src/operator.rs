@@ -18,6 +18,11 @@ pub struct Options {
     /// `GPUHEALTH_TEST_CRASH_AFTER`: exit right after recording this phase
     /// (`<phase>` or `<phase>:<node>`).
     pub crash_after: Option<String>,
+    /// Run with this kubeconfig (a ServiceAccount's token) instead of the
+    /// admin's.
+    pub kubeconfig: Option<std::path::PathBuf>,
+    /// `POD_NAMESPACE`: where its Lease lives.
+    pub namespace: Option<String>,
 }
 
 /// Starts `gpuhealth-operator` as replica `name` (`make e2e` builds it first).
@@ -41,6 +46,12 @@ pub async fn start_with(name: &str, options: Options) -> Result<Process> {
             .args(["--retry-period", &secs(RETRY_PERIOD)]);
         if let Some(phase) = &options.crash_after {
             command.env("GPUHEALTH_TEST_CRASH_AFTER", phase);
+        }
+        if let Some(path) = &options.kubeconfig {
+            command.env("KUBECONFIG", path);
+        }
+        if let Some(namespace) = &options.namespace {
+            command.env("POD_NAMESPACE", namespace);
         }
     })
     .await

@@ -95,10 +95,12 @@ async fn the_agent_may_change_only_its_own_nodes_report() {
             .await
             .expect("Ready");
     }
-    let config = concat!(env!("CARGO_MANIFEST_DIR"), "/../config/agent");
-    kubectl(&["apply", "--server-side", "-k", config])
-        .await
-        .expect("kubectl apply -k config/agent");
+    for dir in ["namespace", "agent"] {
+        let config = format!("{}/../config/{dir}", env!("CARGO_MANIFEST_DIR"));
+        kubectl(&["apply", "--server-side", "-k", &config])
+            .await
+            .unwrap_or_else(|e| panic!("kubectl apply -k config/{dir}: {e}"));
+    }
 
     // The DaemonSet's pod on our node: its token is the agent's.
     let pods: Api<Pod> = Api::namespaced(admin.clone(), NAMESPACE);

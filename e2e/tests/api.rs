@@ -465,7 +465,21 @@ async fn crds_are_established_with_names_and_categories() {
 async fn the_shipped_kustomizations_apply() {
     setup().await;
     let root = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
-    for dir in ["config/default", "config/samples"] {
+    // A server-side dry run cannot put objects in a namespace it only
+    // pretends to create: the namespace first, for real.
+    kubectl(&[
+        "apply",
+        "--server-side",
+        "-k",
+        &format!("{root}/config/namespace"),
+    ])
+    .await
+    .expect("kubectl apply -k config/namespace");
+    for dir in [
+        "config/default",
+        "config/rbac-force-delete",
+        "config/samples",
+    ] {
         let path = format!("{root}/{dir}");
         let out = kubectl(&[
             "apply",

@@ -70,6 +70,7 @@ async fn a_crash_in_any_phase_is_resumed_and_no_request_is_repeated() {
             Options {
                 lease: Some(lease.clone()),
                 crash_after: Some(format!("{phase:?}:{node}")),
+                ..Default::default()
             },
         )
         .await
@@ -90,7 +91,7 @@ async fn a_crash_in_any_phase_is_resumed_and_no_request_is_repeated() {
             &format!("{lease}-resumes"),
             Options {
                 lease: Some(lease),
-                crash_after: None,
+                ..Default::default()
             },
         )
         .await
@@ -132,7 +133,7 @@ async fn only_the_lease_holder_acts_and_a_standby_takes_over() {
     let lease = format!("{}-lease", s.group);
     let options = Options {
         lease: Some(lease.clone()),
-        crash_after: None,
+        ..Default::default()
     };
     let a_name = format!("{}-a", s.group);
     let b_name = format!("{}-b", s.group);

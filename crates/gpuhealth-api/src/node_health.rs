@@ -68,6 +68,20 @@ pub enum Phase {
     Failed,
 }
 
+impl Phase {
+    /// Every phase, in the order a node goes through them; `Failed` last.
+    pub const ALL: [Phase; 8] = [
+        Phase::Healthy,
+        Phase::Suspect,
+        Phase::Quarantined,
+        Phase::Draining,
+        Phase::Remediating,
+        Phase::AwaitingMaintenance,
+        Phase::Verifying,
+        Phase::Failed,
+    ];
+}
+
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct GpuNodeHealthStatus {

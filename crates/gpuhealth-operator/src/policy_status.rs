@@ -29,17 +29,6 @@ use crate::{
     selection::{selects, winner},
 };
 
-const PHASES: [Phase; 8] = [
-    Phase::Healthy,
-    Phase::Suspect,
-    Phase::Quarantined,
-    Phase::Draining,
-    Phase::Remediating,
-    Phase::AwaitingMaintenance,
-    Phase::Verifying,
-    Phase::Failed,
-];
-
 /// Whether a node status counts against the circuit breaker: a
 /// scheduled maintenance says nothing about the fleet's health.
 pub fn unhealthy(s: &GpuNodeHealthStatus) -> bool {
@@ -91,7 +80,7 @@ pub async fn reconcile(policy: Arc<GpuHealthPolicy>, ctx: Arc<Context>) -> Resul
         .values()
         .filter(|s| s.policy.as_deref() == Some(name.as_str()))
         .collect();
-    for phase in PHASES {
+    for phase in Phase::ALL {
         let n = statuses.iter().filter(|s| s.phase == phase).count();
         ctx.metrics
             .nodes

@@ -13,18 +13,6 @@ use serde::Serialize;
 
 use crate::output::{Paint, Style, ago, table};
 
-/// Phases in the order a node goes through them; `Failed` last.
-const PHASES: [Phase; 8] = [
-    Phase::Healthy,
-    Phase::Suspect,
-    Phase::Quarantined,
-    Phase::Draining,
-    Phase::Remediating,
-    Phase::AwaitingMaintenance,
-    Phase::Verifying,
-    Phase::Failed,
-];
-
 #[derive(Debug, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Fleet {
@@ -111,7 +99,7 @@ pub fn build(policies: &[GpuHealthPolicy], nodes: &[GpuNodeHealth]) -> Fleet {
         .collect();
     statuses.sort_by(|a, b| a.0.cmp(&b.0));
 
-    let phases = PHASES
+    let phases = Phase::ALL
         .iter()
         .map(|&phase| PhaseCount {
             phase,
@@ -198,7 +186,7 @@ pub fn open_findings(s: &GpuNodeHealthStatus) -> impl Iterator<Item = &Finding> 
 }
 
 fn phase_rank(phase: Phase) -> usize {
-    PHASES.iter().position(|p| *p == phase).unwrap_or(0)
+    Phase::ALL.iter().position(|p| *p == phase).unwrap_or(0)
 }
 
 fn policy_line(p: &GpuHealthPolicy) -> PolicyLine {
