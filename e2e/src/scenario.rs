@@ -197,6 +197,11 @@ impl Scenario {
         self.wait_taken_in().await
     }
 
+    /// The agent binaries started by [`Scenario::start_with_agent_binaries`].
+    pub fn agent_processes(&self) -> &[Process] {
+        &self.agents
+    }
+
     /// The request ids the simulated hardware of `node` carried out.
     pub async fn executed(&self, node: &str) -> Result<Vec<String>> {
         Ok(hardware(&self.node(node).await?)

@@ -15,8 +15,11 @@ use kube::{
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
+use prometheus_client::metrics::{counter::Counter, family::Family};
+
 use crate::{
     kmsg::{Feed, PciAddress},
+    metrics::CodeLabels,
     nvml::{self, DeviceReading, DeviceSource, NvmlSource},
     pod_resources,
 };
@@ -68,6 +71,11 @@ pub struct SimHardware {
 /// annotation; a reset or reboot that succeeds heals it.
 pub struct FakeBackend {
     pub client: Client,
+    /// Xids by code, counted as the simulated hardware first shows each
+    /// (the kernel log does this for the NVML backend).
+    pub xids: Family<CodeLabels, Counter>,
+    /// The Xids counted so far, as (GPU, code, time).
+    pub seen: std::collections::BTreeSet<(String, u32, i64)>,
 }
 
 impl FakeBackend {
@@ -123,7 +131,22 @@ impl Backend for FakeBackend {
     }
 
     async fn read(&mut self, node: &Node) -> Result<Vec<GpuEntry>, String> {
-        Self::hardware(node).map(|hw| hw.gpus)
+        let gpus = Self::hardware(node)?.gpus;
+        for g in &gpus {
+            for x in &g.xids {
+                if self
+                    .seen
+                    .insert((g.uuid.clone(), x.code, x.at.0.as_second()))
+                {
+                    self.xids
+                        .get_or_create(&CodeLabels {
+                            code: x.code.to_string(),
+                        })
+                        .inc();
+                }
+            }
+        }
+        Ok(gpus)
     }
 
     async fn reset(&mut self, node: &Node, id: &str, gpus: &[String]) -> Done {

@@ -172,6 +172,8 @@ async fn serve(args: Args) -> Result<(), String> {
         Backend::Fake => {
             let backend = FakeBackend {
                 client: client.clone(),
+                xids: metrics.xids.clone(),
+                seen: Default::default(),
             };
             until_stopped(NodeAgent::new(client, settings, backend, journal).with_metrics(metrics))
                 .await;

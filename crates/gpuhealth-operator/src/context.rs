@@ -77,6 +77,9 @@ pub enum Error {
 }
 
 impl Error {
+    /// Every [`Error::metric_label`].
+    pub const KINDS: &'static [&'static str] = &["kube", "json", "invalid_id", "not_leader"];
+
     /// A short, stable label for metrics and logs.
     pub fn metric_label(&self) -> &'static str {
         match self {

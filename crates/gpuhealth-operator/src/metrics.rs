@@ -41,6 +41,19 @@ pub struct PolicyLabels {
     pub policy: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OutcomeLabels {
+    pub policy: String,
+    pub outcome: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct FindingLabels {
+    pub policy: String,
+    /// The finding's type.
+    pub finding: String,
+}
+
 pub struct Metrics {
     registry: Registry,
     pub reconcile_errors: Family<ErrorLabels, Counter>,
@@ -49,6 +62,10 @@ pub struct Metrics {
     pub actions: Family<ActionLabels, Counter>,
     pub nodes: Family<PhaseLabels, Gauge>,
     pub circuit_open: Family<PolicyLabels, Gauge>,
+    pub incidents: Family<OutcomeLabels, Counter>,
+    pub findings: Family<FindingLabels, Counter>,
+    pub time_to_quarantine: Histogram,
+    pub time_to_recovery: Histogram,
     pub leader: Gauge,
     /// Caches synced and leadership settled (held, or waiting for it).
     pub ready: AtomicBool,
@@ -65,9 +82,22 @@ impl Default for Metrics {
             actions: Family::default(),
             nodes: Family::default(),
             circuit_open: Family::default(),
+            incidents: Family::default(),
+            findings: Family::default(),
+            // 50 ms to about 14 min.
+            time_to_quarantine: Histogram::new(exponential_buckets(0.05, 2.0, 15)),
+            // 10 s to about 2 days.
+            time_to_recovery: Histogram::new(exponential_buckets(10.0, 2.0, 15)),
             leader: Gauge::default(),
             ready: AtomicBool::new(false),
         };
+        // Every kind from the start, at 0: rate() needs a series to exist
+        // before the first error does.
+        for kind in crate::context::Error::KINDS {
+            drop(m.reconcile_errors.get_or_create(&ErrorLabels {
+                kind: (*kind).into(),
+            }));
+        }
         let r = &mut m.registry;
         r.register(
             "reconcile_errors",
@@ -98,6 +128,26 @@ impl Default for Metrics {
             "circuit_open",
             "1 while the policy's circuit breaker holds new remediations back",
             m.circuit_open.clone(),
+        );
+        r.register(
+            "incidents",
+            "Incidents ended, by policy and outcome (Recovered, Failed, Cancelled)",
+            m.incidents.clone(),
+        );
+        r.register(
+            "findings",
+            "Findings recorded (PodOnBadGpu, StartupProbeTooShort, WorkloadNotRecovered, ...), by policy and type",
+            m.findings.clone(),
+        );
+        r.register(
+            "time_to_quarantine_seconds",
+            "From the GPU report that showed the fault to the cordon",
+            m.time_to_quarantine.clone(),
+        );
+        r.register(
+            "time_to_recovery_seconds",
+            "From an incident's start to its node back in service",
+            m.time_to_recovery.clone(),
         );
         r.register(
             "leader",

@@ -29,12 +29,12 @@ use kube::{
     runtime::{controller::Action as Requeue, reflector::ObjectRef},
 };
 use serde_json::json;
-use tracing::{debug, warn};
+use tracing::{debug, info, warn};
 
 use crate::{
     actions,
     context::{Context, Error, MANAGER, latest},
-    metrics::{ErrorLabels, ReportLabels},
+    metrics::{ErrorLabels, FindingLabels, OutcomeLabels, ReportLabels},
     observe::{budget_views, disrupted_by, gpu_holders, node_view, pod_view},
     policy_status::{managed, policy_nodes, unhealthy},
     selection::winner,
@@ -150,6 +150,14 @@ async fn reconcile_node(node: &Node, ctx: &Context) -> Result<Requeue, Error> {
     }
     written.insert(name.clone(), decision.status.clone());
     drop(written);
+    record_outcomes(
+        ctx,
+        &policy_name,
+        &stored,
+        &decision.status,
+        &view,
+        &decision.actions,
+    );
     let phase = decision.status.phase;
     let crash_here = ctx
         .crash_after
@@ -160,6 +168,21 @@ async fn reconcile_node(node: &Node, ctx: &Context) -> Result<Requeue, Error> {
         std::process::exit(3);
     }
 
+    // One line per transition, with what an SRE greps for.
+    if stored.phase != decision.status.phase || stored.reason != decision.status.reason {
+        let st = &decision.status;
+        info!(
+            node = %name,
+            policy = %policy_name,
+            from = ?stored.phase,
+            phase = ?st.phase,
+            reason = st.reason.as_deref().unwrap_or(""),
+            action = st.action.as_ref().map(|a| format!("{:?}#{}", a.type_, a.attempt)).unwrap_or_default(),
+            incident = st.incident.as_deref().or(st.history.first().map(|i| i.id.as_str())).unwrap_or(""),
+            message = st.message.as_deref().unwrap_or(""),
+            "transition"
+        );
+    }
     debug!(
         node = %name,
         phase = ?decision.status.phase,
@@ -194,6 +217,57 @@ async fn reconcile_node(node: &Node, ctx: &Context) -> Result<Requeue, Error> {
         Some(after) => Requeue::requeue(after.max(Duration::from_secs(1))),
         None => Requeue::requeue(Duration::from_secs(300)),
     })
+}
+
+/// What the decision ended or noticed, in the metrics: incidents by
+/// outcome, time to recovery, new findings, time from report to cordon.
+fn record_outcomes(
+    ctx: &Context,
+    policy: &str,
+    before: &GpuNodeHealthStatus,
+    after: &GpuNodeHealthStatus,
+    view: &gpuhealth_engine::machine::NodeView,
+    actions: &[Action],
+) {
+    let m = &ctx.metrics;
+    if let Some(incident) = after.history.first()
+        && let (Some(outcome), Some(ended)) = (&incident.outcome, &incident.ended_at)
+        && before
+            .history
+            .first()
+            .is_none_or(|b| b.id != incident.id || b.outcome.is_none())
+    {
+        m.incidents
+            .get_or_create(&OutcomeLabels {
+                policy: policy.into(),
+                outcome: outcome.clone(),
+            })
+            .inc();
+        if outcome == "Recovered" {
+            let took = ended.0.duration_since(incident.started_at.0).as_secs_f64();
+            m.time_to_recovery.observe(took.max(0.0));
+        }
+    }
+    for f in &after.findings {
+        let new = !before
+            .findings
+            .iter()
+            .any(|b| b.type_ == f.type_ && b.message == f.message);
+        if new {
+            m.findings
+                .get_or_create(&FindingLabels {
+                    policy: policy.into(),
+                    finding: f.type_.clone(),
+                })
+                .inc();
+        }
+    }
+    if actions.iter().any(|a| matches!(a, Action::Cordon { .. }))
+        && let Some(Ok(report)) = &view.report
+    {
+        let since = Timestamp::now().duration_since(report.observed_at.0);
+        m.time_to_quarantine.observe(since.as_secs_f64().max(0.0));
+    }
 }
 
 fn budget(
