@@ -657,12 +657,20 @@ impl<'a> Stepper<'a> {
         self.input.node.cordoned_by.is_some() && self.input.node.cordoned_by == self.status.incident
     }
 
-    fn quarantined(&mut self) {
+    /// Asks for the cordon again if it has not landed yet (or was undone);
+    /// false until the node is cordoned.
+    fn cordoned(&mut self) -> bool {
+        if self.input.node.unschedulable {
+            return true;
+        }
         let incident = self.status.incident.clone().unwrap_or_default();
-        if !self.input.node.unschedulable {
-            // Our cordon has not landed yet (or was undone): ask again.
-            self.actions.push(Action::Cordon { incident });
-            self.wait(POLL);
+        self.actions.push(Action::Cordon { incident });
+        self.wait(POLL);
+        false
+    }
+
+    fn quarantined(&mut self) {
+        if !self.cordoned() {
             return;
         }
         if self.held_by_other_actor(Phase::Quarantined) || self.cooling_down() {
@@ -950,10 +958,7 @@ impl<'a> Stepper<'a> {
         if self.maintenance_withdrawn() {
             return self.maintenance_cancelled();
         }
-        if !self.input.node.unschedulable {
-            let incident = self.status.incident.clone().unwrap_or_default();
-            self.actions.push(Action::Cordon { incident });
-            self.wait(POLL);
+        if !self.cordoned() {
             return;
         }
         let phase = self.status.phase;

@@ -36,7 +36,7 @@ use crate::{
     context::{Context, Error, MANAGER, latest},
     metrics::{ErrorLabels, FindingLabels, OutcomeLabels, ReportLabels},
     observe::{budget_views, disrupted_by, gpu_holders, node_view, pod_view},
-    policy_status::{managed, policy_nodes, unhealthy},
+    policy_status::{policy_nodes, unhealthy},
     selection::winner,
     validation, workloads,
 };
@@ -262,8 +262,11 @@ fn record_outcomes(
                 .inc();
         }
     }
+    // Only a report that shows the fault dates it; a cordon for a node
+    // condition or a maintenance notice says nothing about reaction time.
     if actions.iter().any(|a| matches!(a, Action::Cordon { .. }))
         && let Some(Ok(report)) = &view.report
+        && report.bad_gpus().next().is_some()
     {
         let since = Timestamp::now().duration_since(report.observed_at.0);
         m.time_to_quarantine.observe(since.as_secs_f64().max(0.0));
@@ -277,7 +280,9 @@ fn budget(
     this: &str,
 ) -> Budget {
     let policy_name = policy.name_any();
-    let (nodes, _) = managed(ctx, policy);
+    // One pass over the nodes: how many the policy manages, and which of
+    // them other tools are disrupting.
+    let managed = policy_nodes(ctx, policy);
     let others_by_name: HashMap<String, GpuNodeHealthStatus> = latest(ctx, written)
         .into_iter()
         .filter(|(name, s)| name != this && s.policy.as_deref() == Some(policy_name.as_str()))
@@ -292,7 +297,7 @@ fn budget(
             .get(name)
             .is_some_and(|s| is_disruptive(s.phase))
     };
-    let by_others = policy_nodes(ctx, policy)
+    let by_others = managed
         .iter()
         .filter(|n| n.name_any() != this && !ours_disruptive(&n.name_any()))
         .filter(|n| {
@@ -301,7 +306,7 @@ fn budget(
         .count();
     // This node counts itself only when it wants to start, which is the only
     // time the engine consults the breaker.
-    Budget::new(&policy.spec, nodes, disruptive, unhealthy + 1).with_others(by_others)
+    Budget::new(&policy.spec, managed.len(), disruptive, unhealthy + 1).with_others(by_others)
 }
 
 async fn write_status(

@@ -14,6 +14,8 @@ use crate::context::{Context, Error};
 /// The pods of each named workload (`Kind/namespace/name`), observed.
 pub async fn watched(ctx: &Context, names: &[String]) -> Result<Vec<WorkloadView>, Error> {
     let mut by_namespace: BTreeMap<&str, Vec<Pod>> = BTreeMap::new();
+    // Each node's report, parsed once.
+    let mut reports: BTreeMap<String, Option<GpuReport>> = BTreeMap::new();
     let mut views = Vec::new();
     for name in names {
         let Some(namespace) = name.split('/').nth(1) else {
@@ -32,7 +34,7 @@ pub async fn watched(ctx: &Context, names: &[String]) -> Result<Vec<WorkloadView
             pods.push(observe(
                 pod,
                 &events_about(ctx, pod).await?,
-                xids_of(ctx, pod),
+                xids_of(ctx, &mut reports, pod),
             ));
         }
         views.push(WorkloadView {
@@ -57,29 +59,19 @@ async fn events_about(ctx: &Context, pod: &Pod) -> Result<Vec<Event>, Error> {
 }
 
 /// The Xids of the GPUs a pod holds, from its node's report.
-fn xids_of(ctx: &Context, pod: &Pod) -> Vec<XidEvent> {
-    let Some(node) = pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) else {
+fn xids_of(
+    ctx: &Context,
+    reports: &mut BTreeMap<String, Option<GpuReport>>,
+    pod: &Pod,
+) -> Vec<XidEvent> {
+    let Some(node) = pod.spec.as_ref().and_then(|s| s.node_name.clone()) else {
         return Vec::new();
     };
-    let Some(node) = ctx.nodes.get(&ObjectRef::<Node>::new(node)) else {
-        return Vec::new();
-    };
-    let Some(Ok(report)) = node
-        .annotations()
-        .get(GPU_REPORT_ANNOTATION)
-        .map(|v| GpuReport::parse(v))
-    else {
-        return Vec::new();
-    };
-    let (namespace, name) = (pod.namespace().unwrap_or_default(), pod.name_any());
-    report
-        .gpus
-        .into_iter()
-        .filter(|g| {
-            g.pods
-                .iter()
-                .any(|p| p.namespace == namespace && p.name == name)
-        })
-        .flat_map(|g| g.xids)
-        .collect()
+    let report = reports.entry(node).or_insert_with_key(|node| {
+        let node = ctx.nodes.get(&ObjectRef::<Node>::new(node))?;
+        GpuReport::parse(node.annotations().get(GPU_REPORT_ANNOTATION)?).ok()
+    });
+    report.as_ref().map_or_else(Vec::new, |r| {
+        r.xids_of_pod(&pod.namespace().unwrap_or_default(), &pod.name_any())
+    })
 }

@@ -305,7 +305,7 @@ async fn probe_check(
                 reports.push((node.clone(), report));
             }
             if let Some((_, Some(report))) = reports.iter().find(|(n, _)| *n == node) {
-                xids = probe_check::xids_for(report, &ns, &name);
+                xids = report.xids_of_pod(&ns, &name);
             }
         }
         inputs.push(PodInput { pod, events, xids });

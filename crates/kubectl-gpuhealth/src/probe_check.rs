@@ -4,7 +4,7 @@
 //! showed, and prints the `startupProbe` timing to paste when the window is
 //! too short. The verdict is information, so a check that ran exits 0.
 
-use gpuhealth_api::contract::{GpuReport, XidEvent};
+use gpuhealth_api::contract::XidEvent;
 use gpuhealth_engine::{
     probes::{ColdStart, MARGIN_PERCENT, ProbeTiming, StartBound, Verdict},
     restarts::RestartCause,
@@ -107,21 +107,6 @@ pub fn siblings(pod: &Pod, all: Vec<Pod>) -> Vec<Pod> {
         pods.push(pod.clone());
     }
     pods
-}
-
-/// The Xids of the GPUs `namespace/name` holds, from its node's report:
-/// a restart right after one is the GPU's doing, not the probe's.
-pub fn xids_for(report: &GpuReport, namespace: &str, name: &str) -> Vec<XidEvent> {
-    report
-        .gpus
-        .iter()
-        .filter(|g| {
-            g.pods
-                .iter()
-                .any(|p| p.namespace == namespace && p.name == name)
-        })
-        .flat_map(|g| g.xids.iter().cloned())
-        .collect()
 }
 
 /// One pod and what the cluster says about it.

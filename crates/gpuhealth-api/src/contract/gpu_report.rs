@@ -86,6 +86,20 @@ impl GpuReport {
     pub fn bad_gpus(&self) -> impl Iterator<Item = &GpuEntry> {
         self.gpus.iter().filter(|g| !g.health.is_serving())
     }
+
+    /// The Xids of the GPUs pod `namespace/name` holds: a restart right
+    /// after one is the GPU's doing, not the workload's.
+    pub fn xids_of_pod(&self, namespace: &str, name: &str) -> Vec<XidEvent> {
+        self.gpus
+            .iter()
+            .filter(|g| {
+                g.pods
+                    .iter()
+                    .any(|p| p.namespace == namespace && p.name == name)
+            })
+            .flat_map(|g| g.xids.iter().cloned())
+            .collect()
+    }
 }
 
 impl AnnotationValue for GpuReport {

@@ -1,4 +1,4 @@
-use gpuhealth_api::contract::AnnotationValue;
+use gpuhealth_api::contract::{AnnotationValue, GpuReport};
 use serde_json::{Value, json};
 
 use super::*;
@@ -321,7 +321,11 @@ fn a_pod_gets_the_xids_of_the_gpus_it_holds() {
         "../../../gpuhealth-api/tests/fixtures/incident-gpu-report.json"
     ))
     .expect("report");
-    let xids = xids_for(&report, "ml-serving", "vllm-0");
+    let xids = report.xids_of_pod("ml-serving", "vllm-0");
     assert_eq!(xids.iter().map(|x| x.code).collect::<Vec<_>>(), [119, 154]);
-    assert!(xids_for(&report, "ml-serving", "qwen-7d9f8c6b5-x2x9k").is_empty());
+    assert!(
+        report
+            .xids_of_pod("ml-serving", "qwen-7d9f8c6b5-x2x9k")
+            .is_empty()
+    );
 }
