@@ -4,7 +4,7 @@ SHELL := /usr/bin/env bash
 export CARGO_BUILD_JOBS ?= 2
 CLUSTER := e2e/cluster/cluster.sh
 
-.PHONY: build crds lint unit e2e test cluster-up cluster-down demo clean
+.PHONY: build crds docs lint unit e2e test cluster-up cluster-down demo clean
 
 build:
 	cargo build --workspace --all-targets
@@ -12,6 +12,10 @@ build:
 # Regenerate crds/ from the Rust types; commit the result.
 crds:
 	cargo run -q -p gpuhealth-api --bin crdgen -- crds
+
+# Regenerate docs/reference.md from the CRD schemas; commit the result.
+docs:
+	cargo run -q -p gpuhealth-api --bin docgen -- docs/reference.md
 
 lint:
 	cargo fmt --all -- --check

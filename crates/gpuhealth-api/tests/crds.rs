@@ -50,3 +50,13 @@ fn every_schema_default_matches_the_rust_default() {
         );
     }
 }
+
+#[test]
+fn committed_reference_matches_the_crd_schemas() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/reference.md");
+    let committed = fs::read_to_string(path).unwrap_or_default();
+    assert!(
+        committed == gpuhealth_api::reference::markdown(),
+        "docs/reference.md is out of date: run `make docs` and commit the result"
+    );
+}
