@@ -65,12 +65,30 @@ pub fn gpu_node(name: &str, group: &str, spec: &GpuNodeSpec) -> Node {
         ("nvidia.com/gpu.count".to_owned(), spec.gpus.to_string()),
         ("nvidia.com/gpu.present".to_owned(), "true".to_owned()),
     ]);
-    let resources = BTreeMap::from([
+    kwok_node(name, labels, Some(spec.gpus))
+}
+
+/// A KWOK-managed node without GPUs (where the operator's own pods go), in
+/// simulation group `group`.
+pub fn cpu_node(name: &str, group: &str) -> Node {
+    let labels = BTreeMap::from([
+        (SIM_GROUP_LABEL.to_owned(), group.to_owned()),
+        ("kubernetes.io/hostname".to_owned(), name.to_owned()),
+        ("kubernetes.io/os".to_owned(), "linux".to_owned()),
+        ("kubernetes.io/arch".to_owned(), "amd64".to_owned()),
+    ]);
+    kwok_node(name, labels, None)
+}
+
+fn kwok_node(name: &str, labels: BTreeMap<String, String>, gpus: Option<u32>) -> Node {
+    let mut resources = BTreeMap::from([
         ("cpu".to_owned(), Quantity("96".into())),
         ("memory".to_owned(), Quantity("1024Gi".into())),
         ("pods".to_owned(), Quantity("110".into())),
-        (GPU_RESOURCE.to_owned(), Quantity(spec.gpus.to_string())),
     ]);
+    if let Some(gpus) = gpus {
+        resources.insert(GPU_RESOURCE.to_owned(), Quantity(gpus.to_string()));
+    }
     Node {
         metadata: ObjectMeta {
             name: Some(name.to_owned()),

@@ -1,17 +1,22 @@
-//! What the operator's ServiceAccount may do: `config/rbac` applied to the
-//! real API server, and the operator binary run with that account's own
-//! token through the incident. Everything it needs is allowed (its log has
-//! no refusal in it); what it must never do is refused.
+//! The install round trip on the real API server: `kubectl apply -k
+//! config/default` installs everything (the Deployment's pods are scheduled
+//! and KWOK runs them; the agent DaemonSet's pod lands on the GPU node); the
+//! operator binary, run as a process with its ServiceAccount's own token,
+//! takes a node through the incident with everything it needs allowed (its
+//! log has no refusal in it) and what it must never do refused; then
+//! `kubectl delete -k config/default` leaves nothing of it behind.
 
 use gpuhealth_e2e::{
     client,
     cluster::{client_with_token, kubeconfig_with_token},
     kubectl,
     operator::{self, Options},
-    scenario::Scenario,
+    scenario::{Scenario, WAIT},
+    sim::{cpu_node, pod_is_ready},
+    wait,
 };
 use k8s_openapi::api::{
-    apps::v1::Deployment,
+    apps::v1::{DaemonSet, Deployment},
     authentication::v1::{TokenRequest, TokenRequestSpec},
     coordination::v1::Lease,
     core::v1::{Node, Pod, Secret, ServiceAccount},
@@ -19,18 +24,14 @@ use k8s_openapi::api::{
 use kube::{
     Api, Client,
     api::{DeleteParams, ListParams, Patch, PatchParams, PostParams},
+    runtime::watcher,
 };
 use serde_json::json;
 
 const NAMESPACE: &str = "gpuhealth-system";
 const ACCOUNT: &str = "gpuhealth-operator";
 
-async fn apply(dir: &str) {
-    let path = format!("{}/../config/{dir}", env!("CARGO_MANIFEST_DIR"));
-    kubectl(&["apply", "--server-side", "-k", &path])
-        .await
-        .unwrap_or_else(|e| panic!("kubectl apply -k config/{dir}: {e}"));
-}
+const DEFAULT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../config/default");
 
 async fn token(admin: &Client) -> String {
     let request = TokenRequest {
@@ -57,16 +58,66 @@ fn refused<T: std::fmt::Debug>(what: &str, result: Result<T, kube::Error>) {
 }
 
 #[tokio::test]
-async fn the_operator_runs_the_incident_on_its_own_rights_and_no_more() {
+async fn install_run_the_incident_on_the_operators_own_rights_and_uninstall() {
     let admin = client().await.expect("client");
-    apply("namespace").await;
-    apply("rbac").await;
-    let token = token(&admin).await;
-
-    let mut s = Scenario::new("operator-rbac", 1, Scenario::quick_spec())
+    let mut s = Scenario::new("install", 1, Scenario::quick_spec())
         .await
         .expect("scenario");
     let node = s.nodes[0].clone();
+    // Where the operator's pods may go: they never run on GPU nodes.
+    let nodes: Api<Node> = Api::all(admin.clone());
+    let cpu = format!("{}-cpu", s.group);
+    nodes
+        .create(&PostParams::default(), &cpu_node(&cpu, &s.group))
+        .await
+        .expect("a CPU node");
+
+    // --force-conflicts: the harness applied the same CRDs as its own manager.
+    kubectl(&["apply", "--server-side", "--force-conflicts", "-k", DEFAULT])
+        .await
+        .expect("kubectl apply -k config/default");
+    let deployment = wait::until(
+        Api::<Deployment>::namespaced(admin.clone(), NAMESPACE),
+        "gpuhealth-operator",
+        WAIT,
+        |d| d.status.as_ref().and_then(|s| s.ready_replicas) == Some(2),
+    )
+    .await
+    .expect("both operator replicas scheduled and running");
+    assert_eq!(deployment.spec.and_then(|s| s.replicas), Some(2));
+    let operator_pods = wait::until_set(
+        Api::<Pod>::namespaced(admin.clone(), NAMESPACE),
+        watcher::Config::default().labels("app.kubernetes.io/name=gpuhealth-operator"),
+        "the operator's pods",
+        WAIT,
+        |pods| pods.len() == 2 && pods.values().all(pod_is_ready),
+    )
+    .await
+    .expect("operator pods");
+    for pod in operator_pods.values() {
+        let on = pod.spec.as_ref().and_then(|s| s.node_name.clone());
+        assert_eq!(on.as_deref(), Some(cpu.as_str()), "never on a GPU node");
+    }
+    wait::until_set(
+        Api::<Pod>::namespaced(admin.clone(), NAMESPACE),
+        watcher::Config::default()
+            .labels("app.kubernetes.io/name=gpuhealth-agent")
+            .fields(&format!("spec.nodeName={node}")),
+        "the agent's pod on the GPU node",
+        WAIT,
+        |pods| pods.values().any(pod_is_ready),
+    )
+    .await
+    .expect("the agent DaemonSet runs on the GPU node");
+    assert!(
+        Api::<DaemonSet>::namespaced(admin.clone(), NAMESPACE)
+            .get("gpuhealth-agent")
+            .await
+            .is_ok()
+    );
+
+    // The real binaries run as processes, the operator as its ServiceAccount.
+    let token = token(&admin).await;
     s.add_pdb("vllm", 1).await.expect("pdb");
     s.start_agent();
     let kubeconfig = std::env::temp_dir().join(format!("{}-operator.kubeconfig", s.group));
@@ -162,4 +213,17 @@ async fn the_operator_runs_the_incident_on_its_own_rights_and_no_more() {
             )
             .await,
     );
+
+    // Uninstall: stop the operator process, then delete what was applied.
+    if let Some(mut operator) = s.operator.take() {
+        operator.kill().await;
+    }
+    kubectl(&["delete", "-k", DEFAULT, "--wait", "--timeout=240s"])
+        .await
+        .expect("kubectl delete -k config/default");
+    let left = kubectl(&["get", "-k", DEFAULT, "--ignore-not-found", "-o", "name"])
+        .await
+        .expect("kubectl get -k config/default");
+    assert!(left.trim().is_empty(), "left behind:\n{left}");
+    let _ = nodes.delete(&cpu, &DeleteParams::default()).await;
 }
