@@ -1,15 +1,18 @@
-//! The alerts and the dashboard in config/monitoring name only metrics the
-//! binaries serve: every `gpuhealth_*` series their expressions use is
-//! checked against the `/metrics` of a running operator and agent.
+//! The metrics after the incident, with their values, and the alerts and
+//! the dashboard in config/monitoring naming only metrics the binaries
+//! serve: every `gpuhealth_*` series their expressions use is checked
+//! against the `/metrics` of a running operator and agent.
 
-use std::collections::BTreeMap;
+use std::{collections::BTreeMap, time::Duration};
 
 use gpuhealth_api::contract::GPU_REPORT_ANNOTATION;
 use gpuhealth_e2e::{
-    scenario::Scenario,
+    process::Process,
+    scenario::{Scenario, WAIT},
     sim::{GpuNodeSpec, gpu_node},
+    wait::within,
 };
-use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::{core::v1::Node, policy::v1::PodDisruptionBudget};
 use kube::{
     Api,
     api::{Patch, PatchParams, PostParams},
@@ -41,6 +44,36 @@ fn names(text: &str) -> Vec<String> {
     out
 }
 
+/// The value of the first series of `name` whose labels include `labels`.
+fn value(exposition: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+    exposition.lines().find_map(|line| {
+        let (series, value) = line.rsplit_once(' ')?;
+        let (series_name, rest) = match series.split_once('{') {
+            Some((n, rest)) => (n, rest.trim_end_matches('}')),
+            None => (series, ""),
+        };
+        let has = |(k, v): &(&str, &str)| rest.split(',').any(|kv| kv == format!("{k}=\"{v}\""));
+        (series_name == name && labels.iter().all(has))
+            .then(|| value.parse().ok())
+            .flatten()
+    })
+}
+
+/// Waits, scraping, until `name{labels}` is at least 1.
+async fn until_counted(process: &Process, name: &str, labels: &[(&str, &str)]) {
+    within(&format!("{name} {labels:?}"), WAIT, async {
+        loop {
+            let text = process.scrape().await?;
+            if value(&text, name, labels).is_some_and(|v| v >= 1.0) {
+                return Ok(());
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    })
+    .await
+    .expect("counted");
+}
+
 /// Whether the series `name` is served by one of `families`.
 fn served(name: &str, families: &BTreeMap<String, String>) -> bool {
     let kind = |n: &str| families.get(n).map(String::as_str);
@@ -56,10 +89,12 @@ fn served(name: &str, families: &BTreeMap<String, String>) -> bool {
     })
 }
 
-/// A family shows in `/metrics` once it has a series: the incident, with
-/// the real agent binary, makes the operator and agent serve theirs.
+/// The incident, with the real agent binary, behind a PodDisruptionBudget
+/// that first refuses the eviction (a 429), next to a node whose detector
+/// writes nonsense: every metric then has its series, with the values the
+/// incident implies; the alerts and the dashboard use only those.
 #[tokio::test]
-async fn alerts_and_dashboard_name_only_served_metrics() {
+async fn metrics_tell_the_incident_and_alerts_use_only_served_ones() {
     let mut s = Scenario::new("monitoring", 1, Scenario::quick_spec())
         .await
         .expect("scenario");
@@ -87,7 +122,19 @@ async fn alerts_and_dashboard_name_only_served_metrics() {
         )
         .await
         .expect("garbled report");
+    s.add_pdb("vllm", 0).await.expect("a PDB that allows nothing");
     s.break_gpu(&node, 7).await.expect("break");
+    let operator = s.operator.as_ref().expect("the operator");
+    let refused = [("action", "evict"), ("outcome", "refused")];
+    until_counted(operator, "gpuhealth_actions_total", &refused).await;
+    Api::<PodDisruptionBudget>::namespaced(s.client.clone(), &s.namespace)
+        .patch(
+            "vllm",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"maxUnavailable": 1}})),
+        )
+        .await
+        .expect("the PDB relaxed");
     s.wait_recovered(&node).await.expect("recovered");
     s.wait_workloads_judged(&node).await.expect("judged");
     s.wait_event(&garbled, "MalformedGpuReport")
@@ -97,10 +144,59 @@ async fn alerts_and_dashboard_name_only_served_metrics() {
     let mut served_families = BTreeMap::new();
     let agent = s.agent_processes().first().expect("the agent");
     let operator = s.operator.as_ref().expect("the operator");
-    for process in [agent, operator] {
-        let text = process.scrape().await.expect("/metrics");
-        served_families.extend(families(&text));
+    let operator_text = operator.scrape().await.expect("operator /metrics");
+    let agent_text = agent.scrape().await.expect("agent /metrics");
+    for text in [&operator_text, &agent_text] {
+        served_families.extend(families(text));
     }
+
+    // What the incident implies, series by series.
+    let policy = s.policy.as_str();
+    let o = |name: &str, labels: &[(&str, &str)]| {
+        value(&operator_text, name, labels)
+            .unwrap_or_else(|| panic!("{name} {labels:?} not served:\n{operator_text}"))
+    };
+    let actions = "gpuhealth_actions_total";
+    for (action, outcome, n) in [
+        ("cordon", "done", 1.0),
+        ("evict", "done", 1.0),
+        ("request_reset", "done", 1.0),
+        ("uncordon", "done", 1.0),
+    ] {
+        let labels = [("action", action), ("outcome", outcome)];
+        assert_eq!(o(actions, &labels), n, "{action} {outcome}");
+    }
+    assert!(o(actions, &refused) >= 1.0, "the 429 is counted");
+    assert_eq!(
+        value(&operator_text, actions, &[("action", "request_reboot")]),
+        None,
+        "no reboot"
+    );
+    let policy_is = ("policy", policy);
+    let reset_ok = [policy_is, ("action", "GpuReset"), ("outcome", "Succeeded")];
+    assert_eq!(o("gpuhealth_remediations_total", &reset_ok), 1.0);
+    let recovered = [policy_is, ("outcome", "Recovered")];
+    assert_eq!(o("gpuhealth_incidents_total", &recovered), 1.0);
+    assert_eq!(o("gpuhealth_time_to_quarantine_seconds_count", &[]), 1.0);
+    assert_eq!(o("gpuhealth_time_to_recovery_seconds_count", &[]), 1.0);
+    assert!(o("gpuhealth_time_to_recovery_seconds_sum", &[]) > 0.0);
+    assert_eq!(o("gpuhealth_nodes", &[policy_is, ("phase", "Healthy")]), 2.0);
+    assert_eq!(o("gpuhealth_nodes", &[policy_is, ("phase", "Failed")]), 0.0);
+    assert_eq!(o("gpuhealth_circuit_open", &[policy_is]), 0.0);
+    assert!(o("gpuhealth_malformed_gpu_reports_total", &[policy_is]) >= 1.0);
+    assert!(o("gpuhealth_reconcile_duration_seconds_count", &[]) > 0.0);
+    assert_eq!(o("gpuhealth_leader", &[]), 1.0);
+    let a = |name: &str, labels: &[(&str, &str)]| {
+        value(&agent_text, name, labels)
+            .unwrap_or_else(|| panic!("{name} {labels:?} not served:\n{agent_text}"))
+    };
+    assert_eq!(a("gpuhealth_agent_xids_total", &[("code", "119")]), 1.0);
+    assert_eq!(a("gpuhealth_agent_xids_total", &[("code", "154")]), 1.0);
+    assert_eq!(a("gpuhealth_agent_gpus", &[("health", "Healthy")]), 8.0);
+    assert_eq!(
+        a("gpuhealth_agent_requests_total", &[("kind", "reset")]),
+        1.0
+    );
 
     let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../config/monitoring");
     for file in ["alerts.yaml", "dashboard.json"] {

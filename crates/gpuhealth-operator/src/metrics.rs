@@ -48,6 +48,15 @@ pub struct OutcomeLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RemediationLabels {
+    pub policy: String,
+    /// The ladder rung: `GpuReset`, `NodeReboot`.
+    pub action: String,
+    /// `Succeeded` or `Failed`.
+    pub outcome: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct FindingLabels {
     pub policy: String,
     /// The finding's type.
@@ -63,6 +72,7 @@ pub struct Metrics {
     pub nodes: Family<PhaseLabels, Gauge>,
     pub circuit_open: Family<PolicyLabels, Gauge>,
     pub incidents: Family<OutcomeLabels, Counter>,
+    pub remediations: Family<RemediationLabels, Counter>,
     pub findings: Family<FindingLabels, Counter>,
     pub time_to_quarantine: Histogram,
     pub time_to_recovery: Histogram,
@@ -83,6 +93,7 @@ impl Default for Metrics {
             nodes: Family::default(),
             circuit_open: Family::default(),
             incidents: Family::default(),
+            remediations: Family::default(),
             findings: Family::default(),
             // 50 ms to about 14 min.
             time_to_quarantine: Histogram::new(exponential_buckets(0.05, 2.0, 15)),
@@ -133,6 +144,11 @@ impl Default for Metrics {
             "incidents",
             "Incidents ended, by policy and outcome (Recovered, Failed, Cancelled)",
             m.incidents.clone(),
+        );
+        r.register(
+            "remediations",
+            "Recovery attempts ended, by policy, action (GpuReset, NodeReboot) and outcome (Succeeded, Failed)",
+            m.remediations.clone(),
         );
         r.register(
             "findings",

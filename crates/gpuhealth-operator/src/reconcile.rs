@@ -34,7 +34,7 @@ use tracing::{debug, info, warn};
 use crate::{
     actions,
     context::{Context, Error, MANAGER, latest},
-    metrics::{ErrorLabels, FindingLabels, OutcomeLabels, ReportLabels},
+    metrics::{ErrorLabels, FindingLabels, OutcomeLabels, RemediationLabels, ReportLabels},
     observe::{budget_views, disrupted_by, gpu_holders, node_view, pod_view},
     policy_status::{policy_nodes, unhealthy},
     selection::winner,
@@ -248,6 +248,26 @@ fn record_outcomes(
             m.time_to_recovery.observe(took.max(0.0));
         }
     }
+    // Attempts the decision ended: entries such as `GpuReset#1 Succeeded`
+    // newly on an incident's record.
+    for incident in &after.history {
+        let seen = before
+            .history
+            .iter()
+            .find(|b| b.id == incident.id)
+            .map_or(0, |b| b.actions.len());
+        for entry in incident.actions.iter().skip(seen) {
+            if let Some((action, outcome)) = attempt_outcome(entry) {
+                m.remediations
+                    .get_or_create(&RemediationLabels {
+                        policy: policy.into(),
+                        action: action.into(),
+                        outcome: outcome.into(),
+                    })
+                    .inc();
+            }
+        }
+    }
     for f in &after.findings {
         let new = !before
             .findings
@@ -271,6 +291,17 @@ fn record_outcomes(
         let since = Timestamp::now().duration_since(report.observed_at.0);
         m.time_to_quarantine.observe(since.as_secs_f64().max(0.0));
     }
+}
+
+/// `GpuReset#2 Failed` → (`GpuReset`, `Failed`); other entries (the
+/// validation pod, a maintenance) are not attempts.
+fn attempt_outcome(entry: &str) -> Option<(&str, &str)> {
+    let (action, rest) = entry.split_once('#')?;
+    let (attempt, outcome) = rest.split_once(' ')?;
+    let is_attempt = attempt.parse::<u32>().is_ok()
+        && matches!(outcome, "Succeeded" | "Failed")
+        && matches!(action, "GpuReset" | "NodeReboot" | "ReplaceNode");
+    is_attempt.then_some((action, outcome))
 }
 
 fn budget(
@@ -356,4 +387,29 @@ pub fn retry(name: &str, what: &str, error: &Error, ctx: &Context) -> Requeue {
         _ => warn!(%name, what, error = %error, kind, "reconcile failed; retrying"),
     }
     Requeue::requeue(Duration::from_secs(5))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::attempt_outcome;
+
+    #[test]
+    fn only_ladder_attempts_count_as_remediations() {
+        assert_eq!(
+            attempt_outcome("GpuReset#1 Succeeded"),
+            Some(("GpuReset", "Succeeded"))
+        );
+        assert_eq!(
+            attempt_outcome("NodeReboot#2 Failed"),
+            Some(("NodeReboot", "Failed"))
+        );
+        for other in [
+            "validation pod gpu-check-x Succeeded",
+            "ReplaceNode requested",
+            "drained for maintenance",
+            "GpuReset#x Failed",
+        ] {
+            assert_eq!(attempt_outcome(other), None, "{other}");
+        }
+    }
 }
