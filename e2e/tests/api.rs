@@ -300,10 +300,13 @@ fn now() -> Time {
 }
 
 #[tokio::test]
-async fn kubectl_lists_both_kinds_with_their_columns() {
+async fn kubectl_lists_both_kinds_with_their_columns_in_80_columns() {
     let client = setup().await;
-    let policy_name = unique("columns");
-    let node_name = unique("gpu-node");
+    // Names as long as the incident's (`demo-fleet`, `192.168.1.1`).
+    let policy_name = unique("p");
+    let node_name = unique("n");
+    let run = unique("columns");
+    let labels = || Some([("e2e-columns".to_owned(), run.clone())].into());
     let apply = PatchParams::apply("gpuhealth-e2e").force();
 
     let policy_api: Api<GpuHealthPolicy> = Api::all(client.clone());
@@ -312,6 +315,7 @@ async fn kubectl_lists_both_kinds_with_their_columns() {
         ..Default::default()
     };
     let mut p = GpuHealthPolicy::new(&policy_name, GpuHealthPolicySpec::for_selector(selector));
+    p.metadata.labels = labels();
     policy_api
         .create(&PostParams::default(), &p)
         .await
@@ -334,15 +338,14 @@ async fn kubectl_lists_both_kinds_with_their_columns() {
         .expect("policy status written");
 
     let gnh_api: Api<GpuNodeHealth> = Api::all(client.clone());
+    let mut gnh = GpuNodeHealth::new(&node_name, Default::default());
+    gnh.metadata.labels = labels();
     gnh_api
-        .create(
-            &PostParams::default(),
-            &GpuNodeHealth::new(&node_name, Default::default()),
-        )
+        .create(&PostParams::default(), &gnh)
         .await
         .expect("node health created");
     let status = GpuNodeHealthStatus {
-        phase: Phase::Remediating,
+        phase: Phase::Quarantined,
         policy: Some(policy_name.clone()),
         reason: Some("XidGpuResetRequired".into()),
         bad_gpus: 1,
@@ -367,7 +370,10 @@ async fn kubectl_lists_both_kinds_with_their_columns() {
         .await
         .expect("node health status written");
 
-    let both = kubectl(&["get", "gpuhealth"])
+    // `kubectl get gpuhealth` prefixes each name with its kind and group:
+    // the default columns are chosen to fit 80 columns even so.
+    let selector = format!("e2e-columns={run}");
+    let both = kubectl(&["get", "gpuhealth", "-l", &selector])
         .await
         .expect("kubectl get gpuhealth");
     assert!(
@@ -378,10 +384,10 @@ async fn kubectl_lists_both_kinds_with_their_columns() {
         both.contains(&format!("gpunodehealth.gpuhealth.io/{node_name}")),
         "{both}"
     );
+    for line in both.lines() {
+        assert!(line.len() <= 80, "{} columns: {line}\n{both}", line.len());
+    }
 
-    let ghp = kubectl(&["get", "ghp", &policy_name])
-        .await
-        .expect("kubectl get ghp");
     let words = |out: &str, line: usize| -> Vec<String> {
         out.lines()
             .nth(line)
@@ -390,6 +396,22 @@ async fn kubectl_lists_both_kinds_with_their_columns() {
             .map(str::to_owned)
             .collect()
     };
+    let ghp = kubectl(&["get", "ghp", &policy_name])
+        .await
+        .expect("kubectl get ghp");
+    assert_eq!(
+        words(&ghp, 0),
+        ["NAME", "MODE", "NODES", "REMEDIATING", "FAILED"],
+        "{ghp}"
+    );
+    assert_eq!(
+        words(&ghp, 1),
+        [policy_name.as_str(), "Enforce", "10", "1", "1"],
+        "{ghp}"
+    );
+    let ghp = kubectl(&["get", "ghp", &policy_name, "-o", "wide"])
+        .await
+        .expect("kubectl get ghp -o wide");
     assert_eq!(
         words(&ghp, 0),
         [
@@ -412,6 +434,15 @@ async fn kubectl_lists_both_kinds_with_their_columns() {
     let gnh = kubectl(&["get", "gnh", &node_name])
         .await
         .expect("kubectl get gnh");
+    assert_eq!(words(&gnh, 0), ["NAME", "PHASE", "REASON", "AGE"], "{gnh}");
+    assert_eq!(
+        words(&gnh, 1)[..3],
+        [node_name.as_str(), "Quarantined", "XidGpuResetRequired"],
+        "{gnh}"
+    );
+    let gnh = kubectl(&["get", "gnh", &node_name, "-o", "wide"])
+        .await
+        .expect("kubectl get gnh -o wide");
     assert_eq!(
         words(&gnh, 0),
         [
@@ -423,7 +454,7 @@ async fn kubectl_lists_both_kinds_with_their_columns() {
         words(&gnh, 1)[..7],
         [
             node_name.as_str(),
-            "Remediating",
+            "Quarantined",
             policy_name.as_str(),
             "1",
             "GpuReset",

@@ -122,7 +122,9 @@ async fn metrics_tell_the_incident_and_alerts_use_only_served_ones() {
         )
         .await
         .expect("garbled report");
-    s.add_pdb("vllm", 0).await.expect("a PDB that allows nothing");
+    s.add_pdb("vllm", 0)
+        .await
+        .expect("a PDB that allows nothing");
     s.break_gpu(&node, 7).await.expect("break");
     let operator = s.operator.as_ref().expect("the operator");
     let refused = [("action", "evict"), ("outcome", "refused")];
@@ -180,7 +182,10 @@ async fn metrics_tell_the_incident_and_alerts_use_only_served_ones() {
     assert_eq!(o("gpuhealth_time_to_quarantine_seconds_count", &[]), 1.0);
     assert_eq!(o("gpuhealth_time_to_recovery_seconds_count", &[]), 1.0);
     assert!(o("gpuhealth_time_to_recovery_seconds_sum", &[]) > 0.0);
-    assert_eq!(o("gpuhealth_nodes", &[policy_is, ("phase", "Healthy")]), 2.0);
+    assert_eq!(
+        o("gpuhealth_nodes", &[policy_is, ("phase", "Healthy")]),
+        2.0
+    );
     assert_eq!(o("gpuhealth_nodes", &[policy_is, ("phase", "Failed")]), 0.0);
     assert_eq!(o("gpuhealth_circuit_open", &[policy_is]), 0.0);
     assert!(o("gpuhealth_malformed_gpu_reports_total", &[policy_is]) >= 1.0);

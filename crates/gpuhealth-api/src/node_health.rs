@@ -15,6 +15,8 @@ pub const HISTORY_LIMIT: usize = 20;
 pub const FINDINGS_LIMIT: usize = 50;
 
 /// The health of one managed GPU node. Written by the operator only.
+// Columns: what fits 80 columns in `kubectl get gpuhealth`, where each name
+// carries its kind and group; the rest (priority 1) with `-o wide`.
 // Each printcolumn(...) repeats the same keys, which clippy mistakes for
 // duplicated attributes.
 #[allow(clippy::duplicated_attributes)]
@@ -28,13 +30,29 @@ pub const FINDINGS_LIMIT: usize = 50;
     status = "GpuNodeHealthStatus",
     doc = "The health of one managed GPU node, named after it: phase, GPUs, the action in flight, findings and history.",
     printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase"),
-    printcolumn(name = "Policy", type_ = "string", json_path = ".status.policy"),
-    printcolumn(name = "Bad-GPUs", type_ = "integer", json_path = ".status.badGpus"),
-    printcolumn(name = "Action", type_ = "string", json_path = ".status.action.type"),
+    printcolumn(
+        name = "Policy",
+        type_ = "string",
+        json_path = ".status.policy",
+        priority = 1
+    ),
+    printcolumn(
+        name = "Bad-GPUs",
+        type_ = "integer",
+        json_path = ".status.badGpus",
+        priority = 1
+    ),
+    printcolumn(
+        name = "Action",
+        type_ = "string",
+        json_path = ".status.action.type",
+        priority = 1
+    ),
     printcolumn(
         name = "Attempt",
         type_ = "integer",
-        json_path = ".status.action.attempt"
+        json_path = ".status.action.attempt",
+        priority = 1
     ),
     printcolumn(name = "Reason", type_ = "string", json_path = ".status.reason"),
     printcolumn(

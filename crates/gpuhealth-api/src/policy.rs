@@ -21,6 +21,8 @@ use crate::{
 };
 
 /// A policy for keeping the GPU nodes it selects healthy.
+// Columns: what fits 80 columns in `kubectl get gpuhealth`, where each name
+// carries its kind and group; the rest (priority 1) with `-o wide`.
 // Each printcolumn(...) repeats the same keys, which clippy mistakes for
 // duplicated attributes.
 #[allow(clippy::duplicated_attributes)]
@@ -35,7 +37,12 @@ use crate::{
     doc = "A policy for keeping the GPU nodes it selects healthy: detection, escalation, drain, budgets and verification.",
     printcolumn(name = "Mode", type_ = "string", json_path = ".spec.mode"),
     printcolumn(name = "Nodes", type_ = "integer", json_path = ".status.nodes"),
-    printcolumn(name = "Healthy", type_ = "integer", json_path = ".status.healthy"),
+    printcolumn(
+        name = "Healthy",
+        type_ = "integer",
+        json_path = ".status.healthy",
+        priority = 1
+    ),
     printcolumn(
         name = "Remediating",
         type_ = "integer",
@@ -45,7 +52,8 @@ use crate::{
     printcolumn(
         name = "Age",
         type_ = "date",
-        json_path = ".metadata.creationTimestamp"
+        json_path = ".metadata.creationTimestamp",
+        priority = 1
     )
 )]
 #[serde(rename_all = "camelCase")]

@@ -58,8 +58,20 @@ fn kind(out: &mut String, crd: &CustomResourceDefinition) {
     }
     let _ = writeln!(out, ".\n\n{}", one_line(schema.description.as_deref()));
     if let Some(columns) = &version.additional_printer_columns {
-        let names: Vec<String> = columns.iter().map(|c| c.name.to_uppercase()).collect();
-        let _ = writeln!(out, "\nColumns: {}.", names.join(", "));
+        let names = |wide: bool| -> String {
+            let picked: Vec<String> = columns
+                .iter()
+                .filter(|c| (c.priority.unwrap_or(0) > 0) == wide)
+                .map(|c| c.name.to_uppercase())
+                .collect();
+            picked.join(", ")
+        };
+        let _ = writeln!(
+            out,
+            "\nColumns: {}; with `-o wide` also {}.",
+            names(false),
+            names(true)
+        );
     }
     for part in ["spec", "status"] {
         let Some(section) = schema.properties.as_ref().and_then(|p| p.get(part)) else {
