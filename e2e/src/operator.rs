@@ -23,6 +23,8 @@ pub struct Options {
     pub kubeconfig: Option<std::path::PathBuf>,
     /// `POD_NAMESPACE`: where its Lease lives.
     pub namespace: Option<String>,
+    /// `--log-format=json`, as the Deployment runs it.
+    pub json_logs: bool,
 }
 
 /// Starts `gpuhealth-operator` as replica `name` (`make e2e` builds it first).
@@ -49,6 +51,9 @@ pub async fn start_with(name: &str, options: Options) -> Result<Process> {
         }
         if let Some(path) = &options.kubeconfig {
             command.env("KUBECONFIG", path);
+        }
+        if options.json_logs {
+            command.arg("--log-format=json");
         }
         if let Some(namespace) = &options.namespace {
             command.env("POD_NAMESPACE", namespace);

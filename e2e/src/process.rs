@@ -93,11 +93,20 @@ impl Process {
 
     /// The text of its `/metrics`, once the endpoint answers.
     pub async fn scrape(&self) -> Result<String> {
-        let what = format!("/metrics of {}", self.name);
+        let (_, body) = self.get("/metrics", |status| status == 200).await?;
+        Ok(body)
+    }
+
+    /// The status code and body of `path` (`/livez`, `/readyz`), once the
+    /// endpoint answers with a status that `accept` takes.
+    pub async fn get(&self, path: &str, accept: impl Fn(u16) -> bool) -> Result<(u16, String)> {
+        let what = format!("{path} of {}", self.name);
         within(&what, Duration::from_secs(30), async {
             loop {
-                if let Ok(body) = http_get(self.metrics, "/metrics").await {
-                    return Ok(body);
+                if let Ok((status, body)) = http_get(self.metrics, path).await
+                    && accept(status)
+                {
+                    return Ok((status, body));
                 }
                 tokio::time::sleep(Duration::from_millis(200)).await;
             }
@@ -107,21 +116,20 @@ impl Process {
 }
 
 /// A plain HTTP/1.0 GET: enough for a test to read `/metrics`.
-async fn http_get(addr: SocketAddr, path: &str) -> std::io::Result<String> {
+async fn http_get(addr: SocketAddr, path: &str) -> std::io::Result<(u16, String)> {
     let mut stream = tokio::net::TcpStream::connect(addr).await?;
     stream
         .write_all(format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes())
         .await?;
     let mut response = String::new();
     stream.read_to_string(&mut response).await?;
-    match response.split_once("\r\n\r\n") {
-        Some((head, body))
-            if head.starts_with("HTTP/1.0 200") || head.starts_with("HTTP/1.1 200") =>
-        {
-            Ok(body.to_owned())
-        }
-        _ => Err(std::io::Error::other(format!(
-            "unexpected response: {response}"
-        ))),
-    }
+    let (head, body) = response
+        .split_once("\r\n\r\n")
+        .ok_or_else(|| std::io::Error::other(format!("no HTTP response: {response}")))?;
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .ok_or_else(|| std::io::Error::other(format!("no status: {head}")))?;
+    Ok((status, body.to_owned()))
 }

@@ -58,6 +58,8 @@ pub struct Scenario {
     /// scenario runs them instead of the in-process fake agent.
     agents: Vec<Process>,
     pub operator: Option<Process>,
+    /// How [`Scenario::start`] and its variants start the operator.
+    pub operator_options: operator::Options,
     _kubelet: Option<Background>,
     _turn: MutexGuard<'static, ()>,
 }
@@ -131,6 +133,7 @@ impl Scenario {
             agent_task: None,
             agents: Vec::new(),
             operator: None,
+            operator_options: operator::Options::default(),
             _kubelet: kubelet_task,
             _turn: turn,
         };
@@ -163,7 +166,13 @@ impl Scenario {
     /// has taken in every node.
     pub async fn start(&mut self) -> Result<()> {
         self.start_agent();
-        self.operator = Some(operator::start(&format!("operator-{}", self.group)).await?);
+        self.operator = Some(
+            operator::start_with(
+                &format!("operator-{}", self.group),
+                self.operator_options.clone(),
+            )
+            .await?,
+        );
         self.wait_taken_in().await
     }
 
@@ -193,7 +202,13 @@ impl Scenario {
             })
             .await?;
         }
-        self.operator = Some(operator::start(&format!("operator-{}", self.group)).await?);
+        self.operator = Some(
+            operator::start_with(
+                &format!("operator-{}", self.group),
+                self.operator_options.clone(),
+            )
+            .await?,
+        );
         self.wait_taken_in().await
     }
 

@@ -7,9 +7,11 @@ use std::{collections::BTreeMap, time::Duration};
 
 use gpuhealth_api::contract::GPU_REPORT_ANNOTATION;
 use gpuhealth_e2e::{
+    operator::{self, Options},
     process::Process,
     scenario::{Scenario, WAIT},
     sim::{GpuNodeSpec, gpu_node},
+    unique,
     wait::within,
 };
 use k8s_openapi::api::{core::v1::Node, policy::v1::PodDisruptionBudget};
@@ -99,6 +101,7 @@ async fn metrics_tell_the_incident_and_alerts_use_only_served_ones() {
         .await
         .expect("scenario");
     let node = s.nodes[0].clone();
+    s.operator_options.json_logs = true;
     s.start_with_agent_binaries()
         .await
         .expect("operator and agent");
@@ -203,6 +206,48 @@ async fn metrics_tell_the_incident_and_alerts_use_only_served_ones() {
         1.0
     );
 
+    // Its log, as the Deployment runs it: JSON, one object per line, and a
+    // `transition` line per phase change with what an SRE greps for.
+    let log = std::fs::read_to_string(&operator.log).expect("the operator's log");
+    let lines: Vec<serde_json::Value> = log
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
+        .collect();
+    let transitions: Vec<&serde_json::Value> = lines
+        .iter()
+        .map(|l| &l["fields"])
+        .filter(|f| f["message"] == "transition" && f["node"] == node.as_str())
+        .collect();
+    let phases: Vec<&str> = transitions
+        .iter()
+        .filter_map(|f| f["phase"].as_str())
+        .collect();
+    for phase in ["Quarantined", "Remediating", "Verifying", "Healthy"] {
+        assert!(
+            phases.contains(&phase),
+            "a transition to {phase}: {phases:?}"
+        );
+    }
+    let remediating = transitions
+        .iter()
+        .find(|f| f["phase"] == "Remediating")
+        .expect("the transition to Remediating");
+    assert_eq!(remediating["policy"], policy);
+    assert_eq!(remediating["action"], "GpuReset#1");
+    assert!(
+        remediating["detail"]
+            .as_str()
+            .is_some_and(|d| d.contains("requested")),
+        "{remediating}"
+    );
+    assert!(
+        remediating["incident"]
+            .as_str()
+            .is_some_and(|i| !i.is_empty()),
+        "{remediating}"
+    );
+
     let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../config/monitoring");
     for file in ["alerts.yaml", "dashboard.json"] {
         let text = std::fs::read_to_string(format!("{root}/{file}")).expect(file);
@@ -247,4 +292,56 @@ fn every_alert_has_its_runbook() {
             "{name} links its runbook"
         );
     }
+}
+
+/// `/livez` says the process answers; `/readyz` that it can act: its caches
+/// are synced from the API server and it has joined the leader election.
+/// With an API server that refuses connections, it lives and is not ready.
+#[tokio::test]
+async fn livez_answers_and_readyz_waits_for_the_api_server() {
+    let closed = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a port");
+        listener.local_addr().expect("its address")
+    };
+    let kubeconfig = std::env::temp_dir().join(format!("{}.kubeconfig", unique("unreachable")));
+    std::fs::write(
+        &kubeconfig,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: https://{closed}\n    insecure-skip-tls-verify: true\nusers:\n- name: u\n  user:\n    token: nothing\ncontexts:\n- name: x\n  context: {{cluster: c, user: u}}\ncurrent-context: x\n"
+        ),
+    )
+    .expect("kubeconfig");
+    let cut_off = operator::start_with(
+        &unique("operator-cut-off"),
+        Options {
+            kubeconfig: Some(kubeconfig),
+            ..Default::default()
+        },
+    )
+    .await
+    .expect("operator");
+    let (status, _) = cut_off
+        .get("/livez", |s| s == 200)
+        .await
+        .expect("/livez answers");
+    assert_eq!(status, 200);
+    let (status, body) = cut_off
+        .get("/readyz", |_| true)
+        .await
+        .expect("/readyz answers");
+    assert_eq!(status, 503, "not ready without its caches: {body}");
+    assert!(body.contains("caches"), "{body}");
+
+    let connected = operator::start(&unique("operator-connected"))
+        .await
+        .expect("operator");
+    connected
+        .get("/readyz", |s| s == 200)
+        .await
+        .expect("ready once its caches are synced");
+    let (status, _) = cut_off
+        .get("/readyz", |_| true)
+        .await
+        .expect("/readyz answers");
+    assert_eq!(status, 503, "still not ready");
 }

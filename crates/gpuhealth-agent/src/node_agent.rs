@@ -240,7 +240,7 @@ impl<B: Backend> NodeAgent<B> {
         };
         self.journal.finish(&result)?;
         self.crash_if(CrashPoint::Finished);
-        info!(request = %id, outcome = ?result.outcome, message = %result.message, "done");
+        info!(request = %id, outcome = ?result.outcome, detail = %result.message, "done");
         Ok(result)
     }
 

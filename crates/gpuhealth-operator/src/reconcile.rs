@@ -179,7 +179,8 @@ async fn reconcile_node(node: &Node, ctx: &Context) -> Result<Requeue, Error> {
             reason = st.reason.as_deref().unwrap_or(""),
             action = st.action.as_ref().map(|a| format!("{:?}#{}", a.type_, a.attempt)).unwrap_or_default(),
             incident = st.incident.as_deref().or(st.history.first().map(|i| i.id.as_str())).unwrap_or(""),
-            message = st.message.as_deref().unwrap_or(""),
+            // Not `message`: that is the event's own text in JSON logs.
+            detail = st.message.as_deref().unwrap_or(""),
             "transition"
         );
     }
