@@ -13,16 +13,17 @@ use gpuhealth_e2e::{
     operator::{self, Options},
     scenario::{Scenario, WAIT},
     sim::{cpu_node, pod_is_ready},
-    wait,
+    unique, wait,
 };
 use k8s_openapi::api::{
     apps::v1::{DaemonSet, Deployment},
     authentication::v1::{TokenRequest, TokenRequestSpec},
     coordination::v1::Lease,
-    core::v1::{Node, Pod, Secret, ServiceAccount},
+    core::v1::{Namespace, Node, Pod, PodTemplateSpec, Secret, ServiceAccount},
 };
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::{
-    Api, Client,
+    Api, Client, ResourceExt,
     api::{DeleteParams, ListParams, Patch, PatchParams, PostParams},
     runtime::watcher,
 };
@@ -48,6 +49,74 @@ async fn token(admin: &Client) -> String {
         .await
         .expect("a token for the operator's ServiceAccount");
     answer.status.and_then(|s| s.token).expect("the token")
+}
+
+/// The operator's pods meet the `restricted` Pod Security Standard: its
+/// template is admitted (a server-side dry run) in a namespace that enforces
+/// it, and the agent's, which needs host access, is not.
+async fn restricted_pod_security(admin: &Client, group: &str) {
+    let namespace = format!("{group}-restricted");
+    let namespaces: Api<Namespace> = Api::all(admin.clone());
+    let labelled: Namespace = serde_json::from_value(json!({
+        "metadata": {
+            "name": namespace,
+            "labels": {"pod-security.kubernetes.io/enforce": "restricted"},
+        },
+    }))
+    .expect("namespace");
+    namespaces
+        .create(&PostParams::default(), &labelled)
+        .await
+        .expect("a restricted namespace");
+    // The pods' ServiceAccounts, for the ServiceAccount admission plugin.
+    let accounts: Api<ServiceAccount> = Api::namespaced(admin.clone(), &namespace);
+    for name in [ACCOUNT, "gpuhealth-agent"] {
+        let account = ServiceAccount {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        accounts
+            .create(&PostParams::default(), &account)
+            .await
+            .expect("a ServiceAccount");
+    }
+    let pod_of = |template: Option<PodTemplateSpec>| Pod {
+        metadata: ObjectMeta {
+            name: Some(unique("pss")),
+            ..Default::default()
+        },
+        spec: template.and_then(|t| t.spec),
+        ..Default::default()
+    };
+    let dry_run = PostParams {
+        dry_run: true,
+        ..Default::default()
+    };
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), &namespace);
+    let operator = Api::<Deployment>::namespaced(admin.clone(), NAMESPACE)
+        .get("gpuhealth-operator")
+        .await
+        .expect("the operator Deployment");
+    pods.create(&dry_run, &pod_of(operator.spec.map(|s| s.template)))
+        .await
+        .expect("the operator's pod meets the restricted standard");
+    let agent = Api::<DaemonSet>::namespaced(admin.clone(), NAMESPACE)
+        .get("gpuhealth-agent")
+        .await
+        .expect("the agent DaemonSet");
+    match pods
+        .create(&dry_run, &pod_of(agent.spec.map(|s| s.template)))
+        .await
+    {
+        Err(kube::Error::Api(s)) if s.code == 403 && s.message.contains("PodSecurity") => {}
+        other => panic!("the agent's pod needs host access, so restricted refuses it: {other:?}"),
+    }
+    let _ = namespaces
+        .delete(&namespace, &DeleteParams::default())
+        .await;
 }
 
 fn refused<T: std::fmt::Debug>(what: &str, result: Result<T, kube::Error>) {
@@ -96,7 +165,12 @@ async fn install_run_the_incident_on_the_operators_own_rights_and_uninstall() {
     .expect("operator pods");
     for pod in operator_pods.values() {
         let on = pod.spec.as_ref().and_then(|s| s.node_name.clone());
-        assert_eq!(on.as_deref(), Some(cpu.as_str()), "never on a GPU node");
+        let on = nodes.get(&on.unwrap_or_default()).await.expect("its node");
+        assert!(
+            !on.labels().contains_key("nvidia.com/gpu.present"),
+            "never on a GPU node: {:?}",
+            on.metadata.name
+        );
     }
     wait::until_set(
         Api::<Pod>::namespaced(admin.clone(), NAMESPACE),
@@ -115,6 +189,8 @@ async fn install_run_the_incident_on_the_operators_own_rights_and_uninstall() {
             .await
             .is_ok()
     );
+
+    restricted_pod_security(&admin, &s.group).await;
 
     // The real binaries run as processes, the operator as its ServiceAccount.
     let token = token(&admin).await;
