@@ -193,7 +193,19 @@ async fn metrics_tell_the_incident_and_alerts_use_only_served_ones() {
     assert_eq!(o("gpuhealth_circuit_open", &[policy_is]), 0.0);
     assert!(o("gpuhealth_malformed_gpu_reports_total", &[policy_is]) >= 1.0);
     assert!(o("gpuhealth_reconcile_duration_seconds_count", &[]) > 0.0);
+    // Every error kind is served from the start, so rate() has a series.
+    assert!(o("gpuhealth_reconcile_errors_total", &[]) >= 0.0);
     assert_eq!(o("gpuhealth_leader", &[]), 1.0);
+    // What it cost the API server, from the client's side.
+    let requests = "gpuhealth_api_requests_total";
+    let evictions = [("verb", "create"), ("resource", "pods/eviction")];
+    assert_eq!(
+        o(requests, &[evictions[0], evictions[1], ("code", "201")]),
+        1.0
+    );
+    assert!(o(requests, &[evictions[0], evictions[1], ("code", "429")]) >= 1.0);
+    assert!(o(requests, &[("verb", "patch"), ("resource", "nodes")]) >= 2.0);
+    assert!(o(requests, &[("verb", "watch"), ("resource", "nodes")]) >= 1.0);
     let a = |name: &str, labels: &[(&str, &str)]| {
         value(&agent_text, name, labels)
             .unwrap_or_else(|| panic!("{name} {labels:?} not served:\n{agent_text}"))
@@ -205,6 +217,8 @@ async fn metrics_tell_the_incident_and_alerts_use_only_served_ones() {
         a("gpuhealth_agent_requests_total", &[("kind", "reset")]),
         1.0
     );
+    let agent_patches = [("verb", "patch"), ("resource", "nodes")];
+    assert!(a("gpuhealth_agent_api_requests_total", &agent_patches) >= 1.0);
 
     // Its log, as the Deployment runs it: JSON, one object per line, and a
     // `transition` line per phase change with what an SRE greps for.

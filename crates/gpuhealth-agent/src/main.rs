@@ -24,6 +24,7 @@ use gpuhealth_agent::{
     nvml::{self, NvmlSource},
 };
 use gpuhealth_api::contract::{AnnotationValue, GpuReport};
+use gpuhealth_http::api_requests::CountRequests;
 use k8s_openapi::{apimachinery::pkg::apis::meta::v1::Time, jiff::Timestamp};
 use tracing::{error, warn};
 
@@ -158,9 +159,11 @@ async fn serve(args: Args) -> Result<(), String> {
             error!(error = %e, "the metrics endpoint stopped");
         }
     });
-    let client = kube::Client::try_default()
-        .await
-        .map_err(|e| e.to_string())?;
+    let config = kube::Config::infer().await.map_err(|e| e.to_string())?;
+    let client = kube::client::ClientBuilder::try_from(config)
+        .map_err(|e| e.to_string())?
+        .with_layer(&CountRequests(metrics.api_requests.clone()))
+        .build();
     let settings = Settings {
         node,
         poll: args.poll,

@@ -37,6 +37,8 @@ pub struct AgentMetrics {
     pub reads: Family<ResultLabels, Counter>,
     pub report_writes: Counter,
     pub requests: Family<RequestLabels, Counter>,
+    /// Requests to the Kubernetes API, by verb, resource and code.
+    pub api_requests: gpuhealth_http::api_requests::ApiRequests,
     /// The GPUs have been read and the report published at least once.
     pub ready: AtomicBool,
 }
@@ -58,6 +60,7 @@ impl Default for AgentMetrics {
             reads: Family::default(),
             report_writes: Counter::default(),
             requests: Family::default(),
+            api_requests: Default::default(),
             ready: AtomicBool::new(false),
         };
         let r = &mut m.registry;
@@ -76,6 +79,11 @@ impl Default for AgentMetrics {
             "report_writes",
             "Writes of the GPU report to the Node (only when it changed)",
             m.report_writes.clone(),
+        );
+        r.register(
+            "api_requests",
+            "Requests to the Kubernetes API, by verb, resource and HTTP status code",
+            m.api_requests.clone(),
         );
         r.register(
             "requests",

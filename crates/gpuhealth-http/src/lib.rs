@@ -1,6 +1,9 @@
 //! The HTTP endpoints both gpuhealth binaries serve: `/metrics` (the
 //! Prometheus text format), `/livez` (the process answers) and `/readyz`
-//! (it is doing its job: what that means is each binary's to say).
+//! (it is doing its job: what that means is each binary's to say); and the
+//! client layer that counts each binary's Kubernetes API requests.
+
+pub mod api_requests;
 
 use std::sync::Arc;
 

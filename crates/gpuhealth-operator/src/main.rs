@@ -19,9 +19,11 @@ use std::{net::SocketAddr, process::ExitCode, sync::Arc, time::Duration};
 use clap::{Parser, ValueEnum};
 use futures::StreamExt;
 use gpuhealth_api::{GpuHealthPolicy, GpuNodeHealth, node_health::Phase};
+use gpuhealth_http::api_requests::CountRequests;
 use k8s_openapi::api::core::v1::Node;
 use kube::{
-    Api, Client, Config, ResourceExt,
+    Api, Config, ResourceExt,
+    client::ClientBuilder,
     runtime::{
         Controller, WatchStreamExt,
         events::{Recorder, Reporter},
@@ -146,12 +148,14 @@ async fn run(args: Args) -> Result<(), Fatal> {
     // A 429 from the Eviction API means a PodDisruptionBudget says "not now":
     // the reconcile requeues; it must not block in the client's retry loop.
     config.default_retry = false;
-    let client = Client::try_from(config)?;
+    let metrics = Arc::new(Metrics::default());
+    let client = ClientBuilder::try_from(config)?
+        .with_layer(&CountRequests(metrics.api_requests.clone()))
+        .build();
     info!(
         version = env!("CARGO_PKG_VERSION"),
         "gpuhealth-operator starting"
     );
-    let metrics = Arc::new(Metrics::default());
     let listener = tokio::net::TcpListener::bind(args.metrics_addr)
         .await
         .map_err(Fatal::Metrics)?;

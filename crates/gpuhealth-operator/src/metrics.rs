@@ -77,6 +77,8 @@ pub struct Metrics {
     pub time_to_quarantine: Histogram,
     pub time_to_recovery: Histogram,
     pub leader: Gauge,
+    /// Requests to the Kubernetes API, by verb, resource and code.
+    pub api_requests: gpuhealth_http::api_requests::ApiRequests,
     /// Caches synced and leadership settled (held, or waiting for it).
     pub ready: AtomicBool,
 }
@@ -100,6 +102,7 @@ impl Default for Metrics {
             // 10 s to about 2 days.
             time_to_recovery: Histogram::new(exponential_buckets(10.0, 2.0, 15)),
             leader: Gauge::default(),
+            api_requests: Default::default(),
             ready: AtomicBool::new(false),
         };
         // Every kind from the start, at 0: rate() needs a series to exist
@@ -164,6 +167,11 @@ impl Default for Metrics {
             "time_to_recovery_seconds",
             "From an incident's start to its node back in service",
             m.time_to_recovery.clone(),
+        );
+        r.register(
+            "api_requests",
+            "Requests to the Kubernetes API, by verb, resource and HTTP status code",
+            m.api_requests.clone(),
         );
         r.register(
             "leader",
