@@ -3,8 +3,9 @@ SHELL := /usr/bin/env bash
 # Two cores: one heavy build at a time.
 export CARGO_BUILD_JOBS ?= 2
 CLUSTER := e2e/cluster/cluster.sh
+TARGET_DIR := $(or $(CARGO_TARGET_DIR),$(CURDIR)/target)
 
-.PHONY: build crds docs lint unit e2e test cluster-up cluster-down demo clean
+.PHONY: build crds docs lint unit e2e bench bench-smoke test cluster-up cluster-down demo clean
 
 build:
 	cargo build --workspace --all-targets
@@ -31,7 +32,27 @@ e2e:
 	cargo build -p gpuhealth-operator -p gpuhealth-agent -p kubectl-gpuhealth -p gpuhealth-e2e --bins --tests
 	e2e/cluster/with-cluster.sh cargo test -p gpuhealth-e2e
 
-test: lint unit e2e
+# Fleet-scale figures on a fresh local cluster of its own: release builds,
+# BENCH_NODES (1000) nodes; results, summary and plots in bench/results/.
+# Not part of `make test`; `bench-smoke` is.
+BENCH_NODES ?= 1000
+BENCH_ARGS ?=
+bench:
+	cargo build --release -p gpuhealth-operator -p gpuhealth-agent -p gpuhealth-bench
+	GPUHEALTH_BIN_DIR=$(TARGET_DIR)/release GPUHEALTH_CLUSTER_DIR=$(CURDIR)/target/bench-cluster \
+	  e2e/cluster/with-cluster.sh $(TARGET_DIR)/release/gpuhealth-bench --nodes $(BENCH_NODES) $(BENCH_ARGS)
+	bench/plot.sh bench/results/$$(date -u +%F).json
+
+# The whole benchmark at 10 nodes, so that it cannot rot.
+bench-smoke:
+	cargo build -p gpuhealth-operator -p gpuhealth-agent -p gpuhealth-bench
+	GPUHEALTH_CLUSTER_DIR=$(CURDIR)/target/bench-smoke-cluster e2e/cluster/with-cluster.sh \
+	  $(TARGET_DIR)/debug/gpuhealth-bench --nodes 10 --small 4 --faults 2 --fault-interval-ms 100 \
+	  --storm 3 --max-concurrent 2 --quiet-secs 10 --agents 1 --extra-pods 1 \
+	  --drain-pods 20 --drain-repeats 1 --out target/bench-smoke --label smoke
+	bench/plot.sh target/bench-smoke/smoke.json
+
+test: lint unit e2e bench-smoke
 
 cluster-up:
 	@$(CLUSTER) up

@@ -25,6 +25,8 @@ pub struct Options {
     pub namespace: Option<String>,
     /// `--log-format=json`, as the Deployment runs it.
     pub json_logs: bool,
+    /// `RUST_LOG`; by default info, with the operator's debug lines.
+    pub log: Option<String>,
 }
 
 /// Starts `gpuhealth-operator` as replica `name` (`make e2e` builds it first).
@@ -38,8 +40,10 @@ pub async fn start_with(name: &str, options: Options) -> Result<Process> {
         command
             .env(
                 "RUST_LOG",
-                std::env::var("GPUHEALTH_E2E_OPERATOR_LOG")
-                    .unwrap_or_else(|_| "info,gpuhealth_operator=debug,kube=warn".into()),
+                options.log.clone().unwrap_or_else(|| {
+                    std::env::var("GPUHEALTH_E2E_OPERATOR_LOG")
+                        .unwrap_or_else(|_| "info,gpuhealth_operator=debug,kube=warn".into())
+                }),
             )
             .env("POD_NAME", name)
             .args(["--lease-name", options.lease.as_deref().unwrap_or(name)])

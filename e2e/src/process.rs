@@ -17,8 +17,12 @@ use tokio::{
 use crate::{HarnessError, Result, cluster::kubeconfig_path, wait::within};
 
 /// A binary of this workspace, as `cargo build` left it (`make e2e` builds
-/// them first).
+/// them first); from `GPUHEALTH_BIN_DIR` when set (the benchmark runs
+/// release builds).
 pub fn built(name: &str) -> PathBuf {
+    if let Some(dir) = std::env::var_os("GPUHEALTH_BIN_DIR") {
+        return PathBuf::from(dir).join(name);
+    }
     let target = std::env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../target")));
@@ -75,6 +79,11 @@ impl Process {
             log,
             metrics,
         })
+    }
+
+    /// Its process id, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.id()
     }
 
     /// Kills it at once (SIGKILL), as a crash would.

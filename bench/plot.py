@@ -1,0 +1,62 @@
+"""Plots of a gpuhealth benchmark run: python3 bench/plot.py RESULTS.json
+
+Writes <label>-quarantine.png (time to quarantine: gpuhealth against the
+floor) and <label>-memory.png (operator RSS against node count) next to
+the JSON.
+"""
+
+import json
+import pathlib
+import sys
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+
+def cdf(ax, seconds, label):
+    xs = sorted(seconds)
+    ys = [(i + 1) / len(xs) for i in range(len(xs))]
+    ax.step([x * 1000 for x in xs], ys, where="post", label=label)
+
+
+def main(path):
+    path = pathlib.Path(path)
+    r = json.loads(path.read_text())
+    out = path.parent
+    label = r["label"]
+
+    ttq = r["time_to_quarantine"]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    cdf(ax, ttq["gpuhealth_seconds"], "gpuhealth (p99 %.0f ms)" % (ttq["gpuhealth"]["p99"] * 1000))
+    cdf(ax, ttq["floor_seconds"], "floor: a bare watcher (p99 %.0f ms)" % (ttq["floor"]["p99"] * 1000))
+    ax.set_xlabel("GPU report written to cordon seen (ms)")
+    ax.set_ylabel("fraction of faults")
+    ax.set_title("Time to quarantine, %d faults each, %d nodes" % (ttq["gpuhealth"]["n"], r["nodes"]))
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower right")
+    fig.tight_layout()
+    fig.savefig(out / ("%s-quarantine.png" % label), dpi=100)
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    points = r["memory"]
+    idle = [p for p in points[:2]]
+    ax.plot([p["nodes"] for p in idle], [p["rss_mib"] for p in idle], "o-", label="idle")
+    for p in points[2:]:
+        ax.plot([p["nodes"]], [p["rss_mib"]], "s", label="idle, %d pods" % p["pods"])
+    ax.axhline(64, color="grey", linestyle="--", linewidth=1, label="target at 1,000 nodes")
+    ax.plot([r["nodes"]], [r["storm"]["peak_rss_mib"]], "^", label="peak in the storm")
+    ax.set_xlabel("nodes")
+    ax.set_ylabel("operator RSS (MiB)")
+    ax.set_ylim(bottom=0)
+    ax.set_title("Operator memory against fleet size")
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower right")
+    fig.tight_layout()
+    fig.savefig(out / ("%s-memory.png" % label), dpi=100)
+    print("wrote %s-quarantine.png and %s-memory.png in %s" % (label, label, out))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

@@ -1,0 +1,153 @@
+//! The simulated fleet: KWOK nodes with eight GPUs, one bare pod bound to
+//! each GPU and a few CPU pods (bound by `nodeName`: the scheduler is not
+//! what is measured), and on each node the GPU report that names its pods.
+
+use std::time::Instant;
+
+use futures::{StreamExt, TryStreamExt, stream};
+use gpuhealth_api::contract::{
+    AnnotationValue, CORDONED_BY_ANNOTATION, GPU_REPORT_ANNOTATION, GpuReport,
+};
+use gpuhealth_e2e::{
+    agent::write_report,
+    reports,
+    sim::{GPU_RESOURCE, GpuNodeSpec, gpu_node},
+};
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
+use kube::{
+    Api, Client, ResourceExt,
+    api::{Patch, PatchParams, PostParams},
+};
+use serde_json::json;
+
+use crate::Result;
+
+/// The simulation group of every bench node, and the namespace of its pods.
+pub const GROUP: &str = "bench";
+pub const NAMESPACE: &str = "bench";
+/// Requests in flight while building the fleet.
+const CONCURRENCY: usize = 32;
+
+pub fn node_name(i: usize) -> String {
+    format!("gpu-{i:05}")
+}
+
+pub async fn namespace(client: &Client) -> Result<()> {
+    let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": NAMESPACE}}))?;
+    match Api::<Namespace>::all(client.clone())
+        .create(&PostParams::default(), &ns)
+        .await
+    {
+        Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
+        other => other.map(|_| ()).map_err(Into::into),
+    }
+}
+
+/// Nodes `from..to`, each with its pods and its report.
+pub async fn grow(client: &Client, from: usize, to: usize, cpu_pods: usize) -> Result<()> {
+    stream::iter(from..to)
+        .map(|i| add_node(client, node_name(i), cpu_pods))
+        .buffer_unordered(CONCURRENCY)
+        .try_collect::<Vec<()>>()
+        .await?;
+    Ok(())
+}
+
+async fn add_node(client: &Client, name: String, cpu_pods: usize) -> Result<()> {
+    Api::<Node>::all(client.clone())
+        .create(
+            &PostParams::default(),
+            &gpu_node(&name, GROUP, &GpuNodeSpec::default()),
+        )
+        .await?;
+    let gpu_pods: Vec<String> = (0..8).map(|g| format!("{name}-gpu{g}")).collect();
+    for pod in &gpu_pods {
+        create_pod(client, &name, pod, true).await?;
+    }
+    add_cpu_pods(client, &name, 0, cpu_pods).await?;
+    write_report(client, &name, reports::healthy(NAMESPACE, &gpu_pods)).await?;
+    Ok(())
+}
+
+/// CPU pods `from..to` on `node`: pods that hold no GPU.
+pub async fn add_cpu_pods(client: &Client, node: &str, from: usize, to: usize) -> Result<()> {
+    for i in from..to {
+        create_pod(client, node, &format!("{node}-cpu{i}"), false).await?;
+    }
+    Ok(())
+}
+
+/// `add_cpu_pods` on many nodes at once.
+pub async fn add_cpu_pods_everywhere(
+    client: &Client,
+    nodes: &[String],
+    from: usize,
+    to: usize,
+) -> Result<()> {
+    stream::iter(nodes)
+        .map(|n| add_cpu_pods(client, n, from, to))
+        .buffer_unordered(CONCURRENCY)
+        .try_collect::<Vec<()>>()
+        .await?;
+    Ok(())
+}
+
+async fn create_pod(client: &Client, node: &str, name: &str, gpu: bool) -> Result<()> {
+    let resources = if gpu {
+        json!({"limits": {GPU_RESOURCE: "1"}})
+    } else {
+        json!({"requests": {"cpu": "100m"}})
+    };
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": name, "namespace": NAMESPACE, "labels": {"app": "bench"}},
+        "spec": {
+            "nodeName": node,
+            "containers": [{"name": "server", "image": "bench", "resources": resources}],
+        },
+    }))?;
+    match Api::<Pod>::namespaced(client.clone(), NAMESPACE)
+        .create(&PostParams::default(), &pod)
+        .await
+    {
+        Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
+        other => other.map(|_| ()).map_err(Into::into),
+    }
+}
+
+/// Breaks GPU 7 of `node` as in the incident (Xid 119, then 154: reset
+/// required) and returns when the API server answered the write.
+pub async fn break_gpu(client: &Client, node: &str) -> Result<Instant> {
+    let mut report = report_of(client, node).await?;
+    reports::xid_119_and_154(&mut report, 7);
+    write_report(client, node, report).await?;
+    Ok(Instant::now())
+}
+
+/// After the floor's run: the node's GPUs healthy again and its cordon gone.
+pub async fn restore(client: &Client, node: &str) -> Result<()> {
+    let mut report = report_of(client, node).await?;
+    for gpu in &mut report.gpus {
+        gpu.health = gpuhealth_api::GpuHealth::Healthy;
+        gpu.recovery_action = Some(0);
+        gpu.xids.clear();
+    }
+    write_report(client, node, report).await?;
+    let patch = json!({
+        "metadata": {"annotations": {CORDONED_BY_ANNOTATION: null}},
+        "spec": {"unschedulable": false},
+    });
+    Api::<Node>::all(client.clone())
+        .patch(node, &PatchParams::default(), &Patch::Merge(patch))
+        .await?;
+    Ok(())
+}
+
+async fn report_of(client: &Client, node: &str) -> Result<GpuReport> {
+    let node = Api::<Node>::all(client.clone()).get(node).await?;
+    let value = node
+        .annotations()
+        .get(GPU_REPORT_ANNOTATION)
+        .cloned()
+        .unwrap_or_default();
+    Ok(GpuReport::parse(&value).map_err(|e| format!("{}: {e}", node.name_any()))?)
+}

@@ -1,0 +1,117 @@
+//! `make bench`: gpuhealth at fleet scale on the local cluster (a real
+//! kube-apiserver, KWOK nodes), measured side by side with the floor and
+//! with `kubectl drain` in the same run, written to `bench/results/`.
+//!
+//! Phases, in order: idle memory at the small and the full scale (and with
+//! more pods); a quiet cluster; time to quarantine for the floor, then for
+//! gpuhealth; a storm of sick nodes under `maxConcurrent`; drains against
+//! `kubectl drain`. Timings on a shared machine are noisy: the summary gives
+//! medians, spreads and ratios measured in the same run.
+
+mod drain;
+mod fleet;
+mod phases;
+mod report;
+mod stats;
+mod watch;
+
+use std::{path::PathBuf, process::ExitCode, time::Duration};
+
+use clap::Parser;
+
+pub type Result<T, E = Box<dyn std::error::Error + Send + Sync>> = std::result::Result<T, E>;
+
+#[derive(Parser, Clone, Debug)]
+#[command(about = "gpuhealth at fleet scale on the local cluster")]
+pub struct Args {
+    /// Simulated 8-GPU nodes at full scale.
+    #[arg(long, default_value_t = 1000)]
+    pub nodes: usize,
+    /// The smaller scale idle memory is first measured at.
+    #[arg(long, default_value_t = 100)]
+    pub small: usize,
+    /// CPU pods on each node, besides one pod per GPU.
+    #[arg(long, default_value_t = 2)]
+    pub cpu_pods: usize,
+    /// CPU pods added to every node to show memory does not follow pods.
+    #[arg(long, default_value_t = 5)]
+    pub extra_pods: usize,
+    /// Faults injected, one at a time, for the floor and again for gpuhealth.
+    #[arg(long, default_value_t = 100)]
+    pub faults: usize,
+    /// Time between two injected faults, in milliseconds.
+    #[arg(long, default_value_t = 200)]
+    pub fault_interval_ms: u64,
+    /// Nodes failing at once in the storm.
+    #[arg(long, default_value_t = 100)]
+    pub storm: usize,
+    /// The policy's maxConcurrent during the storm.
+    #[arg(long, default_value_t = 20)]
+    pub max_concurrent: u32,
+    /// How long the quiet cluster is watched, in seconds.
+    #[arg(long, default_value_t = 300)]
+    pub quiet_secs: u64,
+    /// Real agent binaries (fake backend) running during the quiet phase.
+    #[arg(long, default_value_t = 3)]
+    pub agents: usize,
+    /// Pods on the node drained by gpuhealth and by `kubectl drain`.
+    #[arg(long, default_value_t = 110)]
+    pub drain_pods: usize,
+    /// Drains by each, alternated.
+    #[arg(long, default_value_t = 3)]
+    pub drain_repeats: usize,
+    /// Where the results go: `<label>.json`, `<label>.md`, plots.
+    #[arg(long, default_value = "bench/results")]
+    pub out: PathBuf,
+    /// The results' file name; today's date by default.
+    #[arg(long)]
+    pub label: Option<String>,
+    /// Seed for picking the nodes that fail.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+}
+
+impl Args {
+    fn check(&self) -> Result<()> {
+        let needed = self.faults * 2 + self.storm + self.agents;
+        if needed > self.nodes || self.small > self.nodes || self.small == 0 {
+            return Err(format!(
+                "{} nodes are too few: the floor's and gpuhealth's faults, the storm and the agents need {needed} distinct nodes, and --small must be from 1 to --nodes",
+                self.nodes
+            )
+            .into());
+        }
+        Ok(())
+    }
+
+    pub fn quiet(&self) -> Duration {
+        Duration::from_secs(self.quiet_secs)
+    }
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let args = Args::parse();
+    if let Err(e) = args.check() {
+        eprintln!("gpuhealth-bench: {e}");
+        return ExitCode::FAILURE;
+    }
+    match phases::run(&args).await {
+        Ok(results) => match report::write(&args, &results) {
+            Ok(paths) => {
+                for p in paths {
+                    println!("wrote {}", p.display());
+                }
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("gpuhealth-bench: writing the results: {e}");
+                ExitCode::FAILURE
+            }
+        },
+        Err(e) => {
+            eprintln!("gpuhealth-bench: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,420 @@
+//! The benchmark's phases, in the order they run on one cluster.
+
+use std::{
+    collections::BTreeMap,
+    time::{Duration, Instant},
+};
+
+use futures::future::try_join_all;
+use gpuhealth_agent::backend::{SimHardware, SimOutcome};
+use gpuhealth_api::{
+    GpuHealthPolicy, GpuHealthPolicySpec, GpuNodeHealth,
+    contract::{AnnotationValue, GPU_REPORT_ANNOTATION, GpuReport},
+    node_health::Phase,
+    policy::Mode,
+};
+use gpuhealth_e2e::{
+    agent::FakeAgent,
+    crds, node_agent,
+    operator::{self, Options},
+    process::Process,
+    reports,
+    sim::SIM_GROUP_LABEL,
+    wait,
+};
+use k8s_openapi::{
+    api::core::v1::Node,
+    apimachinery::pkg::{apis::meta::v1::LabelSelector, util::intstr::IntOrString},
+};
+use kube::{
+    Api, Client, ResourceExt,
+    api::{Patch, PatchParams, PostParams},
+    runtime::watcher,
+};
+use serde_json::json;
+
+use crate::{
+    Args, Result, drain,
+    fleet::{self, GROUP},
+    report::{MemoryPoint, Quiet, Results, Storm, TimeToQuarantine},
+    stats::{self, WRITES},
+    watch::{self, Cordons},
+};
+
+pub const POLICY: &str = "bench";
+const OPERATOR_REQUESTS: &str = "gpuhealth_api_requests_total";
+const AGENT_REQUESTS: &str = "gpuhealth_agent_api_requests_total";
+/// The longest any one step may take before the run is called failed.
+const STEP: Duration = Duration::from_secs(900);
+
+fn say(what: &str) {
+    eprintln!("[bench] {what}");
+}
+
+pub async fn run(args: &Args) -> Result<Results> {
+    let client = gpuhealth_e2e::client().await?;
+    crds::install(&client).await?;
+    fleet::namespace(&client).await?;
+    let mut results = Results::new(args);
+    results.apiserver = client.apiserver_version().await?.git_version;
+
+    let cordons = Cordons::default();
+    let _cordon_watch = cordons.watch(&client);
+    // Stands in for the node agents of the whole fleet: answers resets.
+    let _agent = FakeAgent::default().spawn(client.clone(), GROUP);
+    let policies: Api<GpuHealthPolicy> = Api::all(client.clone());
+    policies
+        .create(&PostParams::default(), &policy(GROUP, "100%"))
+        .await?;
+
+    // Idle memory at the small scale, at the full scale, then with more pods.
+    say(&format!("building {} nodes", args.small));
+    let started = Instant::now();
+    fleet::grow(&client, 0, args.small, args.cpu_pods).await?;
+    let operator = operator::start_with(
+        "bench-operator",
+        Options {
+            log: Some("info,kube=warn".into()),
+            ..Default::default()
+        },
+    )
+    .await?;
+    let pid = operator.pid().ok_or("the operator exited at start")?;
+    taken_in(&client, args.small).await?;
+    results
+        .memory
+        .push(idle_memory(&operator, pid, args.small, args.small * pods_per_node(args)).await?);
+    say(&format!("building up to {} nodes", args.nodes));
+    fleet::grow(&client, args.small, args.nodes, args.cpu_pods).await?;
+    results.fleet_build_seconds = started.elapsed().as_secs_f64();
+    taken_in(&client, args.nodes).await?;
+    let full = idle_memory(&operator, pid, args.nodes, args.nodes * pods_per_node(args)).await?;
+    results.memory.push(full);
+    say(&format!(
+        "adding {} CPU pods to every node",
+        args.extra_pods
+    ));
+    let names: Vec<String> = (0..args.nodes).map(fleet::node_name).collect();
+    let total = args.cpu_pods + args.extra_pods;
+    fleet::add_cpu_pods_everywhere(&client, &names, args.cpu_pods, total).await?;
+    let pods = args.nodes * (8 + total);
+    results
+        .memory
+        .push(idle_memory(&operator, pid, args.nodes, pods).await?);
+
+    // Which nodes fail: disjoint sets, none of them served by a real agent.
+    let mut pool: Vec<String> = names[..args.nodes - args.agents].to_vec();
+    shuffle(&mut pool, args.seed);
+    let floor_set: Vec<String> = pool.drain(..args.faults).collect();
+    let gpuhealth_set: Vec<String> = pool.drain(..args.faults).collect();
+    let storm_set: Vec<String> = pool.drain(..args.storm).collect();
+    let agent_nodes: Vec<String> = names[args.nodes - args.agents..].to_vec();
+
+    results.quiet = quiet(args, &client, &operator, &agent_nodes).await?;
+
+    // Time to quarantine: the floor first, with gpuhealth paused.
+    say("time to quarantine: the floor");
+    set_policy(&policies, json!({"mode": "Paused"})).await?;
+    let floor_samples = {
+        let _floor = watch::floor(&client);
+        inject_one_at_a_time(args, &client, &cordons, &floor_set).await?
+    };
+    try_join_all(floor_set.iter().map(|n| fleet::restore(&client, n))).await?;
+    set_policy(&policies, json!({"mode": "Enforce"})).await?;
+    say("time to quarantine: gpuhealth");
+    let gpuhealth_samples = inject_one_at_a_time(args, &client, &cordons, &gpuhealth_set).await?;
+    results.time_to_quarantine = TimeToQuarantine::of(floor_samples, gpuhealth_samples);
+    recovered(&client, &gpuhealth_set).await?;
+
+    results.storm = storm(args, &client, &policies, &operator, pid, &storm_set).await?;
+    results.drain = drain::compare(args, &client, &cordons).await?;
+    results.operator_log = operator.log.display().to_string();
+    Ok(results)
+}
+
+fn pods_per_node(args: &Args) -> usize {
+    8 + args.cpu_pods
+}
+
+fn policy(group: &str, max_concurrent: &str) -> GpuHealthPolicy {
+    let mut spec = GpuHealthPolicySpec::for_selector(LabelSelector {
+        match_labels: Some([(SIM_GROUP_LABEL.to_owned(), group.to_owned())].into()),
+        ..Default::default()
+    });
+    spec.mode = Mode::Enforce;
+    spec.max_concurrent = IntOrString::String(max_concurrent.into());
+    spec.max_unhealthy = IntOrString::String("100%".into());
+    spec.verification.stable_for = gpuhealth_api::Duration::from_secs(3);
+    spec.verification.workload_recovery_timeout = gpuhealth_api::Duration::from_secs(0);
+    spec.remediation_limits.cooldown = gpuhealth_api::Duration::from_secs(0);
+    GpuHealthPolicy::new(if group == GROUP { POLICY } else { group }, spec)
+}
+
+pub async fn create_policy(client: &Client, group: &str, spec: serde_json::Value) -> Result<()> {
+    let mut policy = policy(group, "1");
+    let mut value = serde_json::to_value(&policy.spec)?;
+    merge(&mut value, spec);
+    policy.spec = serde_json::from_value(value)?;
+    Api::<GpuHealthPolicy>::all(client.clone())
+        .create(&PostParams::default(), &policy)
+        .await?;
+    Ok(())
+}
+
+fn merge(into: &mut serde_json::Value, from: serde_json::Value) {
+    match (into, from) {
+        (serde_json::Value::Object(a), serde_json::Value::Object(b)) => {
+            for (k, v) in b {
+                merge(a.entry(k).or_insert(serde_json::Value::Null), v);
+            }
+        }
+        (into, from) => *into = from,
+    }
+}
+
+async fn set_policy(policies: &Api<GpuHealthPolicy>, spec: serde_json::Value) -> Result<()> {
+    policies
+        .patch(
+            POLICY,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": spec})),
+        )
+        .await?;
+    Ok(())
+}
+
+/// Waits until the operator keeps a `GpuNodeHealth` for `n` fleet nodes.
+async fn taken_in(client: &Client, n: usize) -> Result<()> {
+    wait::until_set(
+        Api::<GpuNodeHealth>::all(client.clone()),
+        watcher::Config::default(),
+        &format!("{n} nodes taken in"),
+        STEP,
+        |all| {
+            all.values()
+                .filter(|h| h.status.as_ref().and_then(|s| s.policy.as_deref()) == Some(POLICY))
+                .count()
+                >= n
+        },
+    )
+    .await?;
+    Ok(())
+}
+
+/// The operator's RSS once it is idle.
+async fn idle_memory(
+    operator: &Process,
+    pid: u32,
+    nodes: usize,
+    pods: usize,
+) -> Result<MemoryPoint> {
+    idle(operator).await?;
+    let (rss, _) = stats::memory_kib(pid).ok_or("the operator exited")?;
+    say(&format!(
+        "idle at {nodes} nodes, {pods} pods: {} MiB",
+        rss / 1024
+    ));
+    Ok(MemoryPoint {
+        nodes,
+        pods,
+        rss_mib: rss as f64 / 1024.0,
+    })
+}
+
+/// Returns once the operator has not reconciled for 5 seconds in a row.
+async fn idle(operator: &Process) -> Result<()> {
+    let reconciles = |text: &str| -> f64 {
+        text.lines()
+            .find_map(|l| l.strip_prefix("gpuhealth_reconcile_duration_seconds_count "))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0.0)
+    };
+    let deadline = Instant::now() + STEP;
+    let mut last = reconciles(&operator.scrape().await?);
+    let mut still_since = Instant::now();
+    while still_since.elapsed() < Duration::from_secs(5) {
+        if Instant::now() > deadline {
+            return Err("the operator never went idle".into());
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let now = reconciles(&operator.scrape().await?);
+        if now != last {
+            last = now;
+            still_since = Instant::now();
+        }
+    }
+    Ok(())
+}
+
+/// Nothing happens for `--quiet-secs`: what do the operator and a few real
+/// agents write meanwhile?
+async fn quiet(
+    args: &Args,
+    client: &Client,
+    operator: &Process,
+    nodes: &[String],
+) -> Result<Quiet> {
+    say(&format!(
+        "a quiet cluster for {}s, with {} real agents",
+        args.quiet_secs, args.agents
+    ));
+    let mut agents = Vec::new();
+    let node_api: Api<Node> = Api::all(client.clone());
+    for node in nodes {
+        let pods: Vec<String> = (0..8).map(|g| format!("{node}-gpu{g}")).collect();
+        let hardware = SimHardware {
+            gpus: reports::healthy(fleet::NAMESPACE, &pods).gpus,
+            reset: SimOutcome::Succeed,
+            reboot: SimOutcome::Succeed,
+            executed: Vec::new(),
+        };
+        node_agent::set_hardware(client, node, &hardware).await?;
+        let state = std::env::temp_dir().join(format!("gpuhealth-bench-agent-{node}"));
+        let _ = std::fs::remove_dir_all(&state);
+        agents.push(node_agent::start(&format!("bench-agent-{node}"), node, &state, None).await?);
+        wait::until(node_api.clone(), node, STEP, |n| {
+            n.annotations()
+                .get(GPU_REPORT_ANNOTATION)
+                .and_then(|v| GpuReport::parse(v).ok())
+                .is_some_and(|r| r.source.as_deref() == Some("gpuhealth-agent/fake"))
+        })
+        .await?;
+    }
+    // Let the agents' own start-up writes and the operator's reactions pass.
+    idle(operator).await?;
+    let before_operator = stats::requests(&operator.scrape().await?, OPERATOR_REQUESTS);
+    let mut before_agents = Vec::new();
+    for a in &agents {
+        before_agents.push(stats::requests(&a.scrape().await?, AGENT_REQUESTS));
+    }
+    tokio::time::sleep(args.quiet()).await;
+    let after_operator = stats::requests(&operator.scrape().await?, OPERATOR_REQUESTS);
+    let minutes = args.quiet_secs as f64 / 60.0;
+    type Counts = BTreeMap<(String, String), f64>;
+    let writes = |before: &Counts, after: &Counts, leases: bool| -> f64 {
+        let by_verb = stats::by_verb(before, after, |verb, resource| {
+            WRITES.contains(&verb) && (resource == "leases") == leases
+        });
+        by_verb.values().sum::<f64>() / minutes
+    };
+    let mut agent_writes = Vec::new();
+    for (a, before) in agents.iter().zip(&before_agents) {
+        let after = stats::requests(&a.scrape().await?, AGENT_REQUESTS);
+        agent_writes.push(writes(before, &after, false));
+    }
+    Ok(Quiet {
+        seconds: args.quiet_secs,
+        operator_writes_per_minute: writes(&before_operator, &after_operator, false),
+        operator_lease_writes_per_minute: writes(&before_operator, &after_operator, true),
+        agents: agents.len(),
+        agent_writes_per_minute: stats::median(&agent_writes),
+    })
+}
+
+/// Breaks one node every `--fault-interval-ms` and returns, for each, the
+/// seconds from the API server's answer to the report write to the cordon
+/// seen on a watch. A node never cordoned within a minute fails the run.
+async fn inject_one_at_a_time(
+    args: &Args,
+    client: &Client,
+    cordons: &Cordons,
+    nodes: &[String],
+) -> Result<Vec<f64>> {
+    let mut written = Vec::new();
+    for node in nodes {
+        written.push((node.clone(), fleet::break_gpu(client, node).await?));
+        tokio::time::sleep(Duration::from_millis(args.fault_interval_ms)).await;
+    }
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut samples = Vec::new();
+    for (node, at) in written {
+        loop {
+            if let Some(cordoned) = cordons.after(&node, at) {
+                samples.push(cordoned.duration_since(at).as_secs_f64());
+                break;
+            }
+            if Instant::now() > deadline {
+                return Err(format!("{node} was not cordoned within a minute of its fault").into());
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    Ok(samples)
+}
+
+/// Waits until every node of `nodes` has recovered from its incident.
+pub async fn recovered(client: &Client, nodes: &[String]) -> Result<()> {
+    let what = format!("{} nodes recovered", nodes.len());
+    wait::until_set(
+        Api::<GpuNodeHealth>::all(client.clone()),
+        watcher::Config::default(),
+        &what,
+        STEP,
+        |all| {
+            nodes.iter().all(|n| {
+                all.get(n).and_then(|h| h.status.as_ref()).is_some_and(|s| {
+                    s.phase == Phase::Healthy
+                        && s.history
+                            .first()
+                            .is_some_and(|i| i.outcome.as_deref() == Some("Recovered"))
+                })
+            })
+        },
+    )
+    .await?;
+    Ok(())
+}
+
+/// `--storm` nodes fail at once under `maxConcurrent: --max-concurrent`.
+async fn storm(
+    args: &Args,
+    client: &Client,
+    policies: &Api<GpuHealthPolicy>,
+    operator: &Process,
+    pid: u32,
+    nodes: &[String],
+) -> Result<Storm> {
+    say(&format!(
+        "a storm: {} nodes at once, maxConcurrent {}",
+        nodes.len(),
+        args.max_concurrent
+    ));
+    set_policy(policies, json!({"maxConcurrent": args.max_concurrent})).await?;
+    let before = stats::requests(&operator.scrape().await?, OPERATOR_REQUESTS);
+    let cpu_before = stats::cpu_seconds(pid).ok_or("the operator exited")?;
+    let started = Instant::now();
+    try_join_all(nodes.iter().map(|n| fleet::break_gpu(client, n))).await?;
+    recovered(client, nodes).await?;
+    let wall = started.elapsed().as_secs_f64();
+    let cpu = stats::cpu_seconds(pid).ok_or("the operator exited")? - cpu_before;
+    let after = stats::requests(&operator.scrape().await?, OPERATOR_REQUESTS);
+    let (_, peak) = stats::memory_kib(pid).ok_or("the operator exited")?;
+    let n = nodes.len() as f64;
+    let per_remediation: BTreeMap<String, f64> =
+        stats::by_verb(&before, &after, |_, resource| resource != "leases")
+            .into_iter()
+            .map(|(verb, count)| (verb, count / n))
+            .collect();
+    say(&format!("the storm took {wall:.1}s"));
+    Ok(Storm {
+        nodes: nodes.len(),
+        max_concurrent: args.max_concurrent,
+        wall_seconds: wall,
+        remediations_per_minute: n / wall * 60.0,
+        requests_per_remediation: per_remediation.values().sum(),
+        requests_per_remediation_by_verb: per_remediation,
+        cpu_seconds_per_remediation: cpu / n,
+        peak_rss_mib: peak as f64 / 1024.0,
+    })
+}
+
+/// A fixed shuffle (xorshift), so a seed names the same nodes every run.
+fn shuffle(items: &mut [String], seed: u64) {
+    let mut state = seed.max(1);
+    for i in (1..items.len()).rev() {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        items.swap(i, (state % (i as u64 + 1)) as usize);
+    }
+}

@@ -1,0 +1,310 @@
+//! The results: one JSON document per run, and a Markdown summary that
+//! states each figure against its target. `bench/plot.py` draws the plots
+//! from the JSON.
+
+use std::{collections::BTreeMap, fmt::Write, path::PathBuf};
+
+use k8s_openapi::jiff::Timestamp;
+use serde::Serialize;
+
+use crate::{Args, Result, stats::Distribution};
+
+#[derive(Debug, Default, Serialize)]
+pub struct Results {
+    pub label: String,
+    pub date: String,
+    pub machine: Machine,
+    pub apiserver: String,
+    /// `release` or `debug`: the operator build that was measured.
+    pub operator_build: String,
+    pub nodes: usize,
+    pub pods_per_node: usize,
+    pub fleet_build_seconds: f64,
+    pub memory: Vec<MemoryPoint>,
+    pub quiet: Quiet,
+    pub time_to_quarantine: TimeToQuarantine,
+    pub storm: Storm,
+    pub drain: DrainComparison,
+    pub peer: Peer,
+    pub operator_log: String,
+}
+
+#[derive(Debug, Default, Serialize)]
+pub struct Machine {
+    pub cpus: usize,
+    pub memory_gib: f64,
+    pub kernel: String,
+}
+
+#[derive(Debug, Default, Serialize)]
+pub struct MemoryPoint {
+    pub nodes: usize,
+    pub pods: usize,
+    pub rss_mib: f64,
+}
+
+#[derive(Debug, Default, Serialize)]
+pub struct Quiet {
+    pub seconds: u64,
+    /// Writes other than the leader Lease's renewals.
+    pub operator_writes_per_minute: f64,
+    pub operator_lease_writes_per_minute: f64,
+    pub agents: usize,
+    /// The median agent's writes.
+    pub agent_writes_per_minute: f64,
+}
+
+#[derive(Debug, Default, Serialize)]
+pub struct TimeToQuarantine {
+    pub floor: Distribution,
+    pub gpuhealth: Distribution,
+    pub ratio_p50: f64,
+    pub ratio_p99: f64,
+    pub floor_seconds: Vec<f64>,
+    pub gpuhealth_seconds: Vec<f64>,
+}
+
+impl TimeToQuarantine {
+    pub fn of(floor: Vec<f64>, gpuhealth: Vec<f64>) -> TimeToQuarantine {
+        let f = Distribution::of(floor.clone());
+        let g = Distribution::of(gpuhealth.clone());
+        TimeToQuarantine {
+            ratio_p50: g.p50 / f.p50,
+            ratio_p99: g.p99 / f.p99,
+            floor: f,
+            gpuhealth: g,
+            floor_seconds: floor,
+            gpuhealth_seconds: gpuhealth,
+        }
+    }
+}
+
+#[derive(Debug, Default, Serialize)]
+pub struct Storm {
+    pub nodes: usize,
+    pub max_concurrent: u32,
+    pub wall_seconds: f64,
+    pub remediations_per_minute: f64,
+    pub requests_per_remediation: f64,
+    pub requests_per_remediation_by_verb: BTreeMap<String, f64>,
+    pub cpu_seconds_per_remediation: f64,
+    pub peak_rss_mib: f64,
+}
+
+#[derive(Debug, Default, Serialize)]
+pub struct DrainComparison {
+    pub pods: usize,
+    pub pods_behind_pdbs: usize,
+    pub gpuhealth_seconds: Vec<f64>,
+    pub kubectl_seconds: Vec<f64>,
+    /// gpuhealth's median over kubectl drain's: under 1 is faster.
+    pub ratio_of_medians: f64,
+}
+
+#[derive(Debug, Default, Serialize)]
+pub struct Peer {
+    pub ran: bool,
+    pub why_not: String,
+}
+
+impl Results {
+    pub fn new(args: &Args) -> Results {
+        let date = Timestamp::now().strftime("%Y-%m-%d").to_string();
+        let memory_kib: f64 = std::fs::read_to_string("/proc/meminfo")
+            .ok()
+            .and_then(|m| {
+                m.lines()
+                    .find_map(|l| l.strip_prefix("MemTotal:"))
+                    .and_then(|v| v.split_whitespace().next()?.parse().ok())
+            })
+            .unwrap_or(0.0);
+        Results {
+            label: args.label.clone().unwrap_or_else(|| date.clone()),
+            date,
+            machine: Machine {
+                cpus: std::thread::available_parallelism().map_or(0, |n| n.get()),
+                memory_gib: (memory_kib / 1024.0 / 1024.0 * 10.0).round() / 10.0,
+                kernel: std::fs::read_to_string("/proc/sys/kernel/osrelease")
+                    .unwrap_or_default()
+                    .trim()
+                    .to_owned(),
+            },
+            operator_build: match std::env::var("GPUHEALTH_BIN_DIR") {
+                Ok(dir) if dir.contains("release") => "release".into(),
+                _ => "debug".into(),
+            },
+            nodes: args.nodes,
+            pods_per_node: 8 + args.cpu_pods,
+            peer: Peer {
+                ran: false,
+                why_not: "Not attempted yet: building the Medik8s Node Healthcheck Operator from the Go module proxy and giving it a remediation template to create is open work (issue 8's stretch goal).".into(),
+            },
+            ..Default::default()
+        }
+    }
+}
+
+/// Writes `<label>.json` and `<label>.md` under `--out`, and the summary
+/// again as `latest.md`.
+pub fn write(args: &Args, results: &Results) -> Result<Vec<PathBuf>> {
+    std::fs::create_dir_all(&args.out)?;
+    let json = args.out.join(format!("{}.json", results.label));
+    std::fs::write(&json, serde_json::to_string_pretty(results)? + "\n")?;
+    let summary = summary(results);
+    let md = args.out.join(format!("{}.md", results.label));
+    std::fs::write(&md, &summary)?;
+    let latest = args.out.join("latest.md");
+    std::fs::write(&latest, &summary)?;
+    Ok(vec![json, md, latest])
+}
+
+fn verdict(met: bool) -> &'static str {
+    if met { "met" } else { "**not met**" }
+}
+
+/// The Markdown summary.
+pub fn summary(r: &Results) -> String {
+    let mut s = String::new();
+    let ttq = &r.time_to_quarantine;
+    let small = r.memory.first();
+    let full = r.memory.get(1);
+    let more_pods = r.memory.get(2);
+    let growth_kib = match (small, full) {
+        (Some(a), Some(b)) if b.nodes > a.nodes => {
+            (b.rss_mib - a.rss_mib) * 1024.0 / (b.nodes - a.nodes) as f64
+        }
+        _ => 0.0,
+    };
+    let _ = writeln!(
+        s,
+        "# gpuhealth benchmark, {label}\n\n\
+         Generated by `make bench` ({nodes} simulated 8-GPU nodes, {ppn} pods each) on a \
+         {cpus}-core, {mem} GiB machine (kernel {kernel}), kube-apiserver {api}, KWOK; \
+         the operator is a {build} build. Figures: `{label}.json`; plots: \
+         `{label}-quarantine.png`, `{label}-memory.png`. Timings on a shared machine are \
+         noisy: ratios are measured in the same run.\n",
+        label = r.label,
+        nodes = r.nodes,
+        ppn = r.pods_per_node,
+        cpus = r.machine.cpus,
+        mem = r.machine.memory_gib,
+        kernel = r.machine.kernel,
+        api = r.apiserver,
+        build = r.operator_build,
+    );
+    let _ = writeln!(s, "| figure | value | target | |\n|---|---|---|---|");
+    let _ = writeln!(
+        s,
+        "| time to quarantine, gpuhealth (p50 / p99 / max) | {:.3} / {:.3} / {:.3} s | | |",
+        ttq.gpuhealth.p50, ttq.gpuhealth.p99, ttq.gpuhealth.max
+    );
+    let _ = writeln!(
+        s,
+        "| time to quarantine, floor (p50 / p99 / max) | {:.3} / {:.3} / {:.3} s | | |",
+        ttq.floor.p50, ttq.floor.p99, ttq.floor.max
+    );
+    let _ = writeln!(
+        s,
+        "| gpuhealth ÷ floor (p50 / p99) | {:.2} / {:.2} | p99 within 2× | {} |",
+        ttq.ratio_p50,
+        ttq.ratio_p99,
+        verdict(ttq.ratio_p99 <= 2.0)
+    );
+    let st = &r.storm;
+    let _ = writeln!(
+        s,
+        "| storm: {} nodes at once, maxConcurrent {} | all back in {:.1} s ({:.1} remediations/min) | | |",
+        st.nodes, st.max_concurrent, st.wall_seconds, st.remediations_per_minute
+    );
+    let verbs: Vec<String> = st
+        .requests_per_remediation_by_verb
+        .iter()
+        .map(|(v, n)| format!("{v} {n:.1}"))
+        .collect();
+    let _ = writeln!(
+        s,
+        "| API requests per remediation | {:.1} ({}) | | |",
+        st.requests_per_remediation,
+        verbs.join(", ")
+    );
+    let _ = writeln!(
+        s,
+        "| CPU per remediation | {:.3} s | | |",
+        st.cpu_seconds_per_remediation
+    );
+    for (i, m) in r.memory.iter().enumerate() {
+        // The full scale, before the extra pods.
+        let target = if i == 1 {
+            ("under 64 MiB at 1,000 nodes", verdict(m.rss_mib < 64.0))
+        } else {
+            ("", "")
+        };
+        let _ = writeln!(
+            s,
+            "| operator RSS idle, {} nodes, {} pods | {:.1} MiB | {} | {} |",
+            m.nodes, m.pods, m.rss_mib, target.0, target.1
+        );
+    }
+    let _ = writeln!(
+        s,
+        "| RSS growth per additional idle node | {growth_kib:.2} KiB | under 8 KiB | {} |",
+        verdict(growth_kib < 8.0)
+    );
+    if let (Some(f), Some(p)) = (full, more_pods) {
+        let _ = writeln!(
+            s,
+            "| RSS change with {} more pods | {:+.1} MiB | follows work, not pods | |",
+            p.pods.saturating_sub(f.pods),
+            p.rss_mib - f.rss_mib
+        );
+    }
+    let _ = writeln!(
+        s,
+        "| operator RSS peak (storm) | {:.1} MiB | | |",
+        st.peak_rss_mib
+    );
+    let q = &r.quiet;
+    let _ = writeln!(
+        s,
+        "| quiet cluster: operator writes/min ({} s) | {:.2} (plus {:.1} Lease renewals) | 0 | {} |",
+        q.seconds,
+        q.operator_writes_per_minute,
+        q.operator_lease_writes_per_minute,
+        verdict(q.operator_writes_per_minute == 0.0)
+    );
+    let _ = writeln!(
+        s,
+        "| quiet cluster: agent writes/min (median of {}) | {:.2} | | |",
+        q.agents, q.agent_writes_per_minute
+    );
+    let d = &r.drain;
+    let _ = writeln!(
+        s,
+        "| drain of {} pods ({} behind PDBs): gpuhealth ÷ kubectl drain, medians | {:.2} (gpuhealth {:?} s, kubectl {:?} s) | no slower | {} |",
+        d.pods,
+        d.pods_behind_pdbs,
+        d.ratio_of_medians,
+        rounded(&d.gpuhealth_seconds),
+        rounded(&d.kubectl_seconds),
+        verdict(d.ratio_of_medians <= 1.0)
+    );
+    let _ = writeln!(
+        s,
+        "| peer: Medik8s Node Healthcheck | {} | | |",
+        if r.peer.ran {
+            "ran"
+        } else {
+            r.peer.why_not.as_str()
+        }
+    );
+    let _ = writeln!(
+        s,
+        "\nHow each figure is measured: `bench/README.md`. Causes of figures that miss their \
+         target: `bench/FINDINGS.md`."
+    );
+    s
+}
+
+fn rounded(v: &[f64]) -> Vec<f64> {
+    v.iter().map(|x| (x * 10.0).round() / 10.0).collect()
+}

@@ -1,0 +1,96 @@
+//! Watching the fleet from outside: when each node was seen cordoned, and
+//! the floor, the least any controller on this API server could do: cordon
+//! a node as soon as its report shows a bad GPU.
+
+use std::{
+    collections::HashMap,
+    sync::{Arc, Mutex},
+    time::Instant,
+};
+
+use futures::StreamExt;
+use gpuhealth_api::contract::{AnnotationValue, GPU_REPORT_ANNOTATION, GpuReport};
+use gpuhealth_e2e::{
+    sim::{SIM_GROUP_LABEL, is_cordoned},
+    wait::{Background, applied},
+};
+use k8s_openapi::api::core::v1::Node;
+use kube::{
+    Api, Client, ResourceExt,
+    api::{Patch, PatchParams},
+    runtime::watcher,
+};
+use serde_json::json;
+
+use crate::fleet::GROUP;
+
+fn fleet_nodes(client: &Client) -> (Api<Node>, watcher::Config) {
+    let config = watcher::Config::default().labels(&format!("{SIM_GROUP_LABEL}={GROUP}"));
+    (Api::all(client.clone()), config)
+}
+
+fn simulated_nodes(client: &Client) -> (Api<Node>, watcher::Config) {
+    let config = watcher::Config::default().labels(SIM_GROUP_LABEL);
+    (Api::all(client.clone()), config)
+}
+
+/// When each simulated node turned from schedulable to cordoned, every
+/// time it did.
+#[derive(Clone, Default)]
+pub struct Cordons(Arc<Mutex<HashMap<String, Vec<Instant>>>>);
+
+impl Cordons {
+    /// Records until the handle is dropped.
+    pub fn watch(&self, client: &Client) -> Background {
+        let (nodes, config) = simulated_nodes(client);
+        let seen = self.0.clone();
+        Background::spawn(async move {
+            let mut cordoned: HashMap<String, bool> = HashMap::new();
+            let mut stream = std::pin::pin!(applied(nodes, config));
+            while let Some(node) = stream.next().await {
+                let now = Instant::now();
+                let is = is_cordoned(&node);
+                let was = cordoned.insert(node.name_any(), is).unwrap_or(false);
+                if is && !was {
+                    let mut seen = seen.lock().unwrap_or_else(|e| e.into_inner());
+                    seen.entry(node.name_any()).or_default().push(now);
+                }
+            }
+        })
+    }
+
+    /// The first cordon of `node` seen after `since`.
+    pub fn after(&self, node: &str, since: Instant) -> Option<Instant> {
+        let seen = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        seen.get(node)?.iter().copied().find(|t| *t >= since)
+    }
+}
+
+/// The floor: a watch on the fleet that cordons each node whose report
+/// shows a GPU that is not healthy, with one patch, and does nothing else.
+pub fn floor(client: &Client) -> Background {
+    let (nodes, config) = fleet_nodes(client);
+    Background::spawn(async move {
+        let mut stream = std::pin::pin!(applied(nodes.clone(), config));
+        while let Some(node) = stream.next().await {
+            let sick = node
+                .annotations()
+                .get(GPU_REPORT_ANNOTATION)
+                .and_then(|v| GpuReport::parse(v).ok())
+                .is_some_and(|r| r.bad_gpus().next().is_some());
+            if sick && !is_cordoned(&node) {
+                let nodes = nodes.clone();
+                tokio::spawn(async move {
+                    let patch = json!({"spec": {"unschedulable": true}});
+                    let _ = nodes
+                        .patch(
+                            &node.name_any(),
+                            &PatchParams::default(),
+                            &Patch::Merge(patch),
+                        )
+                        .await;
+                });
+            }
+        }
+    })
+}
