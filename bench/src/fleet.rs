@@ -102,6 +102,8 @@ async fn create_pod(client: &Client, node: &str, name: &str, gpu: bool) -> Resul
         "metadata": {"name": name, "namespace": NAMESPACE, "labels": {"app": "bench"}},
         "spec": {
             "nodeName": node,
+            // The storm measures gpuhealth, not the pods' own shutdown.
+            "terminationGracePeriodSeconds": 1,
             "containers": [{"name": "server", "image": "bench", "resources": resources}],
         },
     }))?;

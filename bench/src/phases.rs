@@ -75,6 +75,7 @@ pub async fn run(args: &Args) -> Result<Results> {
         "bench-operator",
         Options {
             log: Some("info,kube=warn".into()),
+            default_lease_timings: true,
             ..Default::default()
         },
     )
@@ -295,7 +296,8 @@ async fn quiet(
         let by_verb = stats::by_verb(before, after, |verb, resource| {
             WRITES.contains(&verb) && (resource == "leases") == leases
         });
-        by_verb.values().sum::<f64>() / minutes
+        // `+ 0.0`: an empty f64 sum is -0.0.
+        (by_verb.values().sum::<f64>() + 0.0) / minutes
     };
     let mut agent_writes = Vec::new();
     for (a, before) in agents.iter().zip(&before_agents) {

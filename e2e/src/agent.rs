@@ -102,6 +102,8 @@ impl FakeAgent {
         let nodes: Api<Node> = Api::all(client.clone());
         let config = watcher::Config::default().labels(&format!("{SIM_GROUP_LABEL}={group}"));
         Background::spawn(async move {
+            // `node/id`: a request id is unique per node (each agent journals its
+            // own), not across the fleet; two nodes may well share one.
             let mut seen = BTreeSet::new();
             let mut stream = std::pin::pin!(applied(nodes, config));
             while let Some(node) = stream.next().await {
@@ -128,7 +130,7 @@ impl FakeAgent {
         if let Some(req) = annotations
             .get(RESET_REQUEST_ANNOTATION)
             .and_then(|v| ResetRequest::parse(v).ok())
-            && seen.insert(req.id.to_string())
+            && seen.insert(format!("{name}/{}", req.id))
         {
             lock(&self.carried_out).push(Request::Reset {
                 id: req.id.to_string(),
@@ -150,7 +152,7 @@ impl FakeAgent {
         if let Some(req) = annotations
             .get(REBOOT_REQUEST_ANNOTATION)
             .and_then(|v| RebootRequest::parse(v).ok())
-            && seen.insert(req.id.to_string())
+            && seen.insert(format!("{name}/{}", req.id))
         {
             lock(&self.carried_out).push(Request::Reboot {
                 id: req.id.to_string(),

@@ -27,6 +27,9 @@ pub struct Options {
     pub json_logs: bool,
     /// `RUST_LOG`; by default info, with the operator's debug lines.
     pub log: Option<String>,
+    /// The operator's own leader-election timings instead of the tests'
+    /// short ones (the benchmark counts the Lease's renewals).
+    pub default_lease_timings: bool,
 }
 
 /// Starts `gpuhealth-operator` as replica `name` (`make e2e` builds it first).
@@ -46,10 +49,13 @@ pub async fn start_with(name: &str, options: Options) -> Result<Process> {
                 }),
             )
             .env("POD_NAME", name)
-            .args(["--lease-name", options.lease.as_deref().unwrap_or(name)])
-            .args(["--lease-duration", &secs(LEASE_DURATION)])
-            .args(["--renew-deadline", &secs(LEASE_DURATION - 2 * RETRY_PERIOD)])
-            .args(["--retry-period", &secs(RETRY_PERIOD)]);
+            .args(["--lease-name", options.lease.as_deref().unwrap_or(name)]);
+        if !options.default_lease_timings {
+            command
+                .args(["--lease-duration", &secs(LEASE_DURATION)])
+                .args(["--renew-deadline", &secs(LEASE_DURATION - 2 * RETRY_PERIOD)])
+                .args(["--retry-period", &secs(RETRY_PERIOD)]);
+        }
         if let Some(phase) = &options.crash_after {
             command.env("GPUHEALTH_TEST_CRASH_AFTER", phase);
         }

@@ -41,10 +41,18 @@ where
     within(what, timeout, async {
         let mut objects = BTreeMap::new();
         let mut stream = std::pin::pin!(events(api, config));
+        // Judged only on a whole list: mid-list, "none left" would hold
+        // before the first object arrived.
+        let mut listed = false;
         // Watch errors are retried; one that persists ends in the timeout.
         while let Some(event) = stream.next().await {
+            match &event {
+                watcher::Event::Init => listed = false,
+                watcher::Event::InitDone => listed = true,
+                _ => {}
+            }
             apply(&mut objects, event);
-            if done(&objects) {
+            if listed && done(&objects) {
                 return Ok(objects);
             }
         }

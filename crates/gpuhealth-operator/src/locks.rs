@@ -148,6 +148,18 @@ async fn node_maintenances(
 ) -> Result<Vec<(String, String)>, kube::Error> {
     let gvk = GroupVersionKind::gvk(group, "v1beta1", "NodeMaintenance");
     let resource = ApiResource::from_gvk_with_plural(&gvk, "nodemaintenances");
+    // Asked first, so that a cluster without Medik8s is not sent a request
+    // for an unknown path every poll (the client warns about each 404).
+    let installed = client
+        .list_api_groups()
+        .await?
+        .groups
+        .iter()
+        .any(|g| g.name == group);
+    if !installed {
+        debug!(%group, "no NodeMaintenance kind in this cluster");
+        return Ok(Vec::new());
+    }
     let api: Api<DynamicObject> = Api::all_with(client.clone(), &resource);
     let list = match api.list(&ListParams::default()).await {
         Ok(l) => l,
