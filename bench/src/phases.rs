@@ -209,7 +209,7 @@ async fn idle_memory(
     nodes: usize,
     pods: usize,
 ) -> Result<MemoryPoint> {
-    idle(operator).await?;
+    idle(operator, nodes).await?;
     let (rss, _) = stats::memory_kib(pid).ok_or("the operator exited")?;
     say(&format!(
         "idle at {nodes} nodes, {pods} pods: {} MiB",
@@ -222,29 +222,35 @@ async fn idle_memory(
     })
 }
 
-/// Returns once the operator has not reconciled for 5 seconds in a row.
-async fn idle(operator: &Process) -> Result<()> {
+/// Returns once the operator is at rest: in a 5 s window it reconciled no
+/// more than the background (KWOK renews each node's status every ten
+/// minutes and the operator looks at each node every five: at most one
+/// reconcile per node per five minutes).
+async fn idle(operator: &Process, nodes: usize) -> Result<()> {
     let reconciles = |text: &str| -> f64 {
         text.lines()
             .find_map(|l| l.strip_prefix("gpuhealth_reconcile_duration_seconds_count "))
             .and_then(|v| v.trim().parse().ok())
             .unwrap_or(0.0)
     };
+    let background = 1.0 + nodes as f64 * 5.0 / 300.0;
     let deadline = Instant::now() + STEP;
     let mut last = reconciles(&operator.scrape().await?);
-    let mut still_since = Instant::now();
-    while still_since.elapsed() < Duration::from_secs(5) {
-        if Instant::now() > deadline {
-            return Err("the operator never went idle".into());
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
+    loop {
+        tokio::time::sleep(Duration::from_secs(5)).await;
         let now = reconciles(&operator.scrape().await?);
-        if now != last {
-            last = now;
-            still_since = Instant::now();
+        if now - last <= background {
+            return Ok(());
         }
+        if Instant::now() > deadline {
+            return Err(format!(
+                "the operator never came to rest ({} reconciles in 5 s)",
+                now - last
+            )
+            .into());
+        }
+        last = now;
     }
-    Ok(())
 }
 
 /// Nothing happens for `--quiet-secs`: what do the operator and a few real
@@ -282,7 +288,7 @@ async fn quiet(
         .await?;
     }
     // Let the agents' own start-up writes and the operator's reactions pass.
-    idle(operator).await?;
+    idle(operator, args.nodes).await?;
     let before_operator = stats::requests(&operator.scrape().await?, OPERATOR_REQUESTS);
     let mut before_agents = Vec::new();
     for a in &agents {

@@ -97,6 +97,11 @@ pub fn classify(method: &Method, uri: &Uri) -> (&'static str, String) {
         _ => None,
     }
     .unwrap_or_default();
+    // `/api`, `/apis`, `/apis/GROUP`, `/apis/GROUP/VERSION`: what is served.
+    let discovery = matches!(segments.first(), Some(&"api") | Some(&"apis")) && rest.is_empty();
+    if discovery {
+        return ("get", "discovery".to_owned());
+    }
     // `namespaces/NS/RESOURCE...`; `namespaces` or `namespaces/NS` alone is
     // the namespace resource itself.
     let rest = match rest {
@@ -196,6 +201,8 @@ mod tests {
                 "create",
                 "events",
             ),
+            (Method::GET, "/apis", "get", "discovery"),
+            (Method::GET, "/api/v1", "get", "discovery"),
             (Method::GET, "/version", "list", "unknown"),
         ];
         for (method, uri, verb, resource) in cases {

@@ -26,7 +26,7 @@ use crate::{
     conditions,
     context::{Context, Error, MANAGER, latest},
     metrics::{PhaseLabels, PolicyLabels},
-    selection::{selects, winner},
+    selection::Parsed,
 };
 
 /// Whether a node status counts against the circuit breaker: a
@@ -45,24 +45,28 @@ pub fn policy_nodes(
     policy: &GpuHealthPolicy,
 ) -> Vec<Arc<k8s_openapi::api::core::v1::Node>> {
     let name = policy.name_any();
-    let policies = ctx.policies.state();
+    let parsed = Parsed::new(&ctx.policies.state());
     ctx.nodes
         .state()
         .into_iter()
-        .filter(|n| selects(policy, n))
-        .filter(|n| winner(&policies, n).is_some_and(|w| w.name_any() == name))
+        .filter(|n| parsed.selects(&name, n) && parsed.winner(n) == Some(name.as_str()))
         .collect()
 }
 
 pub fn managed(ctx: &Context, policy: &GpuHealthPolicy) -> (usize, Vec<(String, usize)>) {
     let name = policy.name_any();
-    let policies = ctx.policies.state();
+    let parsed = Parsed::new(&ctx.policies.state());
     let mut managed = 0;
     let mut lost: BTreeMap<String, usize> = BTreeMap::new();
-    for node in ctx.nodes.state().iter().filter(|n| selects(policy, n)) {
-        match winner(&policies, node) {
-            Some(w) if w.name_any() == name => managed += 1,
-            Some(w) => *lost.entry(w.name_any()).or_default() += 1,
+    for node in ctx
+        .nodes
+        .state()
+        .iter()
+        .filter(|n| parsed.selects(&name, n))
+    {
+        match parsed.winner(node) {
+            Some(w) if w == name => managed += 1,
+            Some(w) => *lost.entry(w.to_owned()).or_default() += 1,
             None => {}
         }
     }

@@ -33,7 +33,7 @@ use tracing::{debug, info, warn};
 
 use crate::{
     actions,
-    context::{Context, Error, MANAGER, latest},
+    context::{Context, Error, MANAGER},
     metrics::{ErrorLabels, FindingLabels, OutcomeLabels, RemediationLabels, ReportLabels},
     observe::{budget_views, disrupted_by, gpu_holders, node_view, pod_view},
     policy_status::{policy_nodes, unhealthy},
@@ -65,19 +65,15 @@ async fn reconcile_node(node: &Node, ctx: &Context) -> Result<Requeue, Error> {
         warn!(node = %name, error = %e, "malformed GPU report; ignoring it");
     }
 
-    // Held until the status is written. `written` holds what this process
-    // wrote last, which the watch-fed store may not show yet.
-    let mut written = ctx.decisions.lock().await;
+    // What this process decided last for the node, which the watch-fed
+    // store may not show yet. A node is never reconciled twice at once, so
+    // its record cannot change before this reconcile makes its own.
     let in_cluster = ctx
         .node_health
         .get(&ObjectRef::new(&name))
         .and_then(|g| g.status.clone());
-    let stored = written
-        .get(&name)
-        .cloned()
-        .or(in_cluster.clone())
-        .unwrap_or_default();
-    let budget = budget(ctx, &written, &policy, &name);
+    let recorded = ctx.decisions.lock().await.get(&name).cloned();
+    let stored = recorded.clone().or(in_cluster.clone()).unwrap_or_default();
     // Pods are listed only for a node that may need draining, or when a
     // pod newly holds one of its GPUs (its readiness gate may need setting),
     // so memory follows the work in flight rather than the size of the cluster.
@@ -128,28 +124,48 @@ async fn reconcile_node(node: &Node, ctx: &Context) -> Result<Requeue, Error> {
         }
         _ => None,
     };
-    let decision = step(&Input {
-        now: Timestamp::now(),
-        policy: &policy_name,
-        spec: &policy.spec,
-        node: &view,
-        pods: &pods,
-        disruption_budgets: &disruption_budgets,
-        validation: validation.as_ref(),
-        workloads: &workload_views,
-        budget,
-        state: &stored,
-    });
+    // The reads above are done without the lock, so that one node's API
+    // calls never hold up another's decision. Deciding and recording are
+    // one step under it: each budget counts every other node's latest
+    // intent, written or about to be.
+    let decision = {
+        let mut written = ctx.decisions.lock().await;
+        let budget = budget(ctx, &written, &policy, &name);
+        let decision = step(&Input {
+            now: Timestamp::now(),
+            policy: &policy_name,
+            spec: &policy.spec,
+            node: &view,
+            pods: &pods,
+            disruption_budgets: &disruption_budgets,
+            validation: validation.as_ref(),
+            workloads: &workload_views,
+            budget,
+            state: &stored,
+        });
+        written.insert(name.clone(), decision.status.clone());
+        decision
+    };
 
-    // Intent first: the status is written before any side effect.
-    if !ctx.leadership.is_held() {
-        return Err(Error::NotLeader);
+    // Intent first: the status is written before any side effect. If it
+    // cannot be, the record goes back to what it was: other decisions made
+    // meanwhile counted an intent that did not happen, which errs on the
+    // safe side.
+    let written = if !ctx.leadership.is_held() {
+        Err(Error::NotLeader)
+    } else if in_cluster.as_ref() != Some(&decision.status) {
+        write_status(ctx, node, &decision.status).await
+    } else {
+        Ok(())
+    };
+    if let Err(e) = written {
+        let mut records = ctx.decisions.lock().await;
+        match recorded {
+            Some(before) => records.insert(name.clone(), before),
+            None => records.remove(&name),
+        };
+        return Err(e);
     }
-    if in_cluster.as_ref() != Some(&decision.status) {
-        write_status(ctx, node, &decision.status).await?;
-    }
-    written.insert(name.clone(), decision.status.clone());
-    drop(written);
     record_outcomes(
         ctx,
         &policy_name,
@@ -315,11 +331,19 @@ fn budget(
     // One pass over the nodes: how many the policy manages, and which of
     // them other tools are disrupting.
     let managed = policy_nodes(ctx, policy);
-    let others_by_name: HashMap<String, GpuNodeHealthStatus> = latest(ctx, written)
-        .into_iter()
-        .filter(|(name, s)| name != this && s.policy.as_deref() == Some(policy_name.as_str()))
+    // Each node's latest status, by reference: what this process wrote
+    // last, else what the store shows. Runs on every reconcile: no clones.
+    let store = ctx.node_health.state();
+    let mut latest: HashMap<&str, &GpuNodeHealthStatus> = store
+        .iter()
+        .filter_map(|g| Some((g.metadata.name.as_deref()?, g.status.as_ref()?)))
         .collect();
-    let others: Vec<&GpuNodeHealthStatus> = others_by_name.values().collect();
+    latest.extend(written.iter().map(|(k, v)| (k.as_str(), v)));
+    let others_by_name: HashMap<&str, &GpuNodeHealthStatus> = latest
+        .into_iter()
+        .filter(|(name, s)| *name != this && s.policy.as_deref() == Some(policy_name.as_str()))
+        .collect();
+    let others: Vec<&GpuNodeHealthStatus> = others_by_name.values().copied().collect();
     let disruptive = others.iter().filter(|s| is_disruptive(s.phase)).count();
     let unhealthy = others.iter().filter(|s| unhealthy(s)).count();
     // Nodes other tools are disrupting take capacity out too, unless

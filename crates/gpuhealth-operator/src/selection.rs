@@ -29,3 +29,45 @@ pub fn winner(policies: &[Arc<GpuHealthPolicy>], node: &Node) -> Option<Arc<GpuH
         })
         .cloned()
 }
+
+/// Every live policy with its selector parsed once, for passes over many
+/// nodes (a selector parsed per node made each budget cost milliseconds at
+/// a thousand nodes).
+pub struct Parsed(Vec<(Arc<GpuHealthPolicy>, Selector)>);
+
+impl Parsed {
+    pub fn new(policies: &[Arc<GpuHealthPolicy>]) -> Parsed {
+        Parsed(
+            policies
+                .iter()
+                .filter(|p| p.metadata.deletion_timestamp.is_none())
+                .filter_map(|p| {
+                    let selector = Selector::try_from(p.spec.node_selector.clone()).ok()?;
+                    Some((p.clone(), selector))
+                })
+                .collect(),
+        )
+    }
+
+    /// Whether the policy named `name` selects `node`.
+    pub fn selects(&self, name: &str, node: &Node) -> bool {
+        self.0
+            .iter()
+            .any(|(p, s)| p.metadata.name.as_deref() == Some(name) && s.matches(node.labels()))
+    }
+
+    /// The name of the policy that manages `node`, as [`winner`] decides.
+    pub fn winner(&self, node: &Node) -> Option<&str> {
+        self.0
+            .iter()
+            .filter(|(_, s)| s.matches(node.labels()))
+            .map(|(p, _)| p)
+            .min_by(|a, b| {
+                b.spec
+                    .priority
+                    .cmp(&a.spec.priority)
+                    .then_with(|| a.name_any().cmp(&b.name_any()))
+            })
+            .and_then(|p| p.metadata.name.as_deref())
+    }
+}
