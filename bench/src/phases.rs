@@ -125,6 +125,9 @@ pub async fn run(args: &Args) -> Result<Results> {
     say("time to quarantine: gpuhealth");
     let gpuhealth_samples = inject_one_at_a_time(args, &client, &cordons, &gpuhealth_set).await?;
     results.time_to_quarantine = TimeToQuarantine::of(floor_samples, gpuhealth_samples);
+    if !results.time_to_quarantine.gpuhealth_missed.is_empty() {
+        return Err("gpuhealth did not cordon every sick node".into());
+    }
     recovered(&client, &gpuhealth_set).await?;
 
     results.storm = storm(args, &client, &policies, &operator, pid, &storm_set).await?;
@@ -320,34 +323,45 @@ async fn quiet(
 }
 
 /// Breaks one node every `--fault-interval-ms` and returns, for each, the
-/// seconds from the API server's answer to the report write to the cordon
-/// seen on a watch. A node never cordoned within a minute fails the run.
+/// seconds from the report's write seen on a watch to the cordon seen on
+/// the same watch, and the nodes not cordoned within two minutes of the
+/// last fault (reported as missed, not dropped silently).
 async fn inject_one_at_a_time(
     args: &Args,
     client: &Client,
     cordons: &Cordons,
     nodes: &[String],
-) -> Result<Vec<f64>> {
+) -> Result<(Vec<f64>, Vec<String>)> {
     let mut written = Vec::new();
     for node in nodes {
-        written.push((node.clone(), fleet::break_gpu(client, node).await?));
+        let before = Instant::now();
+        fleet::break_gpu(client, node).await?;
+        written.push((node.clone(), before));
         tokio::time::sleep(Duration::from_millis(args.fault_interval_ms)).await;
     }
-    let deadline = Instant::now() + Duration::from_secs(60);
+    let deadline = Instant::now() + Duration::from_secs(120);
     let mut samples = Vec::new();
+    let mut missed = Vec::new();
     for (node, at) in written {
         loop {
-            if let Some(cordoned) = cordons.after(&node, at) {
-                samples.push(cordoned.duration_since(at).as_secs_f64());
+            if let Some((sick, cordoned)) = cordons.quarantine(&node, at) {
+                samples.push(cordoned.duration_since(sick).as_secs_f64());
                 break;
             }
             if Instant::now() > deadline {
-                return Err(format!("{node} was not cordoned within a minute of its fault").into());
+                missed.push(node);
+                break;
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
-    Ok(samples)
+    if !missed.is_empty() {
+        say(&format!(
+            "{} faults never seen cordoned: {missed:?}",
+            missed.len()
+        ));
+    }
+    Ok((samples, missed))
 }
 
 /// Waits until every node of `nodes` has recovered from its incident.

@@ -62,10 +62,16 @@ pub struct TimeToQuarantine {
     pub ratio_p99: f64,
     pub floor_seconds: Vec<f64>,
     pub gpuhealth_seconds: Vec<f64>,
+    /// Faults whose cordon was never seen within two minutes.
+    pub floor_missed: Vec<String>,
+    pub gpuhealth_missed: Vec<String>,
 }
 
 impl TimeToQuarantine {
-    pub fn of(floor: Vec<f64>, gpuhealth: Vec<f64>) -> TimeToQuarantine {
+    pub fn of(
+        (floor, floor_missed): (Vec<f64>, Vec<String>),
+        (gpuhealth, gpuhealth_missed): (Vec<f64>, Vec<String>),
+    ) -> TimeToQuarantine {
         let f = Distribution::of(floor.clone());
         let g = Distribution::of(gpuhealth.clone());
         TimeToQuarantine {
@@ -75,6 +81,8 @@ impl TimeToQuarantine {
             gpuhealth: g,
             floor_seconds: floor,
             gpuhealth_seconds: gpuhealth,
+            floor_missed,
+            gpuhealth_missed,
         }
     }
 }
@@ -202,6 +210,12 @@ pub fn summary(r: &Results) -> String {
         s,
         "| time to quarantine, floor (p50 / p99 / max) | {:.3} / {:.3} / {:.3} s | | |",
         ttq.floor.p50, ttq.floor.p99, ttq.floor.max
+    );
+    let _ = writeln!(
+        s,
+        "| faults never seen cordoned (floor / gpuhealth) | {} / {} | 0 | |",
+        ttq.floor_missed.len(),
+        ttq.gpuhealth_missed.len()
     );
     let _ = writeln!(
         s,

@@ -34,10 +34,26 @@ fn simulated_nodes(client: &Client) -> (Api<Node>, watcher::Config) {
     (Api::all(client.clone()), config)
 }
 
-/// When each simulated node turned from schedulable to cordoned, every
-/// time it did.
+#[derive(Default)]
+struct Seen {
+    /// When each node turned from schedulable to cordoned.
+    cordoned: HashMap<String, Vec<Instant>>,
+    /// When each node's report turned from all healthy to showing a bad GPU.
+    sick: HashMap<String, Vec<Instant>>,
+}
+
+/// What one watch on the simulated nodes saw, and when: both ends of a
+/// time to quarantine come from the same stream, so neither depends on
+/// when the task that wrote the fault was next scheduled.
 #[derive(Clone, Default)]
-pub struct Cordons(Arc<Mutex<HashMap<String, Vec<Instant>>>>);
+pub struct Cordons(Arc<Mutex<Seen>>);
+
+fn sick(node: &Node) -> bool {
+    node.annotations()
+        .get(GPU_REPORT_ANNOTATION)
+        .and_then(|v| GpuReport::parse(v).ok())
+        .is_some_and(|r| r.bad_gpus().next().is_some())
+}
 
 impl Cordons {
     /// Records until the handle is dropped.
@@ -45,15 +61,18 @@ impl Cordons {
         let (nodes, config) = simulated_nodes(client);
         let seen = self.0.clone();
         Background::spawn(async move {
-            let mut cordoned: HashMap<String, bool> = HashMap::new();
+            let mut last: HashMap<String, (bool, bool)> = HashMap::new();
             let mut stream = std::pin::pin!(applied(nodes, config));
             while let Some(node) = stream.next().await {
                 let now = Instant::now();
-                let is = is_cordoned(&node);
-                let was = cordoned.insert(node.name_any(), is).unwrap_or(false);
-                if is && !was {
-                    let mut seen = seen.lock().unwrap_or_else(|e| e.into_inner());
-                    seen.entry(node.name_any()).or_default().push(now);
+                let is = (is_cordoned(&node), sick(&node));
+                let was = last.insert(node.name_any(), is).unwrap_or((false, false));
+                let mut seen = seen.lock().unwrap_or_else(|e| e.into_inner());
+                if is.0 && !was.0 {
+                    seen.cordoned.entry(node.name_any()).or_default().push(now);
+                }
+                if is.1 && !was.1 {
+                    seen.sick.entry(node.name_any()).or_default().push(now);
                 }
             }
         })
@@ -62,7 +81,25 @@ impl Cordons {
     /// The first cordon of `node` seen after `since`.
     pub fn after(&self, node: &str, since: Instant) -> Option<Instant> {
         let seen = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        seen.get(node)?.iter().copied().find(|t| *t >= since)
+        seen.cordoned
+            .get(node)?
+            .iter()
+            .copied()
+            .find(|t| *t >= since)
+    }
+
+    /// The first time after `since` that `node`'s report was seen showing a
+    /// bad GPU, and the first cordon seen after that.
+    pub fn quarantine(&self, node: &str, since: Instant) -> Option<(Instant, Instant)> {
+        let seen = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let sick = seen.sick.get(node)?.iter().copied().find(|t| *t >= since)?;
+        let cordoned = seen
+            .cordoned
+            .get(node)?
+            .iter()
+            .copied()
+            .find(|t| *t >= sick)?;
+        Some((sick, cordoned))
     }
 }
 
@@ -73,12 +110,7 @@ pub fn floor(client: &Client) -> Background {
     Background::spawn(async move {
         let mut stream = std::pin::pin!(applied(nodes.clone(), config));
         while let Some(node) = stream.next().await {
-            let sick = node
-                .annotations()
-                .get(GPU_REPORT_ANNOTATION)
-                .and_then(|v| GpuReport::parse(v).ok())
-                .is_some_and(|r| r.bad_gpus().next().is_some());
-            if sick && !is_cordoned(&node) {
+            if sick(&node) && !is_cordoned(&node) {
                 let nodes = nodes.clone();
                 tokio::spawn(async move {
                     let patch = json!({"spec": {"unschedulable": true}});
