@@ -45,6 +45,7 @@ bench:
 
 # The whole benchmark at 10 nodes, so that it cannot rot.
 bench-smoke:
+	cargo test -p gpuhealth-bench
 	cargo build -p gpuhealth-operator -p gpuhealth-agent -p gpuhealth-bench
 	GPUHEALTH_CLUSTER_DIR=$(CURDIR)/target/bench-smoke-cluster e2e/cluster/with-cluster.sh \
 	  $(TARGET_DIR)/debug/gpuhealth-bench --nodes 10 --small 4 --faults 2 --fault-interval-ms 100 \
