@@ -41,7 +41,7 @@ use crate::{
     watch::{self, Cordons},
 };
 
-pub const POLICY: &str = "bench";
+pub const POLICY: &str = GROUP;
 const OPERATOR_REQUESTS: &str = "gpuhealth_api_requests_total";
 const AGENT_REQUESTS: &str = "gpuhealth_agent_api_requests_total";
 /// The longest any one step may take before the run is called failed.
@@ -151,7 +151,8 @@ fn policy(group: &str, max_concurrent: &str) -> GpuHealthPolicy {
     spec.verification.stable_for = gpuhealth_api::Duration::from_secs(3);
     spec.verification.workload_recovery_timeout = gpuhealth_api::Duration::from_secs(0);
     spec.remediation_limits.cooldown = gpuhealth_api::Duration::from_secs(0);
-    GpuHealthPolicy::new(if group == GROUP { POLICY } else { group }, spec)
+    // Each policy is named after the simulation group it selects.
+    GpuHealthPolicy::new(group, spec)
 }
 
 pub async fn create_policy(client: &Client, group: &str, spec: serde_json::Value) -> Result<()> {

@@ -27,17 +27,15 @@ if ready ~= nil and ready.status == "False" then
   hs.message = ready.message
   return hs
 end
-local circuit = condition("CircuitOpen")
-if circuit ~= nil and circuit.status == "True" then
-  hs.status = "Degraded"
-  hs.message = "Circuit open: " .. circuit.message
-  return hs
-end
-local conflict = condition("Conflict")
-if conflict ~= nil and conflict.status == "True" then
-  hs.status = "Degraded"
-  hs.message = conflict.message
-  return hs
+-- In order: an open circuit is said first.
+for _, check in ipairs({{"CircuitOpen", "Circuit open: "}, {"Conflict", ""}}) do
+  local type, prefix = check[1], check[2]
+  local c = condition(type)
+  if c ~= nil and c.status == "True" then
+    hs.status = "Degraded"
+    hs.message = prefix .. c.message
+    return hs
+  end
 end
 
 local counts = string.format("%d nodes: %d healthy, %d remediating, %d failed",

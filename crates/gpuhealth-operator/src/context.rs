@@ -10,7 +10,7 @@ use gpuhealth_api::{
     node_health::{GpuNodeHealthStatus, Phase},
 };
 use k8s_openapi::api::core::v1::Node;
-use kube::{Client, ResourceExt, runtime::events::Recorder, runtime::reflector::Store};
+use kube::{Client, runtime::events::Recorder, runtime::reflector::Store};
 
 use crate::{leader::Leadership, metrics::Metrics};
 
@@ -48,19 +48,18 @@ pub struct Context {
     pub namespace: String,
 }
 
-/// The latest status of every node: what this process wrote last
-/// (`written`), else what the watch shows.
-pub fn latest(
-    ctx: &Context,
-    written: &HashMap<String, GpuNodeHealthStatus>,
-) -> HashMap<String, GpuNodeHealthStatus> {
-    let mut all: HashMap<String, GpuNodeHealthStatus> = ctx
-        .node_health
-        .state()
+/// The latest status of every node, borrowed (it runs on every reconcile):
+/// what this process wrote last (`written`), else what the watch shows
+/// (`store`, from `ctx.node_health.state()`).
+pub fn latest<'a>(
+    store: &'a [Arc<GpuNodeHealth>],
+    written: &'a HashMap<String, GpuNodeHealthStatus>,
+) -> HashMap<&'a str, &'a GpuNodeHealthStatus> {
+    let mut all: HashMap<&str, &GpuNodeHealthStatus> = store
         .iter()
-        .filter_map(|g| Some((g.name_any(), g.status.clone()?)))
+        .filter_map(|g| Some((g.metadata.name.as_deref()?, g.status.as_ref()?)))
         .collect();
-    all.extend(written.iter().map(|(k, v)| (k.clone(), v.clone())));
+    all.extend(written.iter().map(|(k, v)| (k.as_str(), v)));
     all
 }
 

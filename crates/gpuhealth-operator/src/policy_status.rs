@@ -79,26 +79,34 @@ pub async fn reconcile(policy: Arc<GpuHealthPolicy>, ctx: Arc<Context>) -> Resul
     }
     let name = policy.name_any();
     let (nodes, lost_to) = managed(&ctx, &policy);
-    let latest = latest(&ctx, &*ctx.decisions.lock().await);
-    let statuses: Vec<&GpuNodeHealthStatus> = latest
-        .values()
-        .filter(|s| s.policy.as_deref() == Some(name.as_str()))
-        .collect();
-    for phase in Phase::ALL {
-        let n = statuses.iter().filter(|s| s.phase == phase).count();
-        ctx.metrics
-            .nodes
-            .get_or_create(&PhaseLabels {
-                policy: name.clone(),
-                phase: format!("{phase:?}"),
-            })
-            .set(n as i64);
-    }
-    let count =
-        |f: &dyn Fn(&GpuNodeHealthStatus) -> bool| statuses.iter().filter(|s| f(s)).count() as u32;
-    let failed = count(&|s| s.phase == Phase::Failed);
-    let remediating = count(&|s| !matches!(s.phase, Phase::Healthy | Phase::Failed));
-    let budget = Budget::new(&policy.spec, nodes, 0, count(&unhealthy) as usize);
+    // Counted under the decisions lock, borrowing the statuses; no I/O here.
+    let (failed, remediating, sick) = {
+        let store = ctx.node_health.state();
+        let written = ctx.decisions.lock().await;
+        let statuses: Vec<&GpuNodeHealthStatus> = latest(&store, &written)
+            .into_values()
+            .filter(|s| s.policy.as_deref() == Some(name.as_str()))
+            .collect();
+        for phase in Phase::ALL {
+            let n = statuses.iter().filter(|s| s.phase == phase).count();
+            ctx.metrics
+                .nodes
+                .get_or_create(&PhaseLabels {
+                    policy: name.clone(),
+                    phase: format!("{phase:?}"),
+                })
+                .set(n as i64);
+        }
+        let count = |f: &dyn Fn(&GpuNodeHealthStatus) -> bool| {
+            statuses.iter().filter(|s| f(s)).count() as u32
+        };
+        (
+            count(&|s| s.phase == Phase::Failed),
+            count(&|s| !matches!(s.phase, Phase::Healthy | Phase::Failed)),
+            count(&unhealthy) as usize,
+        )
+    };
+    let budget = Budget::new(&policy.spec, nodes, 0, sick);
     ctx.metrics
         .circuit_open
         .get_or_create(&PolicyLabels {

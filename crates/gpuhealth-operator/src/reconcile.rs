@@ -33,7 +33,7 @@ use tracing::{debug, info, warn};
 
 use crate::{
     actions,
-    context::{Context, Error, MANAGER},
+    context::{Context, Error, MANAGER, latest},
     metrics::{ErrorLabels, FindingLabels, OutcomeLabels, RemediationLabels, ReportLabels},
     observe::{budget_views, disrupted_by, gpu_holders, node_view, pod_view},
     policy_status::{policy_nodes, unhealthy},
@@ -331,15 +331,8 @@ fn budget(
     // One pass over the nodes: how many the policy manages, and which of
     // them other tools are disrupting.
     let managed = policy_nodes(ctx, policy);
-    // Each node's latest status, by reference: what this process wrote
-    // last, else what the store shows. Runs on every reconcile: no clones.
     let store = ctx.node_health.state();
-    let mut latest: HashMap<&str, &GpuNodeHealthStatus> = store
-        .iter()
-        .filter_map(|g| Some((g.metadata.name.as_deref()?, g.status.as_ref()?)))
-        .collect();
-    latest.extend(written.iter().map(|(k, v)| (k.as_str(), v)));
-    let others_by_name: HashMap<&str, &GpuNodeHealthStatus> = latest
+    let others_by_name: HashMap<&str, &GpuNodeHealthStatus> = latest(&store, written)
         .into_iter()
         .filter(|(name, s)| *name != this && s.policy.as_deref() == Some(policy_name.as_str()))
         .collect();
