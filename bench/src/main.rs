@@ -10,6 +10,7 @@
 
 mod drain;
 mod fleet;
+mod peer;
 mod phases;
 mod report;
 mod stats;

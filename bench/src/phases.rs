@@ -36,7 +36,7 @@ use serde_json::json;
 use crate::{
     Args, Result, drain,
     fleet::{self, GROUP},
-    report::{MemoryPoint, Quiet, Results, Storm, TimeToQuarantine},
+    report::{MemoryPoint, Quiet, Results, StageFigures, Storm, TimeToQuarantine},
     stats::{self, WRITES},
     watch::{self, Cordons},
 };
@@ -123,8 +123,17 @@ pub async fn run(args: &Args) -> Result<Results> {
     try_join_all(floor_set.iter().map(|n| fleet::restore(&client, n))).await?;
     set_policy(&policies, json!({"mode": "Enforce"})).await?;
     say("time to quarantine: gpuhealth");
+    let stages_before = stages(&operator).await?;
     let gpuhealth_samples = inject_one_at_a_time(args, &client, &cordons, &gpuhealth_set).await?;
+    let stages_after = stages(&operator).await?;
     results.time_to_quarantine = TimeToQuarantine::of(floor_samples, gpuhealth_samples);
+    results.time_to_quarantine.reconcile_stages = stages_after
+        .iter()
+        .map(|(stage, after)| {
+            let during = after.since(stages_before.get(stage).unwrap_or(&Default::default()));
+            (stage.clone(), StageFigures::of(&during))
+        })
+        .collect();
     if !results.time_to_quarantine.gpuhealth_missed.is_empty() {
         return Err("gpuhealth did not cordon every sick node".into());
     }
@@ -133,7 +142,18 @@ pub async fn run(args: &Args) -> Result<Results> {
     results.storm = storm(args, &client, &policies, &operator, pid, &storm_set).await?;
     results.drain = drain::compare(args, &client, &cordons).await?;
     results.operator_log = operator.log.display().to_string();
+    say("the peer controller");
+    results.peer = crate::peer::probe();
     Ok(results)
+}
+
+/// The operator's `gpuhealth_reconcile_stage_seconds`, by stage.
+async fn stages(operator: &Process) -> Result<BTreeMap<String, stats::Histogram>> {
+    Ok(stats::histograms(
+        &operator.scrape().await?,
+        "gpuhealth_reconcile_stage_seconds",
+        "stage",
+    ))
 }
 
 fn pods_per_node(args: &Args) -> usize {

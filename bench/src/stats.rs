@@ -76,6 +76,84 @@ pub fn by_verb(
     out
 }
 
+/// One series of a Prometheus histogram: cumulative bucket counts by upper
+/// bound, the sum and the count.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Histogram {
+    pub buckets: Vec<(f64, f64)>,
+    pub sum: f64,
+    pub count: f64,
+}
+
+impl Histogram {
+    /// Observations between `before` and `self`.
+    pub fn since(&self, before: &Histogram) -> Histogram {
+        Histogram {
+            buckets: self
+                .buckets
+                .iter()
+                .map(|(le, n)| {
+                    let was = before.buckets.iter().find(|(b, _)| b == le).map_or(0.0, |b| b.1);
+                    (*le, n - was)
+                })
+                .collect(),
+            sum: self.sum - before.sum,
+            count: self.count - before.count,
+        }
+    }
+
+    pub fn mean(&self) -> f64 {
+        if self.count > 0.0 { self.sum / self.count } else { 0.0 }
+    }
+
+    /// The upper bound of the bucket holding quantile `q`: the quantile is
+    /// at most this.
+    pub fn quantile_at_most(&self, q: f64) -> f64 {
+        let rank = q * self.count;
+        self.buckets
+            .iter()
+            .find(|(_, n)| *n >= rank && *n > 0.0)
+            .map_or(f64::INFINITY, |(le, _)| *le)
+    }
+}
+
+/// The series of histogram `family` in `exposition`, by the value of label
+/// `label`.
+pub fn histograms(exposition: &str, family: &str, label: &str) -> BTreeMap<String, Histogram> {
+    let mut out: BTreeMap<String, Histogram> = BTreeMap::new();
+    let key = format!("{label}=\"");
+    for line in exposition.lines() {
+        let Some(rest) = line.strip_prefix(family) else {
+            continue;
+        };
+        let Some((kind, rest)) = rest.split_once('{') else {
+            continue;
+        };
+        let Some((labels, value)) = rest.rsplit_once("} ") else {
+            continue;
+        };
+        let value: f64 = value.trim().parse().unwrap_or(0.0);
+        let find = |name: &str| {
+            labels
+                .split(',')
+                .find_map(|kv| kv.strip_prefix(name))
+                .map(|v| v.trim_end_matches('"').to_owned())
+        };
+        let Some(series) = find(&key) else { continue };
+        let h = out.entry(series).or_default();
+        match kind {
+            "_bucket" => {
+                let le = find("le=\"").map_or(f64::INFINITY, |v| v.parse().unwrap_or(f64::INFINITY));
+                h.buckets.push((le, value));
+            }
+            "_sum" => h.sum = value,
+            "_count" => h.count = value,
+            _ => {}
+        }
+    }
+    out
+}
+
 pub const WRITES: [&str; 5] = ["create", "update", "patch", "delete", "deletecollection"];
 
 /// Percentiles of a sample, in the sample's unit.
@@ -126,6 +204,32 @@ mod tests {
         );
         let one = Distribution::of(vec![7.0]);
         assert_eq!((one.p50, one.p99), (7.0, 7.0));
+    }
+
+    #[test]
+    fn histogram_series_are_read_by_label_and_differenced() {
+        let text = |n: [u32; 3], sum: f64| {
+            format!(
+                "# TYPE x_seconds histogram\n\
+                 x_seconds_sum{{stage=\"read\"}} {sum}\n\
+                 x_seconds_count{{stage=\"read\"}} {}\n\
+                 x_seconds_bucket{{le=\"0.1\",stage=\"read\"}} {}\n\
+                 x_seconds_bucket{{le=\"1.0\",stage=\"read\"}} {}\n\
+                 x_seconds_bucket{{le=\"+Inf\",stage=\"read\"}} {}\n\
+                 x_seconds_count{{stage=\"wait\"}} 7\n",
+                n[2], n[0], n[1], n[2]
+            )
+        };
+        let before = histograms(&text([1, 1, 1], 0.05), "x_seconds", "stage");
+        let after = histograms(&text([50, 99, 101], 40.05), "x_seconds", "stage");
+        assert_eq!(after["wait"].count, 7.0);
+        let read = after["read"].since(&before["read"]);
+        assert_eq!(read.count, 100.0);
+        assert!((read.mean() - 0.4).abs() < 1e-9);
+        assert_eq!(read.quantile_at_most(0.5), 1.0);
+        assert_eq!(read.quantile_at_most(0.49), 0.1);
+        assert_eq!(read.quantile_at_most(0.98), 1.0);
+        assert_eq!(read.quantile_at_most(0.99), f64::INFINITY);
     }
 
     #[test]

@@ -695,19 +695,16 @@ impl<'a> Stepper<'a> {
         };
         let incident = self.status.incident.clone().unwrap_or_default();
         let gpus = if step.action == RecoveryAction::GpuReset {
-            self.diagnosis.gpus()
+            self.gpus_to_reset()
         } else {
             Vec::new()
         };
-        let gpus = if gpus.is_empty() && step.action == RecoveryAction::GpuReset {
-            self.status
-                .action
-                .as_ref()
-                .map(|a| a.gpus.clone())
-                .unwrap_or_default()
-        } else {
-            gpus
-        };
+        if step.action == RecoveryAction::GpuReset && gpus.is_empty() {
+            // No report lists a GPU: a reset could name none, and the agent
+            // refuses a request that names none.
+            self.record(&format!("GpuReset#{attempt} skipped: no GPU to name"));
+            return self.start_attempt(rung + 1, 1);
+        }
         let kind = match step.action {
             RecoveryAction::GpuReset => "reset",
             RecoveryAction::NodeReboot => "reboot",
@@ -729,6 +726,28 @@ impl<'a> Stepper<'a> {
             format!("draining for {:?} attempt {attempt}", step.action),
         );
         self.draining();
+    }
+
+    /// The GPUs a reset names: those the signals name now; else those the
+    /// last attempt or the incident named (the fault may have cleared since,
+    /// as a transient one does); else every GPU the report lists, since a
+    /// signal that names no GPU concerns them all.
+    fn gpus_to_reset(&self) -> Vec<String> {
+        let incident = self.status.history.first().filter(|i| {
+            self.status.incident.as_deref() == Some(i.id.as_str())
+        });
+        let all_reported = || match &self.input.node.report {
+            Some(Ok(report)) => report.gpus.iter().map(|g| g.uuid.clone()).collect(),
+            _ => Vec::new(),
+        };
+        [
+            self.diagnosis.gpus(),
+            self.status.action.as_ref().map(|a| a.gpus.clone()).unwrap_or_default(),
+            incident.map(|i| i.gpus.clone()).unwrap_or_default(),
+        ]
+        .into_iter()
+        .find(|gpus| !gpus.is_empty())
+        .unwrap_or_else(all_reported)
     }
 
     fn drain_scope(&self, action: RecoveryAction) -> DrainScope {

@@ -10,10 +10,10 @@ use gpuhealth_api::{
     GpuHealth,
     contract::{DisruptionTolerance, XidEvent},
     node_health::Phase,
-    policy::{EscalationStep, Mode, ValidationPod},
-    types::RecoveryAction,
+    policy::{ConditionRule, ConditionStatus, EscalationStep, Mode, ValidationPod},
+    types::{RecoveryAction, SignalAction},
 };
-use gpuhealth_engine::{drain::BudgetView, machine::Action};
+use gpuhealth_engine::{diagnosis::ObservedCondition, drain::BudgetView, machine::Action};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 const HOUR: Duration = Duration::from_secs(3600);
@@ -68,6 +68,88 @@ fn the_incident_resets_one_gpu_and_returns_to_healthy() {
             "an Event for {expected}: {reasons:?}"
         );
     }
+}
+
+/// Found by the benchmark: a fault that cleared between the cordon and the
+/// reset left nothing for the request to name, the agent refused the empty
+/// request, and the operator asked again many times a second.
+#[test]
+fn a_fault_that_clears_before_the_reset_still_resets_the_incidents_gpu() {
+    let mut w = World::incident();
+    w.reconcile();
+    assert_eq!(w.state.phase, Phase::Quarantined);
+    // The report clears: no bad GPU, no Xid.
+    w.heal();
+    if let Some(Ok(report)) = &mut w.node.report {
+        report.gpus.iter_mut().for_each(|g| g.xids.clear());
+    }
+    w.run_until(|w| w.state.phase == Phase::Healthy, HOUR);
+    let resets: Vec<_> = w
+        .log
+        .iter()
+        .filter_map(|a| match a {
+            Action::RequestReset { gpus, .. } => Some(gpus.clone()),
+            _ => None,
+        })
+        .collect();
+    assert!(
+        resets.iter().all(|gpus| gpus == &[BAD_GPU.to_owned()]),
+        "every request names the incident's GPU: {resets:?}"
+    );
+}
+
+/// A condition names no GPU: its reset names every GPU the report lists,
+/// and with no report to list any, the ladder moves on to a reboot.
+#[test]
+fn a_condition_resets_every_gpu_and_without_a_report_reboots() {
+    let condition_world = |report: bool| {
+        let mut w = World::incident();
+        w.heal();
+        if let Some(Ok(r)) = &mut w.node.report {
+            r.gpus.iter_mut().for_each(|g| g.xids.clear());
+        }
+        if !report {
+            w.node.report = None;
+        }
+        w.spec.detection.node_conditions.push(ConditionRule {
+            type_: "GpuFailed".into(),
+            status: ConditionStatus::True,
+            for_: "0s".parse().expect("duration"),
+            action: SignalAction::GpuReset,
+        });
+        w.node.conditions.push(ObservedCondition {
+            type_: "GpuFailed".into(),
+            status: "True".into(),
+            last_transition: w.now,
+        });
+        w
+    };
+    let requests = |w: &World| -> Vec<Action> {
+        w.log
+            .iter()
+            .filter(|a| matches!(a, Action::RequestReset { .. } | Action::RequestReboot { .. }))
+            .cloned()
+            .collect()
+    };
+
+    let mut w = condition_world(true);
+    w.run_until(|w| w.state.phase == Phase::Remediating, HOUR);
+    match requests(&w).as_slice() {
+        [Action::RequestReset { gpus, .. }] => assert_eq!(gpus.len(), 8, "{gpus:?}"),
+        other => panic!("one reset of every GPU, not {other:?}"),
+    }
+
+    let mut w = condition_world(false);
+    w.run_until(|w| w.state.phase == Phase::Remediating, HOUR);
+    assert!(
+        matches!(requests(&w).as_slice(), [Action::RequestReboot { .. }]),
+        "{:?}",
+        requests(&w)
+    );
+    assert_eq!(
+        w.state.history[0].actions,
+        ["GpuReset#1 skipped: no GPU to name"]
+    );
 }
 
 #[test]

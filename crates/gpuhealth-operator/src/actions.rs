@@ -134,12 +134,15 @@ async fn carry_out(
             }
         }
         Action::RequestReset { id: request, gpus } => {
-            let value = ResetRequest {
+            let reset = ResetRequest {
                 id: id(request)?,
                 gpus: gpus.clone(),
                 requested_at: now,
-            }
-            .to_annotation();
+            };
+            reset
+                .check()
+                .map_err(|e| Error::InvalidRequest(e.to_string()))?;
+            let value = reset.to_annotation();
             annotate(&nodes, &name, RESET_REQUEST_ANNOTATION, &value).await?;
             info!(node = %name, %request, ?gpus, "GPU reset requested");
         }
@@ -300,5 +303,5 @@ async fn annotate(nodes: &Api<Node>, name: &str, key: &str, value: &str) -> Resu
 }
 
 fn id(raw: &str) -> Result<RequestId, Error> {
-    raw.parse().map_err(Error::InvalidId)
+    raw.parse().map_err(Error::InvalidRequest)
 }

@@ -69,22 +69,24 @@ pub enum Error {
     Kube(#[from] kube::Error),
     #[error("serialising: {0}")]
     Json(#[from] serde_json::Error),
-    #[error("the engine made an invalid request id: {0}")]
-    InvalidId(String),
+    /// Never written: the agent would refuse it, and the operator, seeing no
+    /// request it can read, would ask again on every reconcile.
+    #[error("the engine made a request the agent would refuse: {0}")]
+    InvalidRequest(String),
     #[error("not the leader: this replica does not act")]
     NotLeader,
 }
 
 impl Error {
     /// Every [`Error::metric_label`].
-    pub const KINDS: &'static [&'static str] = &["kube", "json", "invalid_id", "not_leader"];
+    pub const KINDS: &'static [&'static str] = &["kube", "json", "invalid_request", "not_leader"];
 
     /// A short, stable label for metrics and logs.
     pub fn metric_label(&self) -> &'static str {
         match self {
             Error::Kube(_) => "kube",
             Error::Json(_) => "json",
-            Error::InvalidId(_) => "invalid_id",
+            Error::InvalidRequest(_) => "invalid_request",
             Error::NotLeader => "not_leader",
         }
     }

@@ -11,6 +11,7 @@ mod observe;
 mod policy_status;
 mod reconcile;
 mod selection;
+mod slim;
 mod validation;
 mod workloads;
 
@@ -183,12 +184,11 @@ async fn run(args: Args) -> Result<(), Fatal> {
         .for_each(|_| futures::future::ready(())),
     );
     tokio::spawn(
-        reflector::reflector(
-            health_writer,
-            watcher(health_api.clone(), watcher::Config::default()),
-        )
-        .default_backoff()
-        .for_each(|_| futures::future::ready(())),
+        watcher(health_api.clone(), watcher::Config::default())
+            .default_backoff()
+            .modify(slim::node_health)
+            .reflect(health_writer)
+            .for_each(|_| futures::future::ready(())),
     );
     policies
         .wait_until_ready()
@@ -224,9 +224,16 @@ async fn run(args: Args) -> Result<(), Fatal> {
 
     let locks = Arc::new(locks::Locks::default());
     tokio::spawn(locks::poll(client.clone(), policies.clone(), locks.clone()));
-    let node_controller =
-        Controller::new(Api::<Node>::all(client.clone()), watcher::Config::default());
-    let nodes = node_controller.store();
+    // Nodes are kept slim, and only a change in what a reconcile reads
+    // triggers one: at fleet scale whole nodes were most of the memory.
+    let (nodes, node_writer) = reflector::store::<Node>();
+    let node_changes = watcher(Api::<Node>::all(client.clone()), watcher::Config::default())
+        .default_backoff()
+        .modify(slim::node)
+        .reflect(node_writer)
+        .applied_objects()
+        .predicate_filter(slim::node_inputs, Default::default());
+    let node_controller = Controller::for_stream(node_changes, nodes.clone());
     let ctx = Arc::new(Context {
         client: client.clone(),
         nodes: nodes.clone(),

@@ -57,6 +57,12 @@ pub struct RemediationLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StageLabels {
+    /// One of [`Metrics::STAGES`].
+    pub stage: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct FindingLabels {
     pub policy: String,
     /// The finding's type.
@@ -67,6 +73,8 @@ pub struct Metrics {
     registry: Registry,
     pub reconcile_errors: Family<ErrorLabels, Counter>,
     pub reconcile_duration: Histogram,
+    /// Where a node reconcile's time goes, by [`Metrics::STAGES`].
+    pub reconcile_stages: Family<StageLabels, Histogram, fn() -> Histogram>,
     pub malformed_reports: Family<ReportLabels, Counter>,
     pub actions: Family<ActionLabels, Counter>,
     pub nodes: Family<PhaseLabels, Gauge>,
@@ -90,6 +98,10 @@ impl Default for Metrics {
             reconcile_errors: Family::default(),
             // 1 ms to about 16 s.
             reconcile_duration: Histogram::new(exponential_buckets(0.001, 2.0, 15)),
+            reconcile_stages: Family::new_with_constructor(|| {
+                // 0.1 ms to about 3 s.
+                Histogram::new(exponential_buckets(0.0001, 2.0, 15))
+            }),
             malformed_reports: Family::default(),
             actions: Family::default(),
             nodes: Family::default(),
@@ -112,6 +124,9 @@ impl Default for Metrics {
                 kind: (*kind).into(),
             }));
         }
+        for stage in Metrics::STAGES {
+            drop(m.reconcile_stages.get_or_create(&StageLabels { stage }));
+        }
         let r = &mut m.registry;
         r.register(
             "reconcile_errors",
@@ -122,6 +137,11 @@ impl Default for Metrics {
             "reconcile_duration_seconds",
             "Time taken by one node reconcile",
             m.reconcile_duration.clone(),
+        );
+        r.register(
+            "reconcile_stage_seconds",
+            "Time taken by each stage of a node reconcile: read (API reads before deciding), wait (for the decisions lock), decide (budget and engine), write (the status), act (side effects)",
+            m.reconcile_stages.clone(),
         );
         r.register(
             "malformed_gpu_reports",
@@ -183,6 +203,19 @@ impl Default for Metrics {
 }
 
 impl Metrics {
+    /// The stages of a node reconcile, in order.
+    pub const STAGES: [&'static str; 5] = ["read", "wait", "decide", "write", "act"];
+
+    /// Records that `stage` took from `since` until now; returns now, the
+    /// next stage's start.
+    pub fn stage(&self, stage: &'static str, since: std::time::Instant) -> std::time::Instant {
+        let now = std::time::Instant::now();
+        self.reconcile_stages
+            .get_or_create(&StageLabels { stage })
+            .observe(now.duration_since(since).as_secs_f64());
+        now
+    }
+
     pub fn action(&self, action: &str, outcome: &str) {
         self.actions
             .get_or_create(&ActionLabels {
@@ -227,6 +260,7 @@ mod tests {
             "gpuhealth_malformed_gpu_reports_total{policy=\"p\",error=\"json\"} 1",
             "# TYPE gpuhealth_reconcile_duration_seconds histogram",
             "# TYPE gpuhealth_leader gauge",
+            "gpuhealth_reconcile_stage_seconds_count{stage=\"wait\"} 0",
         ] {
             assert!(text.contains(name), "{name} missing from:\n{text}");
         }

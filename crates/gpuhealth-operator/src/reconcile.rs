@@ -54,6 +54,7 @@ async fn reconcile_node(node: &Node, ctx: &Context) -> Result<Requeue, Error> {
     if !ctx.leadership.is_held() {
         return Err(Error::NotLeader);
     }
+    let started = std::time::Instant::now();
     let policies = ctx.policies.state();
     let Some(policy) = winner(&policies, node) else {
         return Ok(Requeue::await_change());
@@ -128,8 +129,10 @@ async fn reconcile_node(node: &Node, ctx: &Context) -> Result<Requeue, Error> {
     // calls never hold up another's decision. Deciding and recording are
     // one step under it: each budget counts every other node's latest
     // intent, written or about to be.
+    let waiting = ctx.metrics.stage("read", started);
     let decision = {
         let mut written = ctx.decisions.lock().await;
+        let deciding = ctx.metrics.stage("wait", waiting);
         let budget = budget(ctx, &written, &policy, &name);
         let decision = step(&Input {
             now: Timestamp::now(),
@@ -144,6 +147,7 @@ async fn reconcile_node(node: &Node, ctx: &Context) -> Result<Requeue, Error> {
             state: &stored,
         });
         written.insert(name.clone(), decision.status.clone());
+        ctx.metrics.stage("decide", deciding);
         decision
     };
 
@@ -154,10 +158,14 @@ async fn reconcile_node(node: &Node, ctx: &Context) -> Result<Requeue, Error> {
     let written = if !ctx.leadership.is_held() {
         Err(Error::NotLeader)
     } else if in_cluster.as_ref() != Some(&decision.status) {
-        write_status(ctx, node, &decision.status).await
+        let writing = std::time::Instant::now();
+        let result = write_status(ctx, node, &decision.status).await;
+        ctx.metrics.stage("write", writing);
+        result
     } else {
         Ok(())
     };
+    let acting = std::time::Instant::now();
     if let Err(e) = written {
         let mut records = ctx.decisions.lock().await;
         match recorded {
@@ -225,6 +233,9 @@ async fn reconcile_node(node: &Node, ctx: &Context) -> Result<Requeue, Error> {
         }
         debug!(node = %name, ?action, "carrying out");
         actions::run(ctx, node, &policy.spec, action).await?;
+    }
+    if !decision.actions.is_empty() {
+        ctx.metrics.stage("act", acting);
     }
     ctx.holders_seen
         .lock()

@@ -10,6 +10,7 @@ use gpuhealth_api::{
     GpuHealth,
     contract::{
         AnnotationValue, DisruptionTolerance, GpuReport, Outcome, RequestId, RequestResult,
+        ResetRequest,
     },
     node_health::GpuNodeHealthStatus,
     policy::GpuHealthPolicySpec,
@@ -192,7 +193,18 @@ impl World {
                     }
                 }
             }
-            Action::RequestReset { id, .. } => self.node.reset_request = Some(id.clone()),
+            Action::RequestReset { id, gpus } => {
+                // What the agent would read: a request it refuses is no request.
+                let request = ResetRequest {
+                    id: id.parse().expect("request id"),
+                    gpus: gpus.clone(),
+                    requested_at: Time(self.now),
+                };
+                if let Err(e) = request.check() {
+                    panic!("the engine made a reset request the agent refuses: {e}");
+                }
+                self.node.reset_request = Some(id.clone());
+            }
             Action::RequestReboot { id } => self.node.reboot_request = Some(id.clone()),
             Action::CreateValidationPod { .. } if self.refuse_validation_pod => {}
             Action::CreateValidationPod { .. } => {
