@@ -21,9 +21,9 @@ pub fn probe() -> Peer {
     let why_not = match output {
         Err(e) => format!("`{asked}` could not run: {e}"),
         Ok(out) => match answer(&String::from_utf8_lossy(&out.stdout)) {
-            Answer::Refused(error) => format!(
-                "Its source cannot be had here: `{asked}` answered: {error}"
-            ),
+            Answer::Refused(error) => {
+                format!("Its source cannot be had here: `{asked}` answered: {error}")
+            }
             Answer::Served(version) => format!(
                 "The Go module proxy serves {MODULE} {version}, but building it and giving it a \
                  remediation template to create is not implemented in the benchmark yet."

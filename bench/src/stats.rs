@@ -93,7 +93,11 @@ impl Histogram {
                 .buckets
                 .iter()
                 .map(|(le, n)| {
-                    let was = before.buckets.iter().find(|(b, _)| b == le).map_or(0.0, |b| b.1);
+                    let was = before
+                        .buckets
+                        .iter()
+                        .find(|(b, _)| b == le)
+                        .map_or(0.0, |b| b.1);
                     (*le, n - was)
                 })
                 .collect(),
@@ -103,7 +107,11 @@ impl Histogram {
     }
 
     pub fn mean(&self) -> f64 {
-        if self.count > 0.0 { self.sum / self.count } else { 0.0 }
+        if self.count > 0.0 {
+            self.sum / self.count
+        } else {
+            0.0
+        }
     }
 
     /// The upper bound of the bucket holding quantile `q`: the quantile is
@@ -143,7 +151,8 @@ pub fn histograms(exposition: &str, family: &str, label: &str) -> BTreeMap<Strin
         let h = out.entry(series).or_default();
         match kind {
             "_bucket" => {
-                let le = find("le=\"").map_or(f64::INFINITY, |v| v.parse().unwrap_or(f64::INFINITY));
+                let le =
+                    find("le=\"").map_or(f64::INFINITY, |v| v.parse().unwrap_or(f64::INFINITY));
                 h.buckets.push((le, value));
             }
             "_sum" => h.sum = value,

@@ -733,16 +733,22 @@ impl<'a> Stepper<'a> {
     /// as a transient one does); else every GPU the report lists, since a
     /// signal that names no GPU concerns them all.
     fn gpus_to_reset(&self) -> Vec<String> {
-        let incident = self.status.history.first().filter(|i| {
-            self.status.incident.as_deref() == Some(i.id.as_str())
-        });
+        let incident = self
+            .status
+            .history
+            .first()
+            .filter(|i| self.status.incident.as_deref() == Some(i.id.as_str()));
         let all_reported = || match &self.input.node.report {
             Some(Ok(report)) => report.gpus.iter().map(|g| g.uuid.clone()).collect(),
             _ => Vec::new(),
         };
         [
             self.diagnosis.gpus(),
-            self.status.action.as_ref().map(|a| a.gpus.clone()).unwrap_or_default(),
+            self.status
+                .action
+                .as_ref()
+                .map(|a| a.gpus.clone())
+                .unwrap_or_default(),
             incident.map(|i| i.gpus.clone()).unwrap_or_default(),
         ]
         .into_iter()

@@ -127,7 +127,12 @@ fn a_condition_resets_every_gpu_and_without_a_report_reboots() {
     let requests = |w: &World| -> Vec<Action> {
         w.log
             .iter()
-            .filter(|a| matches!(a, Action::RequestReset { .. } | Action::RequestReboot { .. }))
+            .filter(|a| {
+                matches!(
+                    a,
+                    Action::RequestReset { .. } | Action::RequestReboot { .. }
+                )
+            })
             .cloned()
             .collect()
     };

@@ -58,6 +58,8 @@ pub fn node_inputs(node: &Node) -> Option<u64> {
 
 #[cfg(test)]
 mod tests {
+    use kube::ResourceExt;
+
     use super::*;
 
     fn served(heartbeat: &str, resource_version: &str) -> Node {
@@ -82,7 +84,7 @@ mod tests {
                 "addresses": [{"type": "InternalIP", "address": "10.0.0.1"}],
             },
         }))
-        .unwrap()
+        .expect("a Node")
     }
 
     #[test]
@@ -99,14 +101,15 @@ mod tests {
             "2026-11-01T00:00:00Z"
         );
         assert!(view.report.is_some());
-        assert_eq!(n.metadata.labels.as_ref().unwrap()["pool"], "h100");
-        assert_eq!(n.spec.as_ref().unwrap().taints.as_ref().unwrap().len(), 1);
+        assert_eq!(n.labels()["pool"], "h100");
+        let taints = n.spec.as_ref().and_then(|s| s.taints.as_ref());
+        assert_eq!(taints.map(Vec::len), Some(1));
         assert_eq!(n.metadata.resource_version.as_deref(), Some("1"));
         assert!(n.metadata.managed_fields.is_none());
-        assert!(!n.metadata.annotations.as_ref().unwrap().contains_key(LAST_APPLIED));
-        let status = n.status.unwrap();
+        assert!(!n.annotations().contains_key(LAST_APPLIED));
+        let status = n.status.expect("a status");
         assert!(status.images.is_none() && status.capacity.is_none() && status.addresses.is_none());
-        assert_eq!(status.node_info.unwrap().machine_id, "");
+        assert_eq!(status.node_info.map(|i| i.machine_id), Some(String::new()));
     }
 
     #[test]
@@ -120,10 +123,16 @@ mod tests {
         let heartbeat = slim("2026-11-30T00:10:00Z", "2");
         assert_eq!(node_inputs(&before), node_inputs(&heartbeat));
         let mut uncordoned = slim("2026-11-30T00:10:00Z", "3");
-        uncordoned.spec.as_mut().unwrap().unschedulable = Some(false);
+        uncordoned.spec = Some(Default::default());
         assert_ne!(node_inputs(&before), node_inputs(&uncordoned));
         let mut not_ready = slim("2026-11-30T00:10:00Z", "4");
-        not_ready.status.as_mut().unwrap().conditions.as_mut().unwrap()[0].status = "False".into();
+        for c in not_ready
+            .status
+            .iter_mut()
+            .flat_map(|s| s.conditions.iter_mut().flatten())
+        {
+            c.status = "False".into();
+        }
         assert_ne!(node_inputs(&before), node_inputs(&not_ready));
     }
 }
