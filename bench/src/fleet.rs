@@ -4,7 +4,7 @@
 
 use std::time::Instant;
 
-use futures::{StreamExt, TryStreamExt, stream};
+use futures::{StreamExt, TryStreamExt, future::try_join_all, stream};
 use gpuhealth_api::contract::{
     AnnotationValue, CORDONED_BY_ANNOTATION, GPU_REPORT_ANNOTATION, GpuReport,
 };
@@ -126,6 +126,20 @@ pub async fn break_gpu(client: &Client, node: &str) -> Result<Instant> {
 }
 
 /// After the floor's run: the node's GPUs healthy again and its cordon gone.
+/// Sets (`Some`) or removes (`None`) label `key` on each of `nodes`.
+pub async fn label(
+    client: &Client,
+    nodes: &[String],
+    key: &str,
+    value: Option<&str>,
+) -> Result<()> {
+    let api = Api::<Node>::all(client.clone());
+    let patch = Patch::Merge(json!({"metadata": {"labels": {key: value}}}));
+    let params = PatchParams::default();
+    try_join_all(nodes.iter().map(|n| api.patch(n, &params, &patch))).await?;
+    Ok(())
+}
+
 pub async fn restore(client: &Client, node: &str) -> Result<()> {
     let mut report = report_of(client, node).await?;
     for gpu in &mut report.gpus {

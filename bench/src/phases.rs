@@ -24,7 +24,10 @@ use gpuhealth_e2e::{
 };
 use k8s_openapi::{
     api::core::v1::Node,
-    apimachinery::pkg::{apis::meta::v1::LabelSelector, util::intstr::IntOrString},
+    apimachinery::pkg::{
+        apis::meta::v1::{LabelSelector, LabelSelectorRequirement},
+        util::intstr::IntOrString,
+    },
 };
 use kube::{
     Api, Client, ResourceExt,
@@ -113,20 +116,35 @@ pub async fn run(args: &Args) -> Result<Results> {
 
     results.quiet = quiet(args, &client, &operator, &agent_nodes).await?;
 
-    // Time to quarantine: the floor first, with gpuhealth paused.
-    say("time to quarantine: the floor");
-    set_policy(&policies, json!({"mode": "Paused"})).await?;
-    let floor_samples = {
-        let _floor = watch::floor(&client);
-        inject_one_at_a_time(args, &client, &cordons, &floor_set).await?
-    };
-    try_join_all(floor_set.iter().map(|n| fleet::restore(&client, n))).await?;
-    set_policy(&policies, json!({"mode": "Enforce"})).await?;
-    say("time to quarantine: gpuhealth");
+    // Time to quarantine: the floor and gpuhealth in the same window, faults
+    // alternating between their nodes, so that both face the same load
+    // (gpuhealth's own drains of earlier faults included). The policy
+    // leaves the floor's nodes alone while they carry the label.
+    say("time to quarantine: the floor and gpuhealth, alternating");
+    fleet::label(&client, &floor_set, watch::FLOOR_LABEL, Some("true")).await?;
+    let alternating: Vec<String> = floor_set
+        .iter()
+        .zip(&gpuhealth_set)
+        .flat_map(|(f, g)| [f.clone(), g.clone()])
+        .collect();
     let stages_before = stages(&operator).await?;
-    let gpuhealth_samples = inject_one_at_a_time(args, &client, &cordons, &gpuhealth_set).await?;
+    let samples = {
+        let _floor = watch::floor(&client);
+        inject_one_at_a_time(args, &client, &cordons, &alternating).await?
+    };
     let stages_after = stages(&operator).await?;
-    results.time_to_quarantine = TimeToQuarantine::of(floor_samples, gpuhealth_samples);
+    let of = |set: &[String]| -> (Vec<f64>, Vec<String>) {
+        let mut taken = Vec::new();
+        let mut missed = Vec::new();
+        for (node, sample) in samples.iter().filter(|(n, _)| set.contains(n)) {
+            match sample {
+                Some(s) => taken.push(*s),
+                None => missed.push(node.clone()),
+            }
+        }
+        (taken, missed)
+    };
+    results.time_to_quarantine = TimeToQuarantine::of(of(&floor_set), of(&gpuhealth_set));
     results.time_to_quarantine.reconcile_stages = stages_after
         .iter()
         .map(|(stage, after)| {
@@ -138,6 +156,8 @@ pub async fn run(args: &Args) -> Result<Results> {
         return Err("gpuhealth did not cordon every sick node".into());
     }
     recovered(&client, &gpuhealth_set).await?;
+    try_join_all(floor_set.iter().map(|n| fleet::restore(&client, n))).await?;
+    fleet::label(&client, &floor_set, watch::FLOOR_LABEL, None).await?;
 
     results.storm = storm(args, &client, &policies, &operator, pid, &storm_set).await?;
     results.drain = drain::compare(args, &client, &cordons).await?;
@@ -163,7 +183,11 @@ fn pods_per_node(args: &Args) -> usize {
 fn policy(group: &str, max_concurrent: &str) -> GpuHealthPolicy {
     let mut spec = GpuHealthPolicySpec::for_selector(LabelSelector {
         match_labels: Some([(SIM_GROUP_LABEL.to_owned(), group.to_owned())].into()),
-        ..Default::default()
+        match_expressions: Some(vec![LabelSelectorRequirement {
+            key: watch::FLOOR_LABEL.into(),
+            operator: "DoesNotExist".into(),
+            values: None,
+        }]),
     });
     spec.mode = Mode::Enforce;
     spec.max_concurrent = IntOrString::String(max_concurrent.into());
@@ -345,14 +369,14 @@ async fn quiet(
 
 /// Breaks one node every `--fault-interval-ms` and returns, for each, the
 /// seconds from the report's write seen on a watch to the cordon seen on
-/// the same watch, and the nodes not cordoned within two minutes of the
-/// last fault (reported as missed, not dropped silently).
+/// the same watch, or none for a node not cordoned within two minutes of
+/// the last fault (reported as missed, not dropped silently).
 async fn inject_one_at_a_time(
     args: &Args,
     client: &Client,
     cordons: &Cordons,
     nodes: &[String],
-) -> Result<(Vec<f64>, Vec<String>)> {
+) -> Result<Vec<(String, Option<f64>)>> {
     let mut written = Vec::new();
     for node in nodes {
         let before = Instant::now();
@@ -362,27 +386,30 @@ async fn inject_one_at_a_time(
     }
     let deadline = Instant::now() + Duration::from_secs(120);
     let mut samples = Vec::new();
-    let mut missed = Vec::new();
     for (node, at) in written {
-        loop {
+        let sample = loop {
             if let Some((sick, cordoned)) = cordons.quarantine(&node, at) {
-                samples.push(cordoned.duration_since(sick).as_secs_f64());
-                break;
+                break Some(cordoned.duration_since(sick).as_secs_f64());
             }
             if Instant::now() > deadline {
-                missed.push(node);
-                break;
+                break None;
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        };
+        samples.push((node, sample));
     }
+    let missed: Vec<&String> = samples
+        .iter()
+        .filter(|(_, s)| s.is_none())
+        .map(|(n, _)| n)
+        .collect();
     if !missed.is_empty() {
         say(&format!(
             "{} faults never seen cordoned: {missed:?}",
             missed.len()
         ));
     }
-    Ok((samples, missed))
+    Ok(samples)
 }
 
 /// Waits until every node of `nodes` has recovered from its incident.

@@ -103,14 +103,18 @@ impl Cordons {
     }
 }
 
-/// The floor: a watch on the fleet that cordons each node whose report
-/// shows a GPU that is not healthy, with one patch, and does nothing else.
+/// Marks the floor's nodes, which the bench policy does not select.
+pub const FLOOR_LABEL: &str = "bench.gpuhealth.io/floor";
+
+/// The floor: a watch on the fleet that cordons each of its nodes
+/// ([`FLOOR_LABEL`]) whose report shows a GPU that is not healthy, with one
+/// patch, and does nothing else.
 pub fn floor(client: &Client) -> Background {
     let (nodes, config) = fleet_nodes(client);
     Background::spawn(async move {
         let mut stream = std::pin::pin!(applied(nodes.clone(), config));
         while let Some(node) = stream.next().await {
-            if sick(&node) && !is_cordoned(&node) {
+            if node.labels().contains_key(FLOOR_LABEL) && sick(&node) && !is_cordoned(&node) {
                 let nodes = nodes.clone();
                 tokio::spawn(async move {
                     let patch = json!({"spec": {"unschedulable": true}});

@@ -82,7 +82,7 @@ pub async fn reconcile(policy: Arc<GpuHealthPolicy>, ctx: Arc<Context>) -> Resul
     // Counted under the decisions lock, borrowing the statuses; no I/O here.
     let (failed, remediating, sick) = {
         let store = ctx.node_health.state();
-        let written = ctx.decisions.lock().await;
+        let written = ctx.lock_decisions();
         let statuses: Vec<&GpuNodeHealthStatus> = latest(&store, &written)
             .into_values()
             .filter(|s| s.policy.as_deref() == Some(name.as_str()))

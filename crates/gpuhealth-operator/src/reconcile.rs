@@ -73,7 +73,7 @@ async fn reconcile_node(node: &Node, ctx: &Context) -> Result<Requeue, Error> {
         .node_health
         .get(&ObjectRef::new(&name))
         .and_then(|g| g.status.clone());
-    let recorded = ctx.decisions.lock().await.get(&name).cloned();
+    let recorded = ctx.lock_decisions().get(&name).cloned();
     let stored = recorded.clone().or(in_cluster.clone()).unwrap_or_default();
     // Pods are listed only for a node that may need draining, or when a
     // pod newly holds one of its GPUs (its readiness gate may need setting),
@@ -132,7 +132,7 @@ async fn reconcile_node(node: &Node, ctx: &Context) -> Result<Requeue, Error> {
     let fleet = Fleet::of(ctx, &policy, &name);
     let waiting = ctx.metrics.stage("read", started);
     let decision = {
-        let mut written = ctx.decisions.lock().await;
+        let mut written = ctx.lock_decisions();
         let deciding = ctx.metrics.stage("wait", waiting);
         let budget = fleet.budget(ctx, &written, &policy, &name);
         let decision = step(&Input {
@@ -168,7 +168,7 @@ async fn reconcile_node(node: &Node, ctx: &Context) -> Result<Requeue, Error> {
     };
     let acting = std::time::Instant::now();
     if let Err(e) = written {
-        let mut records = ctx.decisions.lock().await;
+        let mut records = ctx.lock_decisions();
         match recorded {
             Some(before) => records.insert(name.clone(), before),
             None => records.remove(&name),
