@@ -34,8 +34,9 @@ pub struct Args {
     /// CPU pods on each node, besides one pod per GPU.
     #[arg(long, default_value_t = 2)]
     pub cpu_pods: usize,
-    /// CPU pods added to every node to show memory does not follow pods.
-    #[arg(long, default_value_t = 5)]
+    /// CPU pods added to every node to show memory does not follow pods
+    /// (with 5, KWOK on two cores fell minutes behind).
+    #[arg(long, default_value_t = 1)]
     pub extra_pods: usize,
     /// Faults injected, one at a time, for the floor and again for gpuhealth.
     #[arg(long, default_value_t = 100)]

@@ -263,6 +263,14 @@ pub fn step(input: &Input<'_>) -> Decision {
         Phase::Verifying => s.verifying(),
         Phase::Failed => s.failed(),
     }
+    // The cordon first: it is what keeps new pods off a bad GPU. Events
+    // last: they inform and must never delay an action (a finding's Event
+    // ahead of the cordon cost a round trip in the benchmark).
+    s.actions.sort_by_key(|a| match a {
+        Action::Cordon { .. } => 0,
+        Action::Event { .. } => 2,
+        _ => 1,
+    });
     Decision {
         status: s.status,
         actions: s.actions,

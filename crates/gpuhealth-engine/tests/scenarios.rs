@@ -158,6 +158,26 @@ fn a_condition_resets_every_gpu_and_without_a_report_reboots() {
 }
 
 #[test]
+fn the_cordon_is_the_first_action_and_events_come_last() {
+    let mut w = World::incident();
+    let actions = w.reconcile();
+    assert!(
+        matches!(actions.first(), Some(Action::Cordon { .. })),
+        "{actions:?}"
+    );
+    let first_event = actions
+        .iter()
+        .position(|a| matches!(a, Action::Event { .. }))
+        .expect("the finding's Event and the transition's");
+    assert!(
+        actions[first_event..]
+            .iter()
+            .all(|a| matches!(a, Action::Event { .. })),
+        "{actions:?}"
+    );
+}
+
+#[test]
 fn a_failed_reset_escalates_to_a_reboot() {
     let mut w = World::incident();
     w.reset_agent = Agent::Fails;

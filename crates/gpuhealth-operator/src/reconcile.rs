@@ -147,7 +147,16 @@ async fn reconcile_node(node: &Node, ctx: &Context) -> Result<Requeue, Error> {
             budget,
             state: &stored,
         });
-        written.insert(name.clone(), decision.status.clone());
+        // A record bridges the time until the watch shows this process's
+        // last write. None is kept once the cluster shows it and nothing new
+        // is to be written, so that the records follow the work in flight,
+        // not the size of the fleet.
+        let caught_up = recorded.is_none() || recorded == in_cluster;
+        if caught_up && in_cluster.as_ref() == Some(&decision.status) {
+            written.remove(&name);
+        } else {
+            written.insert(name.clone(), decision.status.clone());
+        }
         ctx.metrics.stage("decide", deciding);
         decision
     };
