@@ -103,7 +103,10 @@ async fn setup(client: &Client) -> Result<()> {
     create_policy(
         client,
         GROUP,
-        json!({"drain": {"scope": "AllPods", "timeout": "10m"}, "maxConcurrent": 1}),
+        // The same GPU fails on every repeat: no limit, or the third would
+        // hand the node over for replacement instead of draining it.
+        json!({"drain": {"scope": "AllPods", "timeout": "10m"}, "maxConcurrent": 1,
+               "remediationLimits": {"perGpu": 0, "perNode": 0}}),
     )
     .await?;
     let deployments: Api<Deployment> = Api::namespaced(client.clone(), NAMESPACE);
