@@ -7,6 +7,7 @@
 pub mod agent;
 pub mod cluster;
 pub mod crds;
+pub mod invariants;
 pub mod kubelet;
 pub mod names;
 pub mod node_agent;

@@ -1,0 +1,281 @@
+//! The promises a chaos run checks afterwards (issue 9), over what an
+//! independent watcher saw during the run, in the order it saw it. Pure, so
+//! that each check is tested here, with no cluster, against the violation
+//! it must catch.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use gpuhealth_api::node_health::Phase;
+use gpuhealth_engine::machine::is_disruptive;
+
+/// One change seen on a watch.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Seen {
+    /// A node's `GpuNodeHealth` status.
+    Health {
+        node: String,
+        policy: Option<String>,
+        phase: Phase,
+        reason: Option<String>,
+    },
+    /// A node's `spec.unschedulable`.
+    Cordon { node: String, unschedulable: bool },
+    /// A pod gone from the cluster (`namespace/name`), and whether it was
+    /// annotated `gpuhealth.io/disruption-tolerance: never`.
+    PodGone { pod: String, never: bool },
+    /// The agent carried out request `id` on `node`.
+    Executed { node: String, id: String },
+}
+
+/// What the run set up, against which the timeline is judged.
+#[derive(Clone, Debug, Default)]
+pub struct Expectations {
+    /// Each policy's `maxConcurrent`, as a node count.
+    pub max_concurrent: BTreeMap<String, usize>,
+    /// Nodes the run cordoned itself and left cordoned: nobody else may
+    /// uncordon them.
+    pub foreign_cordons: BTreeSet<String>,
+    /// Pods the run deleted itself.
+    pub deleted_by_run: BTreeSet<String>,
+    /// Nodes the run made sick: each must end `Healthy`, or `Failed` with a
+    /// reason.
+    pub sick: BTreeSet<String>,
+}
+
+/// A broken promise, with what shows it.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Violation {
+    OverBudget {
+        policy: String,
+        limit: usize,
+        disrupted: Vec<String>,
+    },
+    ForeignUncordon {
+        node: String,
+    },
+    NeverPodEvicted {
+        pod: String,
+    },
+    ExecutedTwice {
+        node: String,
+        id: String,
+    },
+    NotSettled {
+        node: String,
+        phase: Option<Phase>,
+        reason: Option<String>,
+    },
+}
+
+/// Every promise `timeline` breaks; empty when it keeps them all.
+pub fn check(timeline: &[Seen], expect: &Expectations) -> Vec<Violation> {
+    let mut violations = Vec::new();
+    // Per node: its latest health, and whether a foreign cordon is on it.
+    let mut health: BTreeMap<&str, (&Option<String>, Phase, &Option<String>)> = BTreeMap::new();
+    let mut foreign_on: BTreeSet<&str> = BTreeSet::new();
+    let mut executed: BTreeSet<(&str, &str)> = BTreeSet::new();
+    // Report each policy's worst moment once, not every event past it.
+    let mut over: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for seen in timeline {
+        match seen {
+            Seen::Health {
+                node,
+                policy,
+                phase,
+                reason,
+            } => {
+                health.insert(node, (policy, *phase, reason));
+                let Some(p) = policy else { continue };
+                let disrupted: Vec<String> = health
+                    .iter()
+                    .filter(|(_, (q, phase, _))| q.as_ref() == Some(p) && is_disruptive(*phase))
+                    .map(|(n, _)| (*n).to_owned())
+                    .collect();
+                let limit = expect.max_concurrent.get(p).copied().unwrap_or(usize::MAX);
+                let worst = over.get(p).map_or(limit, Vec::len);
+                if disrupted.len() > worst {
+                    over.insert(p.clone(), disrupted);
+                }
+            }
+            Seen::Cordon {
+                node,
+                unschedulable,
+            } => {
+                if !expect.foreign_cordons.contains(node) {
+                    continue;
+                }
+                if *unschedulable {
+                    foreign_on.insert(node);
+                } else if foreign_on.remove(node.as_str()) {
+                    violations.push(Violation::ForeignUncordon { node: node.clone() });
+                }
+            }
+            Seen::PodGone { pod, never } => {
+                if *never && !expect.deleted_by_run.contains(pod) {
+                    violations.push(Violation::NeverPodEvicted { pod: pod.clone() });
+                }
+            }
+            Seen::Executed { node, id } => {
+                if !executed.insert((node, id)) {
+                    violations.push(Violation::ExecutedTwice {
+                        node: node.clone(),
+                        id: id.clone(),
+                    });
+                }
+            }
+        }
+    }
+    for (policy, disrupted) in over {
+        violations.push(Violation::OverBudget {
+            limit: expect
+                .max_concurrent
+                .get(&policy)
+                .copied()
+                .unwrap_or(usize::MAX),
+            policy,
+            disrupted,
+        });
+    }
+    for node in &expect.sick {
+        let last = health.get(node.as_str());
+        let settled = match last {
+            Some((_, Phase::Healthy, _)) => true,
+            Some((_, Phase::Failed, reason)) => reason.as_deref().is_some_and(|r| !r.is_empty()),
+            _ => false,
+        };
+        if !settled {
+            violations.push(Violation::NotSettled {
+                node: node.clone(),
+                phase: last.map(|(_, p, _)| *p),
+                reason: last.and_then(|(_, _, r)| (*r).clone()),
+            });
+        }
+    }
+    violations
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn health(node: &str, phase: Phase) -> Seen {
+        Seen::Health {
+            node: node.into(),
+            policy: Some("p".into()),
+            phase,
+            reason: (phase == Phase::Failed).then(|| "EscalationExhausted".into()),
+        }
+    }
+
+    fn expect() -> Expectations {
+        Expectations {
+            max_concurrent: [("p".to_owned(), 2)].into(),
+            foreign_cordons: ["human".to_owned()].into(),
+            deleted_by_run: ["ns/deleted-by-the-run".to_owned()].into(),
+            sick: ["a".to_owned(), "b".to_owned()].into(),
+        }
+    }
+
+    /// A run that keeps every promise: two nodes at a time at most, the
+    /// foreign cordon left alone, the `never` pod deleted only by the run.
+    fn kept() -> Vec<Seen> {
+        vec![
+            Seen::Cordon {
+                node: "human".into(),
+                unschedulable: true,
+            },
+            health("a", Phase::Quarantined),
+            health("b", Phase::Draining),
+            Seen::Executed {
+                node: "a".into(),
+                id: "inc-1-reset-1".into(),
+            },
+            health("a", Phase::Healthy),
+            health("c", Phase::Quarantined),
+            Seen::PodGone {
+                pod: "ns/deleted-by-the-run".into(),
+                never: true,
+            },
+            health("b", Phase::Failed),
+            health("c", Phase::Healthy),
+        ]
+    }
+
+    #[test]
+    fn a_run_that_keeps_its_promises_has_no_violation() {
+        assert_eq!(check(&kept(), &expect()), []);
+    }
+
+    #[test]
+    fn each_broken_promise_is_caught() {
+        let mut timeline = kept();
+        // A third node disrupted while two still are, once.
+        timeline.insert(3, health("d", Phase::Remediating));
+        timeline.insert(4, health("e", Phase::Remediating));
+        timeline.push(Seen::Cordon {
+            node: "human".into(),
+            unschedulable: false,
+        });
+        timeline.push(Seen::PodGone {
+            pod: "ns/training".into(),
+            never: true,
+        });
+        timeline.push(Seen::Executed {
+            node: "a".into(),
+            id: "inc-1-reset-1".into(),
+        });
+        timeline.push(Seen::Health {
+            node: "b".into(),
+            policy: Some("p".into()),
+            phase: Phase::Failed,
+            reason: None,
+        });
+        let found = check(&timeline, &expect());
+        assert_eq!(
+            found,
+            [
+                Violation::ForeignUncordon {
+                    node: "human".into()
+                },
+                Violation::NeverPodEvicted {
+                    pod: "ns/training".into()
+                },
+                Violation::ExecutedTwice {
+                    node: "a".into(),
+                    id: "inc-1-reset-1".into()
+                },
+                Violation::OverBudget {
+                    policy: "p".into(),
+                    limit: 2,
+                    disrupted: vec!["a".into(), "b".into(), "d".into(), "e".into()],
+                },
+                Violation::NotSettled {
+                    node: "b".into(),
+                    phase: Some(Phase::Failed),
+                    reason: None
+                },
+            ]
+        );
+    }
+
+    #[test]
+    fn a_sick_node_never_seen_or_still_working_is_not_settled() {
+        let timeline = vec![health("a", Phase::Verifying)];
+        let found = check(&timeline, &expect());
+        assert_eq!(
+            found,
+            [
+                Violation::NotSettled {
+                    node: "a".into(),
+                    phase: Some(Phase::Verifying),
+                    reason: None
+                },
+                Violation::NotSettled {
+                    node: "b".into(),
+                    phase: None,
+                    reason: None
+                },
+            ]
+        );
+    }
+}
