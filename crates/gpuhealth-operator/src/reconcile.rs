@@ -371,8 +371,8 @@ impl Fleet {
     }
 
     /// The budget, from every other node's latest status (`written`: this
-    /// process's records, under the decisions lock) in one pass with no
-    /// allocation.
+    /// process's records, under the decisions lock), counted in one pass
+    /// without building a map.
     fn budget(
         &self,
         ctx: &Context,
