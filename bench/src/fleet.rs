@@ -125,7 +125,6 @@ pub async fn break_gpu(client: &Client, node: &str) -> Result<Instant> {
     Ok(Instant::now())
 }
 
-/// After the floor's run: the node's GPUs healthy again and its cordon gone.
 /// Sets (`Some`) or removes (`None`) label `key` on each of `nodes`.
 pub async fn label(
     client: &Client,
@@ -140,6 +139,7 @@ pub async fn label(
     Ok(())
 }
 
+/// After the floor's run: the node's GPUs healthy again and its cordon gone.
 pub async fn restore(client: &Client, node: &str) -> Result<()> {
     let mut report = report_of(client, node).await?;
     for gpu in &mut report.gpus {

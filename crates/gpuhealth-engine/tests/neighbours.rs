@@ -33,12 +33,7 @@ fn later(w: &World, d: Duration) -> Timestamp {
 /// A healthy node (GPU 7 fixed) with maintenance announced `ahead` from now.
 fn announced(ahead: Duration) -> World {
     let mut w = World::incident();
-    w.heal();
-    if let Some(Ok(report)) = &mut w.node.report {
-        for g in &mut report.gpus {
-            g.xids.clear();
-        }
-    }
+    w.clear();
     w.spec.maintenance.lead_time = gpuhealth_api::Duration::from_mins(1);
     // Half a second past: Kubernetes keeps times to the second, and the
     // notice must still be recognised as the one handled.

@@ -36,16 +36,8 @@ fn the_incident_resets_one_gpu_and_returns_to_healthy() {
         7,
         "the pods on the other seven GPUs keep running"
     );
-    let resets: Vec<_> = w
-        .log
-        .iter()
-        .filter_map(|a| match a {
-            Action::RequestReset { gpus, .. } => Some(gpus.clone()),
-            _ => None,
-        })
-        .collect();
     assert_eq!(
-        resets,
+        w.reset_requests(),
         [vec![BAD_GPU.to_owned()]],
         "one reset, of exactly that GPU"
     );
@@ -78,23 +70,12 @@ fn a_fault_that_clears_before_the_reset_still_resets_the_incidents_gpu() {
     let mut w = World::incident();
     w.reconcile();
     assert_eq!(w.state.phase, Phase::Quarantined);
-    // The report clears: no bad GPU, no Xid.
-    w.heal();
-    if let Some(Ok(report)) = &mut w.node.report {
-        report.gpus.iter_mut().for_each(|g| g.xids.clear());
-    }
+    w.clear();
     w.run_until(|w| w.state.phase == Phase::Healthy, HOUR);
-    let resets: Vec<_> = w
-        .log
-        .iter()
-        .filter_map(|a| match a {
-            Action::RequestReset { gpus, .. } => Some(gpus.clone()),
-            _ => None,
-        })
-        .collect();
-    assert!(
-        resets.iter().all(|gpus| gpus == &[BAD_GPU.to_owned()]),
-        "every request names the incident's GPU: {resets:?}"
+    assert_eq!(
+        w.reset_requests(),
+        [vec![BAD_GPU.to_owned()]],
+        "one reset, of the incident's GPU"
     );
 }
 
@@ -104,10 +85,7 @@ fn a_fault_that_clears_before_the_reset_still_resets_the_incidents_gpu() {
 fn a_condition_resets_every_gpu_and_without_a_report_reboots() {
     let condition_world = |report: bool| {
         let mut w = World::incident();
-        w.heal();
-        if let Some(Ok(r)) = &mut w.node.report {
-            r.gpus.iter_mut().for_each(|g| g.xids.clear());
-        }
+        w.clear();
         if !report {
             w.node.report = None;
         }

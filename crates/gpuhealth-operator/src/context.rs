@@ -58,19 +58,18 @@ impl Context {
     }
 }
 
-/// The latest status of every node, borrowed (it runs on every reconcile):
-/// what this process wrote last (`written`), else what the watch shows
-/// (`store`, from `ctx.node_health.state()`).
+/// The latest status of every node, once each and borrowed (it runs on
+/// every reconcile): what this process wrote last (`written`), else what
+/// the watch shows (`store`, from `ctx.node_health.state()`).
 pub fn latest<'a>(
     store: &'a [Arc<GpuNodeHealth>],
     written: &'a HashMap<String, GpuNodeHealthStatus>,
-) -> HashMap<&'a str, &'a GpuNodeHealthStatus> {
-    let mut all: HashMap<&str, &GpuNodeHealthStatus> = store
-        .iter()
-        .filter_map(|g| Some((g.metadata.name.as_deref()?, g.status.as_ref()?)))
-        .collect();
-    all.extend(written.iter().map(|(k, v)| (k.as_str(), v)));
-    all
+) -> impl Iterator<Item = (&'a str, &'a GpuNodeHealthStatus)> {
+    let watched = store.iter().filter_map(|g| {
+        let name = g.metadata.name.as_deref()?;
+        (!written.contains_key(name)).then_some((name, g.status.as_ref()?))
+    });
+    watched.chain(written.iter().map(|(k, v)| (k.as_str(), v)))
 }
 
 #[derive(Debug, thiserror::Error)]

@@ -84,7 +84,7 @@ pub async fn reconcile(policy: Arc<GpuHealthPolicy>, ctx: Arc<Context>) -> Resul
         let store = ctx.node_health.state();
         let written = ctx.lock_decisions();
         let statuses: Vec<&GpuNodeHealthStatus> = latest(&store, &written)
-            .into_values()
+            .map(|(_, s)| s)
             .filter(|s| s.policy.as_deref() == Some(name.as_str()))
             .collect();
         for phase in Phase::ALL {

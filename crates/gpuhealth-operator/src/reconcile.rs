@@ -2,7 +2,7 @@
 //! decision, then carry it out.
 
 use std::{
-    collections::{BTreeSet, HashMap},
+    collections::{BTreeSet, HashMap, HashSet},
     sync::Arc,
     time::Duration,
 };
@@ -33,7 +33,7 @@ use tracing::{debug, info, warn};
 
 use crate::{
     actions,
-    context::{Context, Error, MANAGER},
+    context::{Context, Error, MANAGER, latest},
     metrics::{ErrorLabels, FindingLabels, OutcomeLabels, RemediationLabels, ReportLabels},
     observe::{budget_views, disrupted_by, gpu_holders, node_view, pod_view},
     policy_status::{policy_nodes, unhealthy},
@@ -371,8 +371,7 @@ impl Fleet {
     }
 
     /// The budget, from every other node's latest status (`written`: this
-    /// process's records, under the decisions lock), counted in one pass
-    /// without building a map.
+    /// process's records, under the decisions lock), in one pass.
     fn budget(
         &self,
         ctx: &Context,
@@ -382,38 +381,26 @@ impl Fleet {
     ) -> Budget {
         let policy_name = policy.metadata.name.as_deref();
         let store = ctx.node_health.state();
-        let from_store = store.iter().filter_map(|g| {
-            let name = g.metadata.name.as_deref()?;
-            (!written.contains_key(name)).then_some((name, g.status.as_ref()?))
-        });
-        let latest = from_store.chain(written.iter().map(|(k, v)| (k.as_str(), v)));
-        let (mut disruptive, mut sick) = (0, 0);
-        for (_, status) in
-            latest.filter(|(name, s)| *name != this && s.policy.as_deref() == policy_name)
+        let mut disruptive: HashSet<&str> = HashSet::new();
+        let mut sick = 0;
+        for (name, status) in latest(&store, written)
+            .filter(|(name, s)| *name != this && s.policy.as_deref() == policy_name)
         {
-            disruptive += usize::from(is_disruptive(status.phase));
+            if is_disruptive(status.phase) {
+                disruptive.insert(name);
+            }
             sick += usize::from(unhealthy(status));
         }
         // Nodes other tools are disrupting take capacity out too, unless
         // gpuhealth already counts them.
-        let counts_as_ours =
-            |s: &GpuNodeHealthStatus| s.policy.as_deref() == policy_name && is_disruptive(s.phase);
-        let ours_disruptive = |name: &str| match written.get(name) {
-            Some(s) => counts_as_ours(s),
-            None => ctx
-                .node_health
-                .get(&ObjectRef::new(name))
-                .and_then(|g| g.status.as_ref().map(counts_as_ours))
-                .unwrap_or(false),
-        };
         let by_others = self
             .disrupted_by_others
             .iter()
-            .filter(|n| !ours_disruptive(n))
+            .filter(|n| !disruptive.contains(n.as_str()))
             .count();
         // This node counts itself only when it wants to start, which is the
         // only time the engine consults the breaker.
-        Budget::new(&policy.spec, self.managed, disruptive, sick + 1).with_others(by_others)
+        Budget::new(&policy.spec, self.managed, disruptive.len(), sick + 1).with_others(by_others)
     }
 }
 

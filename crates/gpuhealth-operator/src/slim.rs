@@ -45,14 +45,24 @@ pub fn node_health(health: &mut GpuNodeHealth) {
     health.metadata.managed_fields = None;
 }
 
-/// A hash of everything a slimmed node shows but its resourceVersion: a
-/// change in what a reconcile reads is worth one, a kubelet heartbeat
-/// (which moves only the stripped fields and the resourceVersion) is not.
+/// A hash of what a reconcile reads of a slimmed node (everything but its
+/// resourceVersion and the fields that never change): a change there is
+/// worth a reconcile, a kubelet heartbeat (which moves only the stripped
+/// fields and the resourceVersion) is not. Runs on every node event, so it
+/// borrows rather than clones.
 pub fn node_inputs(node: &Node) -> Option<u64> {
-    let mut unversioned = node.clone();
-    unversioned.metadata.resource_version = None;
+    let m = &node.metadata;
+    let read = (
+        &m.uid,
+        &m.labels,
+        &m.annotations,
+        &m.owner_references,
+        &m.deletion_timestamp,
+        &node.spec,
+        &node.status,
+    );
     let mut hasher = DefaultHasher::new();
-    serde_json::to_vec(&unversioned).ok()?.hash(&mut hasher);
+    serde_json::to_vec(&read).ok()?.hash(&mut hasher);
     Some(hasher.finish())
 }
 
@@ -134,5 +144,9 @@ mod tests {
             c.status = "False".into();
         }
         assert_ne!(node_inputs(&before), node_inputs(&not_ready));
+        let mut sick = slim("2026-11-30T00:10:00Z", "5");
+        sick.annotations_mut()
+            .insert("gpuhealth.io/gpus".into(), "{\"version\":1}".into());
+        assert_ne!(node_inputs(&before), node_inputs(&sick));
     }
 }

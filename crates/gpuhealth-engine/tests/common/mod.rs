@@ -292,6 +292,26 @@ impl World {
         }
     }
 
+    /// The fault gone, not just answered: every GPU healthy and no Xid left
+    /// in the report.
+    pub fn clear(&mut self) {
+        self.heal();
+        if let Some(Ok(report)) = &mut self.node.report {
+            report.gpus.iter_mut().for_each(|g| g.xids.clear());
+        }
+    }
+
+    /// The GPUs each reset request named, in order.
+    pub fn reset_requests(&self) -> Vec<Vec<String>> {
+        self.log
+            .iter()
+            .filter_map(|a| match a {
+                Action::RequestReset { gpus, .. } => Some(gpus.clone()),
+                _ => None,
+            })
+            .collect()
+    }
+
     /// GPU `index` reported in `health`, in a report observed now.
     pub fn set_gpu_health(&mut self, index: u32, health: GpuHealth) {
         if let Some(Ok(report)) = &mut self.node.report {
