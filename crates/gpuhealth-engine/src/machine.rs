@@ -127,12 +127,17 @@ pub enum Action {
     ForceDelete {
         pod: String,
     },
+    /// Ask the agent to reset `gpus`. `requested_at` is the attempt's own
+    /// time, so that a request re-issued after a crash is the same value,
+    /// not a new one.
     RequestReset {
         id: String,
         gpus: Vec<String>,
+        requested_at: Timestamp,
     },
     RequestReboot {
         id: String,
+        requested_at: Timestamp,
     },
     /// Create the validation pod `name` from the policy's template, pinned
     /// to the node; one that exists already is left as it is.
@@ -1120,12 +1125,14 @@ impl<'a> Stepper<'a> {
                 self.actions.push(Action::RequestReset {
                     id: action.id.clone(),
                     gpus: action.gpus.clone(),
+                    requested_at: now,
                 });
             }
             RecoveryAction::NodeReboot => {
                 self.status.boot_id_before_reboot = Some(self.input.node.boot_id.clone());
                 self.actions.push(Action::RequestReboot {
                     id: action.id.clone(),
+                    requested_at: now,
                 });
             }
             RecoveryAction::ReplaceNode => {
@@ -1187,22 +1194,27 @@ impl<'a> Stepper<'a> {
             ));
         }
         // Re-issue the same request if its annotation is not on the node
-        // (an operator that crashed after recording intent). Same id: the
-        // agent never carries it out twice.
+        // (an operator that crashed after recording intent). Same id and
+        // time: the agent never carries it out twice, and a second write
+        // while the watch lags is the same value, which the API server
+        // leaves alone.
         let on_node = match action.type_ {
             RecoveryAction::GpuReset => node.reset_request.as_deref(),
             _ => node.reboot_request.as_deref(),
         };
         if on_node != Some(action.id.as_str()) {
+            let requested_at = action.requested_at.as_ref().map_or(self.now(), |t| t.0);
             match action.type_ {
                 RecoveryAction::GpuReset => {
                     self.actions.push(Action::RequestReset {
                         id: action.id.clone(),
                         gpus: action.gpus.clone(),
+                        requested_at,
                     });
                 }
                 _ => self.actions.push(Action::RequestReboot {
                     id: action.id.clone(),
+                    requested_at,
                 }),
             }
         }

@@ -29,11 +29,16 @@ enum Event {
     Tolerance(usize, u8),
     PodLeaves(usize),
     PodArrives(usize),
-    Budget { elsewhere: usize, unhealthy: usize },
+    Budget {
+        elsewhere: usize,
+        unhealthy: usize,
+    },
     Mode(Mode),
     ResetAgent(Agent),
     RebootAgent(Agent),
     AgentTurn,
+    /// The operator died between recording a request and writing it.
+    RequestLost,
     Reconcile,
 }
 
@@ -69,6 +74,7 @@ fn event() -> impl Strategy<Value = Event> {
         1 => agent().prop_map(Event::ResetAgent),
         1 => agent().prop_map(Event::RebootAgent),
         3 => Just(Event::AgentTurn),
+        1 => Just(Event::RequestLost),
         6 => Just(Event::Reconcile),
     ]
 }
@@ -80,7 +86,8 @@ enum Rule {
     OwnCordonOnly,
     /// Never evict (or force-delete) a pod whose tolerance is `never` or unreadable.
     NeverPodsStay,
-    /// Every request is recorded in the status written before it.
+    /// Every request is recorded in the status written before it, and a
+    /// request written again is the recorded one, time included.
     IntentFirst,
     /// DryRun and Paused take no side effect.
     NoSideEffectsUnlessEnforced,
@@ -153,6 +160,10 @@ fn apply(w: &mut World, e: &Event) -> Vec<(Rule, String)> {
         Event::ResetAgent(a) => w.reset_agent = *a,
         Event::RebootAgent(a) => w.reboot_agent = *a,
         Event::AgentTurn => w.agent_turn(),
+        Event::RequestLost => {
+            w.node.reset_request = None;
+            w.node.reboot_request = None;
+        }
         Event::Reconcile => return reconcile_checked(w),
     }
     Vec::new()
@@ -193,12 +204,21 @@ fn reconcile_checked(w: &mut World) -> Vec<(Rule, String)> {
                     ));
                 }
             }
-            Action::RequestReset { id, .. } | Action::RequestReboot { id }
-                if after.action.as_ref().map(|x| &x.id) != Some(id) =>
+            Action::RequestReset {
+                id, requested_at, ..
+            }
+            | Action::RequestReboot { id, requested_at }
+                if after
+                    .action
+                    .as_ref()
+                    .map(|x| (&x.id, x.requested_at.as_ref().map(|t| t.0)))
+                    != Some((id, Some(*requested_at))) =>
             {
                 bad.push((
                     Rule::IntentFirst,
-                    format!("request {id} not recorded in the status written before it"),
+                    format!(
+                        "request {id} at {requested_at} is not the one recorded in the status written before it"
+                    ),
                 ));
             }
             _ => {}

@@ -339,15 +339,25 @@ fn a_restarted_operator_reissues_the_same_request_never_a_second() {
     w.reset_agent = Agent::Silent;
     w.run_until(|w| w.state.phase == Phase::Remediating, HOUR);
     let id = w.node.reset_request.clone().expect("request on the node");
+    let requested_at = w
+        .state
+        .action
+        .as_ref()
+        .and_then(|a| a.requested_at.clone())
+        .expect("the attempt's time")
+        .0;
     // The request annotation is lost (the write after the status write never
-    // happened); the next reconcile re-issues the same id.
+    // happened); a later reconcile re-issues the same request: same id, same
+    // time, so that writing it twice changes nothing.
     w.node.reset_request = None;
+    w.advance(Duration::from_secs(5));
     let actions = w.reconcile();
     assert_eq!(
         actions,
         [Action::RequestReset {
             id: id.clone(),
-            gpus: vec![BAD_GPU.into()]
+            gpus: vec![BAD_GPU.into()],
+            requested_at,
         }]
     );
     // With the annotation there, nothing more is asked.

@@ -133,11 +133,15 @@ async fn carry_out(
                 Err(e) => return Err(e.into()),
             }
         }
-        Action::RequestReset { id: request, gpus } => {
+        Action::RequestReset {
+            id: request,
+            gpus,
+            requested_at,
+        } => {
             let reset = ResetRequest {
                 id: id(request)?,
                 gpus: gpus.clone(),
-                requested_at: now,
+                requested_at: Time(*requested_at),
             };
             reset
                 .check()
@@ -146,10 +150,13 @@ async fn carry_out(
             annotate(&nodes, &name, RESET_REQUEST_ANNOTATION, &value).await?;
             info!(node = %name, %request, ?gpus, "GPU reset requested");
         }
-        Action::RequestReboot { id: request } => {
+        Action::RequestReboot {
+            id: request,
+            requested_at,
+        } => {
             let value = RebootRequest {
                 id: id(request)?,
-                requested_at: now,
+                requested_at: Time(*requested_at),
             }
             .to_annotation();
             annotate(&nodes, &name, REBOOT_REQUEST_ANNOTATION, &value).await?;

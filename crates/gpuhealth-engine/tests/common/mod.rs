@@ -193,19 +193,23 @@ impl World {
                     }
                 }
             }
-            Action::RequestReset { id, gpus } => {
+            Action::RequestReset {
+                id,
+                gpus,
+                requested_at,
+            } => {
                 // What the agent would read: a request it refuses is no request.
                 let request = ResetRequest {
                     id: id.parse().expect("request id"),
                     gpus: gpus.clone(),
-                    requested_at: Time(self.now),
+                    requested_at: Time(*requested_at),
                 };
                 if let Err(e) = request.check() {
                     panic!("the engine made a reset request the agent refuses: {e}");
                 }
                 self.node.reset_request = Some(id.clone());
             }
-            Action::RequestReboot { id } => self.node.reboot_request = Some(id.clone()),
+            Action::RequestReboot { id, .. } => self.node.reboot_request = Some(id.clone()),
             Action::CreateValidationPod { .. } if self.refuse_validation_pod => {}
             Action::CreateValidationPod { .. } => {
                 self.validation.get_or_insert(ValidationView {
