@@ -5,7 +5,7 @@ export CARGO_BUILD_JOBS ?= 2
 CLUSTER := e2e/cluster/cluster.sh
 TARGET_DIR := $(or $(CARGO_TARGET_DIR),$(CURDIR)/target)
 
-.PHONY: build crds docs lint unit e2e bench bench-smoke test cluster-up cluster-down demo clean
+.PHONY: build crds docs lint unit e2e chaos chaos-bounded bench bench-smoke test cluster-up cluster-down demo clean
 
 build:
 	cargo build --workspace --all-targets
@@ -53,7 +53,19 @@ bench-smoke:
 	  --drain-pods 20 --drain-repeats 1 --out target/bench-smoke --label smoke
 	bench/plot.sh target/bench-smoke/smoke.json
 
-test: lint unit e2e bench-smoke
+# Reliability (docs/reliability.md): operator kills, API server and etcd
+# restarts, conflicting writers, storms, each judged by an independent
+# watcher; prints a table and writes it to target/chaos.md. `chaos-bounded`
+# is the shorter run `make test` includes.
+CHAOS_ARGS ?=
+chaos:
+	cargo build -p gpuhealth-operator -p gpuhealth-agent -p gpuhealth-e2e --bins
+	e2e/cluster/with-cluster.sh $(TARGET_DIR)/debug/gpuhealth-chaos --out target/chaos.md $(CHAOS_ARGS)
+
+chaos-bounded:
+	$(MAKE) chaos CHAOS_ARGS="--kill-trials 10"
+
+test: lint unit e2e chaos-bounded bench-smoke
 
 cluster-up:
 	@$(CLUSTER) up

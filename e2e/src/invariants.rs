@@ -23,8 +23,15 @@ pub enum Seen {
     /// A pod gone from the cluster (`namespace/name`), and whether it was
     /// annotated `gpuhealth.io/disruption-tolerance: never`.
     PodGone { pod: String, never: bool },
-    /// The agent carried out request `id` on `node`.
+    /// The agent carried out request `id` on `node` (as the simulated
+    /// hardware recorded it).
     Executed { node: String, id: String },
+    /// A reset or reboot request annotation on `node`, whole.
+    Request {
+        node: String,
+        id: String,
+        value: String,
+    },
 }
 
 /// What the run set up, against which the timeline is judged.
@@ -37,9 +44,9 @@ pub struct Expectations {
     pub foreign_cordons: BTreeSet<String>,
     /// Pods the run deleted itself.
     pub deleted_by_run: BTreeSet<String>,
-    /// Nodes the run made sick: each must end `Healthy`, or `Failed` with a
-    /// reason.
-    pub sick: BTreeSet<String>,
+    /// Nodes the run made sick, with how each must end: `Healthy`, or
+    /// `Failed` with a reason.
+    pub sick: BTreeMap<String, Phase>,
 }
 
 /// A broken promise, with what shows it.
@@ -60,8 +67,15 @@ pub enum Violation {
         node: String,
         id: String,
     },
+    /// One request id written with two different values: the agent may
+    /// have read either.
+    RequestRewritten {
+        node: String,
+        id: String,
+    },
     NotSettled {
         node: String,
+        expected: Phase,
         phase: Option<Phase>,
         reason: Option<String>,
     },
@@ -74,6 +88,7 @@ pub fn check(timeline: &[Seen], expect: &Expectations) -> Vec<Violation> {
     let mut health: BTreeMap<&str, (&Option<String>, Phase, &Option<String>)> = BTreeMap::new();
     let mut foreign_on: BTreeSet<&str> = BTreeSet::new();
     let mut executed: BTreeSet<(&str, &str)> = BTreeSet::new();
+    let mut requests: BTreeMap<(&str, &str), &str> = BTreeMap::new();
     // Report each policy's worst moment once, not every event past it.
     let mut over: BTreeMap<String, Vec<String>> = BTreeMap::new();
     for seen in timeline {
@@ -123,6 +138,15 @@ pub fn check(timeline: &[Seen], expect: &Expectations) -> Vec<Violation> {
                     });
                 }
             }
+            Seen::Request { node, id, value } => {
+                let first = *requests.entry((node, id)).or_insert(value);
+                if first != value {
+                    violations.push(Violation::RequestRewritten {
+                        node: node.clone(),
+                        id: id.clone(),
+                    });
+                }
+            }
         }
     }
     for (policy, disrupted) in over {
@@ -136,22 +160,42 @@ pub fn check(timeline: &[Seen], expect: &Expectations) -> Vec<Violation> {
             disrupted,
         });
     }
-    for node in &expect.sick {
+    for (node, expected) in &expect.sick {
         let last = health.get(node.as_str());
         let settled = match last {
-            Some((_, Phase::Healthy, _)) => true,
-            Some((_, Phase::Failed, reason)) => reason.as_deref().is_some_and(|r| !r.is_empty()),
+            Some((_, Phase::Healthy, _)) => *expected == Phase::Healthy,
+            Some((_, Phase::Failed, reason)) => {
+                *expected == Phase::Failed && reason.as_deref().is_some_and(|r| !r.is_empty())
+            }
             _ => false,
         };
         if !settled {
             violations.push(Violation::NotSettled {
                 node: node.clone(),
+                expected: *expected,
                 phase: last.map(|(_, p, _)| *p),
                 reason: last.and_then(|(_, _, r)| (*r).clone()),
             });
         }
     }
     violations
+}
+
+/// How `node` ended in `timeline`: `Healthy` or `Failed` once it has been
+/// anything else in it; `None` while it is still on its way (or was never
+/// sick).
+pub fn ending(timeline: &[Seen], node: &str) -> Option<Phase> {
+    let mut sick = false;
+    let mut last = None;
+    for seen in timeline {
+        if let Seen::Health { node: n, phase, .. } = seen
+            && n == node
+        {
+            sick |= *phase != Phase::Healthy;
+            last = Some(*phase);
+        }
+    }
+    last.filter(|p| sick && matches!(p, Phase::Healthy | Phase::Failed))
 }
 
 #[cfg(test)]
@@ -172,7 +216,11 @@ mod tests {
             max_concurrent: [("p".to_owned(), 2)].into(),
             foreign_cordons: ["human".to_owned()].into(),
             deleted_by_run: ["ns/deleted-by-the-run".to_owned()].into(),
-            sick: ["a".to_owned(), "b".to_owned()].into(),
+            sick: [
+                ("a".to_owned(), Phase::Healthy),
+                ("b".to_owned(), Phase::Failed),
+            ]
+            .into(),
         }
     }
 
@@ -186,6 +234,16 @@ mod tests {
             },
             health("a", Phase::Quarantined),
             health("b", Phase::Draining),
+            Seen::Request {
+                node: "a".into(),
+                id: "inc-1-reset-1".into(),
+                value: "reset at 10:00:00".into(),
+            },
+            Seen::Request {
+                node: "a".into(),
+                id: "inc-1-reset-1".into(),
+                value: "reset at 10:00:00".into(),
+            },
             Seen::Executed {
                 node: "a".into(),
                 id: "inc-1-reset-1".into(),
@@ -199,6 +257,19 @@ mod tests {
             health("b", Phase::Failed),
             health("c", Phase::Healthy),
         ]
+    }
+
+    #[test]
+    fn a_node_has_ended_once_back_healthy_or_failed_after_being_sick() {
+        let timeline = kept();
+        assert_eq!(ending(&timeline, "a"), Some(Phase::Healthy));
+        assert_eq!(ending(&timeline, "b"), Some(Phase::Failed));
+        assert_eq!(ending(&timeline[..3], "b"), None, "still draining");
+        assert_eq!(
+            ending(&[health("d", Phase::Healthy)], "d"),
+            None,
+            "never sick"
+        );
     }
 
     #[test]
@@ -224,6 +295,11 @@ mod tests {
             node: "a".into(),
             id: "inc-1-reset-1".into(),
         });
+        timeline.push(Seen::Request {
+            node: "a".into(),
+            id: "inc-1-reset-1".into(),
+            value: "reset at 10:00:01".into(),
+        });
         timeline.push(Seen::Health {
             node: "b".into(),
             policy: Some("p".into()),
@@ -244,6 +320,10 @@ mod tests {
                     node: "a".into(),
                     id: "inc-1-reset-1".into()
                 },
+                Violation::RequestRewritten {
+                    node: "a".into(),
+                    id: "inc-1-reset-1".into()
+                },
                 Violation::OverBudget {
                     policy: "p".into(),
                     limit: 2,
@@ -251,6 +331,7 @@ mod tests {
                 },
                 Violation::NotSettled {
                     node: "b".into(),
+                    expected: Phase::Failed,
                     phase: Some(Phase::Failed),
                     reason: None
                 },
@@ -259,7 +340,7 @@ mod tests {
     }
 
     #[test]
-    fn a_sick_node_never_seen_or_still_working_is_not_settled() {
+    fn a_sick_node_never_seen_still_working_or_ending_otherwise_is_not_settled() {
         let timeline = vec![health("a", Phase::Verifying)];
         let found = check(&timeline, &expect());
         assert_eq!(
@@ -267,15 +348,20 @@ mod tests {
             [
                 Violation::NotSettled {
                     node: "a".into(),
+                    expected: Phase::Healthy,
                     phase: Some(Phase::Verifying),
                     reason: None
                 },
                 Violation::NotSettled {
                     node: "b".into(),
+                    expected: Phase::Failed,
                     phase: None,
                     reason: None
                 },
             ]
         );
+        // Failed where it should have recovered, and the other way round.
+        let timeline = vec![health("a", Phase::Failed), health("b", Phase::Healthy)];
+        assert_eq!(check(&timeline, &expect()).len(), 2);
     }
 }

@@ -5,6 +5,7 @@
 //! Everything here talks to a real kube-apiserver; nothing is mocked.
 
 pub mod agent;
+pub mod chaos;
 pub mod cluster;
 pub mod crds;
 pub mod invariants;
@@ -14,6 +15,7 @@ pub mod node_agent;
 pub mod operator;
 pub mod plugin;
 pub mod process;
+pub mod recorder;
 pub mod reports;
 pub mod scenario;
 pub mod sim;

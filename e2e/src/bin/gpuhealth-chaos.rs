@@ -1,0 +1,68 @@
+//! gpuhealth-chaos: `make chaos`. Runs the reliability scenarios of
+//! `docs/reliability.md` on the local test cluster (or the one in
+//! `GPUHEALTH_E2E_KUBECONFIG`) and prints, per scenario, the trials, the
+//! faults injected, the invariant violations found and how the sick nodes
+//! ended. Exits non-zero on any violation.
+
+use std::{path::PathBuf, process::ExitCode};
+
+use clap::Parser;
+use gpuhealth_e2e::chaos::{self, Rng, Row};
+
+#[derive(Debug, Parser)]
+#[command(version, about)]
+struct Args {
+    /// Trials of SIGKILLing the leader mid-remediation.
+    #[arg(long, default_value_t = 50)]
+    kill_trials: usize,
+    /// The random seed; by default the time. Printed, so that a run can be
+    /// repeated.
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Where to write the table (Markdown) besides printing it.
+    #[arg(long)]
+    out: Option<PathBuf>,
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let args = Args::parse();
+    let seed = args.seed.unwrap_or_else(|| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64)
+    });
+    eprintln!("chaos: seed {seed} (repeat with --seed {seed})");
+    let mut rng = Rng::new(seed);
+    let mut rows: Vec<Row> = Vec::new();
+    let mut failed = false;
+    if args.kill_trials > 0 {
+        match chaos::kill::run(args.kill_trials, &mut rng).await {
+            Ok(row) => rows.push(row),
+            Err(e) => {
+                eprintln!("chaos: operator SIGKILL could not run: {e}");
+                failed = true;
+            }
+        }
+    }
+    let table = chaos::table(&rows);
+    println!("{table}");
+    for row in &rows {
+        for v in &row.violations {
+            eprintln!("chaos: {}: {v:?}", row.scenario);
+        }
+        failed |= !row.violations.is_empty();
+    }
+    if let Some(path) = &args.out {
+        let text = format!("Seed {seed}.\n\n{table}");
+        if let Err(e) = std::fs::write(path, text) {
+            eprintln!("chaos: writing {}: {e}", path.display());
+            failed = true;
+        }
+    }
+    if failed {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    }
+}

@@ -1,0 +1,212 @@
+//! The simulated fleet a chaos scenario runs on: GPU nodes served by the
+//! real agent binary (fake backend), operator replicas behind one Lease, and
+//! the recorder. A trial breaks random nodes, disturbs the system its own
+//! way, waits for every sick node to end, checks the invariants over what
+//! was recorded, and repairs what a person would.
+
+use std::time::Duration;
+
+use gpuhealth_api::{GpuHealthPolicySpec, node_health::Phase};
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::Api;
+
+use super::{Fault, Rng, inject, repair};
+use crate::{
+    Result,
+    invariants::{Expectations, Seen, Violation, check, ending},
+    operator::{self, Options},
+    process::Process,
+    recorder::Recorder,
+    scenario::Scenario,
+    wait::until,
+};
+
+/// How long a trial's sick nodes may take to end: a takeover after a
+/// killed leader, a reset failing, a reboot's wide drain, verification.
+pub const SETTLE: Duration = Duration::from_secs(240);
+
+pub struct Fleet {
+    pub s: Scenario,
+    pub recorder: Recorder,
+    pub replicas: Vec<Process>,
+    pub lease: String,
+    max_concurrent: usize,
+    started: usize,
+    /// The running trial's start in the recorder, and its sick nodes.
+    pub trial_mark: usize,
+    pub trial_sick: Vec<String>,
+}
+
+impl Fleet {
+    /// `nodes` nodes under `spec` (its `maxConcurrent` an integer), each
+    /// with its agent, and `replicas` operator replicas sharing one Lease.
+    pub async fn new(
+        name: &str,
+        nodes: usize,
+        spec: GpuHealthPolicySpec,
+        replicas: usize,
+    ) -> Result<Fleet> {
+        let max_concurrent = match &spec.max_concurrent {
+            k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(n) => *n as usize,
+            k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::String(_) => usize::MAX,
+        };
+        let mut s = Scenario::new(name, nodes, spec).await?;
+        let lease = format!("{}-lease", s.group);
+        s.operator_options = Options {
+            lease: Some(lease.clone()),
+            ..Default::default()
+        };
+        let mut recorder = Recorder::start(&s.client, &s.group, &s.namespace);
+        recorder.ready().await?;
+        s.start_with_agent_binaries().await?;
+        let first = s.operator.take();
+        let mut fleet = Fleet {
+            s,
+            recorder,
+            replicas: first.into_iter().collect(),
+            lease,
+            max_concurrent,
+            started: 1,
+            trial_mark: 0,
+            trial_sick: Vec::new(),
+        };
+        while fleet.replicas.len() < replicas {
+            fleet.start_replica().await?;
+        }
+        Ok(fleet)
+    }
+
+    /// Starts one more replica behind the Lease.
+    pub async fn start_replica(&mut self) -> Result<()> {
+        self.started += 1;
+        let name = format!("{}-replica-{}", self.s.group, self.started);
+        let replica = operator::start_with(&name, self.s.operator_options.clone()).await?;
+        self.replicas.push(replica);
+        Ok(())
+    }
+
+    /// The replica holding the Lease, by name.
+    pub async fn leader(&self) -> Result<Option<String>> {
+        let leases: Api<Lease> = Api::namespaced(self.s.client.clone(), "default");
+        Ok(leases
+            .get_opt(&self.lease)
+            .await?
+            .and_then(|l| l.spec?.holder_identity))
+    }
+
+    /// Waits until a running replica holds the Lease (a dead leader's
+    /// Lease is taken over once it expires), and names it.
+    pub async fn live_leader(&self) -> Result<String> {
+        let leases: Api<Lease> = Api::namespaced(self.s.client.clone(), "default");
+        let live: Vec<&str> = self.replicas.iter().map(|r| r.name.as_str()).collect();
+        let holder = |l: &Lease| l.spec.as_ref().and_then(|s| s.holder_identity.clone());
+        let lease = until(leases, &self.lease, SETTLE, |l| {
+            holder(l).is_some_and(|h| live.contains(&h.as_str()))
+        })
+        .await?;
+        Ok(holder(&lease).unwrap_or_default())
+    }
+
+    /// SIGKILLs the leader and starts a replacement, as a Deployment would.
+    pub async fn kill_leader(&mut self) -> Result<()> {
+        let leader = self.live_leader().await?;
+        if let Some(i) = self.replicas.iter().position(|r| r.name == leader) {
+            let mut dead = self.replicas.remove(i);
+            dead.kill().await;
+            eprintln!("chaos: SIGKILLed the leader {}", dead.name);
+        }
+        self.start_replica().await
+    }
+
+    /// Waits until one of the trial's sick nodes is in `phase`, or all have
+    /// ended without (not every fault passes through every phase).
+    pub async fn reached(&self, phase: Phase) -> Result<()> {
+        let sick = &self.trial_sick;
+        self.recorder
+            .until(self.trial_mark, &format!("{phase:?}"), SETTLE, |t| {
+                sick.iter().all(|n| ending(t, n).is_some())
+                    || t.iter().any(|s| {
+                        matches!(s, Seen::Health { node, phase: p, .. } if *p == phase && sick.contains(node))
+                    })
+            })
+            .await
+    }
+
+    fn expectations(&self) -> Expectations {
+        Expectations {
+            max_concurrent: [(self.s.policy.clone(), self.max_concurrent)].into(),
+            ..Default::default()
+        }
+    }
+
+    /// One trial: `faulty` random nodes get random faults; `disturb` runs
+    /// at once; every sick node must end as its fault says. Returns what
+    /// was expected and what broke, after repairing `Failed` nodes.
+    pub async fn trial(
+        &mut self,
+        rng: &mut Rng,
+        faulty: usize,
+        disturb: impl AsyncFnOnce(&mut Fleet, &mut Rng) -> Result<()>,
+    ) -> Result<(Expectations, Vec<Violation>)> {
+        let mark = self.recorder.mark();
+        let mut expect = self.expectations();
+        let mut holders = Vec::new();
+        for node in rng.pick(&self.s.nodes, faulty) {
+            let fault = Fault::ALL[rng.below(Fault::ALL.len())];
+            let holder = format!("never-{}-{mark}", node);
+            let gpu = rng.below(8);
+            eprintln!("chaos: {node}: GPU {gpu} {fault:?}");
+            inject(&self.s, &node, gpu, fault, &holder).await?;
+            expect.sick.insert(node.clone(), fault.ending());
+            holders.push((node, holder));
+        }
+        let sick: Vec<String> = expect.sick.keys().cloned().collect();
+        self.trial_mark = mark;
+        self.trial_sick = sick.clone();
+        disturb(self, rng).await?;
+        let waited = self
+            .recorder
+            .until(mark, "every sick node to end", SETTLE, |t| {
+                sick.iter().all(|n| ending(t, n).is_some())
+            })
+            .await;
+        let ended = self.recorder.mark();
+        let mut violations = check(&self.recorder.since(mark)[..ended - mark], &expect);
+        if let Err(e) = waited {
+            eprintln!("chaos: {e}");
+        }
+
+        // What a person does for the nodes handed over; then every node is
+        // back in service before the next trial.
+        let timeline = self.recorder.since(mark);
+        let handed_over: Vec<String> = holders
+            .iter()
+            .map(|(n, _)| n.clone())
+            .filter(|n| ending(&timeline, n) != Some(Phase::Healthy))
+            .collect();
+        let after = self.recorder.mark();
+        for (node, holder) in &holders {
+            repair(&self.s, node, holder).await?;
+        }
+        self.recorder
+            .until(after, "repaired nodes back in service", SETTLE, |t| {
+                handed_over.iter().all(|n| healthy_in(t, n))
+            })
+            .await?;
+        let mut later = self.expectations();
+        later.deleted_by_run = holders
+            .iter()
+            .map(|(_, h)| format!("{}/{h}", self.s.namespace))
+            .collect();
+        violations.extend(check(&self.recorder.since(after), &later));
+        Ok((expect, violations))
+    }
+}
+
+/// Whether `node`'s latest health in `timeline` is `Healthy`.
+fn healthy_in(timeline: &[Seen], node: &str) -> bool {
+    timeline.iter().rev().find_map(|s| match s {
+        Seen::Health { node: n, phase, .. } if n == node => Some(*phase == Phase::Healthy),
+        _ => None,
+    }) == Some(true)
+}

@@ -1,0 +1,39 @@
+//! Operator kills: each trial breaks up to three nodes with random faults,
+//! then SIGKILLs the leader at a random moment of their remediation (up to
+//! two seconds after one of them enters a random phase); the standby takes
+//! over, and a replacement replica starts, as a Deployment would start one.
+
+use std::time::Duration;
+
+use gpuhealth_api::node_health::Phase;
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+
+use super::{Rng, Row, fleet::Fleet, policy};
+use crate::Result;
+
+/// Where a kill may land: every fault passes through these.
+const PHASES: [Phase; 3] = [Phase::Quarantined, Phase::Draining, Phase::Remediating];
+
+pub async fn run(trials: usize, rng: &mut Rng) -> Result<Row> {
+    let spec = policy(2, IntOrString::String("100%".into()));
+    let mut fleet = Fleet::new("chaos-kill", 6, spec, 2).await?;
+    let mut row = Row::new("operator SIGKILL");
+    for trial in 1..=trials {
+        let faulty = 1 + rng.below(3);
+        let (expect, violations) = fleet
+            .trial(rng, faulty, async |fleet, rng| {
+                let phase = PHASES[rng.below(PHASES.len())];
+                fleet.reached(phase).await?;
+                tokio::time::sleep(rng.within(Duration::from_secs(2))).await;
+                fleet.kill_leader().await
+            })
+            .await?;
+        eprintln!(
+            "chaos: operator SIGKILL trial {trial}/{trials}: {} sick, {} violations {violations:?}",
+            expect.sick.len(),
+            violations.len()
+        );
+        row.add_trial(&expect, violations);
+    }
+    Ok(row)
+}

@@ -1,0 +1,293 @@
+//! The independent watcher of a chaos run: it records every change to a
+//! simulation group's Nodes, Pods and `GpuNodeHealth` objects, in the order
+//! the API server reports them, as [`Seen`] entries for
+//! [`crate::invariants::check`]. It reads only the cluster, never the
+//! operator, and keeps recording across API server restarts: a relist after
+//! a gap reports what changed meanwhile (a pod missing from the relist is
+//! gone).
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use futures::StreamExt;
+use gpuhealth_api::{
+    GpuNodeHealth,
+    contract::{
+        AnnotationValue, DISRUPTION_TOLERANCE_ANNOTATION, REBOOT_REQUEST_ANNOTATION,
+        RESET_REQUEST_ANNOTATION, RebootRequest, ResetRequest,
+    },
+};
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::{Api, Client, ResourceExt, runtime::watcher};
+use tokio::sync::{Notify, mpsc};
+
+use crate::{
+    Result,
+    invariants::Seen,
+    node_agent::hardware,
+    sim::{SIM_GROUP_LABEL, is_cordoned},
+    wait::{Background, events, within},
+};
+
+/// Records until dropped.
+pub struct Recorder {
+    timeline: Arc<Mutex<Vec<Seen>>>,
+    /// Woken on every entry.
+    grew: Arc<Notify>,
+    listed: mpsc::Receiver<()>,
+    _watches: Vec<Background>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// Appends to the timeline and wakes whoever waits on it.
+#[derive(Clone)]
+struct Sink(Arc<Mutex<Vec<Seen>>>, Arc<Notify>);
+
+impl Sink {
+    fn record(&self, seen: impl IntoIterator<Item = Seen>) {
+        lock(&self.0).extend(seen);
+        self.1.notify_waiters();
+    }
+}
+
+impl Recorder {
+    /// Watches the nodes of simulation group `group` (and their
+    /// `GpuNodeHealth`) and the pods in `namespace`.
+    pub fn start(client: &Client, group: &str, namespace: &str) -> Recorder {
+        let timeline: Arc<Mutex<Vec<Seen>>> = Arc::default();
+        let grew: Arc<Notify> = Arc::default();
+        let sink = Sink(timeline.clone(), grew.clone());
+        let (tx, listed) = mpsc::channel(3);
+        let nodes = {
+            let api: Api<Node> = Api::all(client.clone());
+            let config = watcher::Config::default().labels(&format!("{SIM_GROUP_LABEL}={group}"));
+            let (sink, tx) = (sink.clone(), tx.clone());
+            Background::spawn(async move {
+                let mut last: BTreeMap<String, NodeSeen> = BTreeMap::new();
+                let mut stream = std::pin::pin!(events(api, config));
+                while let Some(event) = stream.next().await {
+                    match event {
+                        watcher::Event::Apply(n) | watcher::Event::InitApply(n) => {
+                            let seen = last.entry(n.name_any()).or_default();
+                            sink.record(seen.changes(&n));
+                        }
+                        watcher::Event::InitDone => {
+                            let _ = tx.try_send(());
+                        }
+                        _ => {}
+                    }
+                }
+            })
+        };
+        let health = {
+            let api: Api<GpuNodeHealth> = Api::all(client.clone());
+            let prefix = format!("{group}-");
+            let (sink, tx) = (sink.clone(), tx.clone());
+            Background::spawn(async move {
+                let mut last: BTreeMap<String, Seen> = BTreeMap::new();
+                let mut stream = std::pin::pin!(events(api, watcher::Config::default()));
+                while let Some(event) = stream.next().await {
+                    match event {
+                        watcher::Event::Apply(g) | watcher::Event::InitApply(g) => {
+                            let node = g.name_any();
+                            if !node.starts_with(&prefix) {
+                                continue;
+                            }
+                            let status = g.status.unwrap_or_default();
+                            let seen = Seen::Health {
+                                node: node.clone(),
+                                policy: status.policy,
+                                phase: status.phase,
+                                reason: status.reason,
+                            };
+                            if last.get(&node) != Some(&seen) {
+                                last.insert(node, seen.clone());
+                                sink.record([seen]);
+                            }
+                        }
+                        watcher::Event::InitDone => {
+                            let _ = tx.try_send(());
+                        }
+                        _ => {}
+                    }
+                }
+            })
+        };
+        let pods = {
+            let api: Api<Pod> = Api::namespaced(client.clone(), namespace);
+            let sink = sink.clone();
+            Background::spawn(async move {
+                // Pod key -> whether it is a `never` pod.
+                let mut known: BTreeMap<String, bool> = BTreeMap::new();
+                let mut relisted: BTreeSet<String> = BTreeSet::new();
+                let mut stream = std::pin::pin!(events(api, watcher::Config::default()));
+                while let Some(event) = stream.next().await {
+                    match event {
+                        watcher::Event::Apply(p) => {
+                            known.insert(key(&p), is_never(&p));
+                        }
+                        watcher::Event::Init => relisted.clear(),
+                        watcher::Event::InitApply(p) => {
+                            relisted.insert(key(&p));
+                            known.insert(key(&p), is_never(&p));
+                        }
+                        watcher::Event::InitDone => {
+                            let gone: Vec<String> = known
+                                .keys()
+                                .filter(|k| !relisted.contains(*k))
+                                .cloned()
+                                .collect();
+                            for pod in gone {
+                                let never = known.remove(&pod).unwrap_or_default();
+                                sink.record([Seen::PodGone { pod, never }]);
+                            }
+                            let _ = tx.try_send(());
+                        }
+                        watcher::Event::Delete(p) => {
+                            known.remove(&key(&p));
+                            sink.record([Seen::PodGone {
+                                pod: key(&p),
+                                never: is_never(&p),
+                            }]);
+                        }
+                    }
+                }
+            })
+        };
+        Recorder {
+            timeline,
+            grew,
+            listed,
+            _watches: vec![nodes, health, pods],
+        }
+    }
+
+    /// Waits until each watch has its first list, so that nothing done
+    /// after this goes unseen.
+    pub async fn ready(&mut self) -> Result<()> {
+        within(
+            "the recorder's first lists",
+            Duration::from_secs(60),
+            async {
+                for _ in 0..3 {
+                    self.listed.recv().await;
+                }
+                Ok(())
+            },
+        )
+        .await
+    }
+
+    /// How many entries are recorded: a mark for [`Recorder::since`].
+    pub fn mark(&self) -> usize {
+        lock(&self.timeline).len()
+    }
+
+    /// Waits until `done` holds for what was recorded since `mark`.
+    pub async fn until(
+        &self,
+        mark: usize,
+        what: &str,
+        timeout: Duration,
+        done: impl Fn(&[Seen]) -> bool,
+    ) -> Result<()> {
+        within(what, timeout, async {
+            loop {
+                // Registered before the check, so that no entry slips
+                // between the check and the wait.
+                let grew = self.grew.notified();
+                let mut grew = std::pin::pin!(grew);
+                grew.as_mut().enable();
+                if done(&self.since(mark)) {
+                    return Ok(());
+                }
+                grew.await;
+            }
+        })
+        .await
+    }
+
+    /// Everything recorded since `mark`.
+    pub fn since(&self, mark: usize) -> Vec<Seen> {
+        lock(&self.timeline)
+            .get(mark..)
+            .map(<[Seen]>::to_vec)
+            .unwrap_or_default()
+    }
+}
+
+fn key(pod: &Pod) -> String {
+    format!("{}/{}", pod.namespace().unwrap_or_default(), pod.name_any())
+}
+
+fn is_never(pod: &Pod) -> bool {
+    pod.annotations()
+        .get(DISRUPTION_TOLERANCE_ANNOTATION)
+        .is_some_and(|v| v == "never")
+}
+
+/// What was last seen of one node.
+#[derive(Default)]
+struct NodeSeen {
+    cordoned: Option<bool>,
+    requests: BTreeMap<&'static str, String>,
+    /// How many times the simulated hardware shows each request carried out.
+    executed: BTreeMap<String, usize>,
+}
+
+impl NodeSeen {
+    fn changes(&mut self, node: &Node) -> Vec<Seen> {
+        let name = node.name_any();
+        let mut changes = Vec::new();
+        let cordoned = is_cordoned(node);
+        if self.cordoned != Some(cordoned) {
+            self.cordoned = Some(cordoned);
+            changes.push(Seen::Cordon {
+                node: name.clone(),
+                unschedulable: cordoned,
+            });
+        }
+        for key in [RESET_REQUEST_ANNOTATION, REBOOT_REQUEST_ANNOTATION] {
+            let Some(value) = node.annotations().get(key) else {
+                continue;
+            };
+            if self.requests.get(key) == Some(value) {
+                continue;
+            }
+            self.requests.insert(key, value.clone());
+            let id = if key == RESET_REQUEST_ANNOTATION {
+                ResetRequest::parse(value).map(|r| r.id.to_string())
+            } else {
+                RebootRequest::parse(value).map(|r| r.id.to_string())
+            };
+            changes.push(Seen::Request {
+                node: name.clone(),
+                id: id.unwrap_or_else(|e| format!("unreadable: {e}")),
+                value: value.clone(),
+            });
+        }
+        let mut counts: BTreeMap<String, usize> = BTreeMap::new();
+        for id in hardware(node).map(|h| h.executed).unwrap_or_default() {
+            *counts.entry(id).or_default() += 1;
+        }
+        for (id, count) in counts {
+            let before = self.executed.get(&id).copied().unwrap_or_default();
+            for _ in before..count {
+                changes.push(Seen::Executed {
+                    node: name.clone(),
+                    id: id.clone(),
+                });
+            }
+            if count > before {
+                self.executed.insert(id, count);
+            }
+        }
+        changes
+    }
+}
