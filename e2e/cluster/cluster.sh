@@ -5,6 +5,10 @@
 #   cluster.sh up      start (or reuse) the cluster; prints the kubeconfig path
 #   cluster.sh down    stop every process and remove the state directory
 #   cluster.sh status  exit 0 when the cluster answers
+#   cluster.sh restart COMPONENT
+#                      SIGKILL one component (etcd, kube-apiserver, ...) and
+#                      start it again as it was started; waits until the
+#                      API server is ready again (the chaos runs use it)
 #
 # State (certificates, etcd data, logs, pids) lives in $GPUHEALTH_CLUSTER_DIR,
 # default <repo>/target/e2e-cluster. Ports are picked free at start.
@@ -105,9 +109,31 @@ KC
 launch() { # name args...
   local name=$1
   shift
-  # fd 9 is the `up` lock: the components must not hold it.
-  setsid "$@" >"$state/logs/$name.log" 2>&1 </dev/null 9>&- &
+  # How it was started, for `restart`.
+  mkdir -p "$state/cmd"
+  printf '%s\0' "$@" >"$state/cmd/$name"
+  # fd 9 is the `up` lock: the components must not hold it. Appended, so
+  # that a restart keeps what came before.
+  setsid "$@" >>"$state/logs/$name.log" 2>&1 </dev/null 9>&- &
   echo $! >"$state/pids/$name"
+}
+
+restart() { # component
+  local c=$1 pid bin
+  if [[ ! -f "$state/cmd/$c" || ! -f "$state/pids/$c" ]]; then
+    log "no running $c started by this script in $state (started before restarts existed? cluster.sh down, then up)"
+    return 1
+  fi
+  bin=$(cat "$state/bin")
+  pid=$(cat "$state/pids/$c")
+  kill -KILL -- "-$pid" 2>/dev/null || kill -KILL "$pid" 2>/dev/null || true
+  for _ in $(seq 1 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+  local args=()
+  mapfile -d '' -t args <"$state/cmd/$c"
+  log "restarting $c"
+  launch "$c" "${args[@]}"
+  wait_for "the API server after restarting $c" 120 \
+    "$bin/kubectl" --kubeconfig "$kubeconfig" get --raw /readyz
 }
 
 wait_for() { # description seconds command...
@@ -214,8 +240,9 @@ case "${1:-}" in
   up) start ;;
   down) stop ;;
   status) answers ;;
+  restart) restart "${2:?which component}" ;;
   *)
-    echo "usage: $0 up|down|status" >&2
+    echo "usage: $0 up|down|status|restart COMPONENT" >&2
     exit 2
     ;;
 esac

@@ -139,3 +139,38 @@ pub async fn kubectl(args: &[&str]) -> Result<String> {
     }
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
+
+/// SIGKILLs one control-plane component of the local cluster (`etcd`,
+/// `kube-apiserver`) and starts it again; returns once the API server is
+/// ready. Only for the cluster `cluster.sh` started: one in
+/// `GPUHEALTH_E2E_KUBECONFIG` elsewhere is not ours to restart.
+pub async fn restart(component: &str) -> Result<()> {
+    let kubeconfig = kubeconfig_path().await?;
+    let state = kubeconfig
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_default();
+    if !state.join("cmd").join(component).exists() {
+        return Err(HarnessError::ClusterStart(format!(
+            "{component} was not started by e2e/cluster/cluster.sh in {} (a cluster started before restarts existed, or not a local one)",
+            state.display()
+        )));
+    }
+    let script = repo_root().join("e2e/cluster/cluster.sh");
+    let component = component.to_owned();
+    let out = tokio::task::spawn_blocking(move || {
+        Command::new(script)
+            .args(["restart", &component])
+            .env("GPUHEALTH_CLUSTER_DIR", &state)
+            .output()
+    })
+    .await
+    .map_err(|e| HarnessError::ClusterStart(e.to_string()))?
+    .map_err(|e| HarnessError::ClusterStart(e.to_string()))?;
+    if !out.status.success() {
+        return Err(HarnessError::ClusterStart(
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        ));
+    }
+    Ok(())
+}

@@ -73,6 +73,11 @@ pub enum Violation {
         node: String,
         id: String,
     },
+    /// Something the scenario sets out to show did not happen (the circuit
+    /// breaker never opened in a storm).
+    Missing {
+        what: String,
+    },
     NotSettled {
         node: String,
         expected: Phase,

@@ -183,6 +183,11 @@ fn parse_xid(rest: &str, since_boot_us: Option<u64>) -> Option<XidLine> {
 /// How many Xids per GPU the report carries (newest kept).
 pub const XIDS_PER_GPU: usize = 16;
 
+/// How many GPUs the kernel log may describe: a GPU report carries at
+/// most 64, and a log that names more (corrupt, or hostile) must not grow
+/// the agent without bound. Lines about further PCI addresses are ignored.
+pub const GPUS_TRACKED: usize = 64;
+
 /// The same Xid on the same GPU within this many seconds is one event seen
 /// twice (in the kernel log and through NVML).
 const DUPLICATE_WINDOW_SECS: i64 = 2;
@@ -201,23 +206,26 @@ impl KernelLog {
     /// returns its Xid code if it is an Xid line.
     pub fn take(&mut self, line: &str, at: Timestamp) -> Option<u32> {
         match parse_line(line) {
-            Some(KernelEvent::GpuAt { pci, uuid }) => {
+            Some(KernelEvent::GpuAt { pci, uuid }) if self.tracks(&pci) => {
                 self.uuids.insert(pci, uuid);
                 None
             }
-            Some(KernelEvent::Xid(x)) => {
+            Some(KernelEvent::Xid(x)) if self.tracks(&x.pci) => {
                 if let Some(action) = x.recovery_action {
                     self.recovery.insert(x.pci, action);
                 }
                 self.add_xid(x.pci, x.code, at, &x.text).then_some(x.code)
             }
-            None => None,
+            Some(_) | None => None,
         }
     }
 
     /// Records an Xid, unless the same one was just recorded (the kernel
     /// log and NVML's events both report each): false then.
     pub fn add_xid(&mut self, pci: PciAddress, code: u32, at: Timestamp, text: &str) -> bool {
+        if !self.tracks(&pci) {
+            return false;
+        }
         let list = self.xids.entry(pci).or_default();
         let repeat = list.iter().rev().take(4).any(|x| {
             x.code == code && (x.at.0.as_second() - at.as_second()).abs() <= DUPLICATE_WINDOW_SECS
@@ -233,6 +241,22 @@ impl KernelLog {
         let over = list.len().saturating_sub(XIDS_PER_GPU);
         list.drain(..over);
         true
+    }
+
+    /// Whether lines about `pci` are taken in: a GPU already known, or room
+    /// for one more.
+    fn tracks(&self, pci: &PciAddress) -> bool {
+        let known = self.uuids.contains_key(pci)
+            || self.xids.contains_key(pci)
+            || self.recovery.contains_key(pci);
+        known || self.gpus_known() < GPUS_TRACKED
+    }
+
+    fn gpus_known(&self) -> usize {
+        let mut all: std::collections::BTreeSet<&PciAddress> = self.uuids.keys().collect();
+        all.extend(self.xids.keys());
+        all.extend(self.recovery.keys());
+        all.len()
     }
 
     /// The Xids logged for the GPU at `pci`, oldest first.
@@ -635,6 +659,44 @@ mod tests {
         assert_eq!(codes, [119, 48]);
         let count = |c: &str| xids.get_or_create(&CodeLabels { code: c.into() }).get();
         assert_eq!((count("119"), count("48")), (1, 1));
+    }
+
+    /// Found reviewing the parser for issue 9: every new PCI address in the
+    /// log added an entry for good, so a corrupt or hostile log grew the
+    /// agent without bound.
+    #[test]
+    fn a_kernel_log_naming_endless_gpus_is_bounded() {
+        let mut log = KernelLog::default();
+        for i in 0..10_000u32 {
+            let (bus, dev) = (i % 256, i / 256);
+            log.take(
+                &format!(
+                    "NVRM: GPU at PCI:0000:{bus:02x}:{dev:02x}: GPU-0a1b2c3d-0000-4000-8000-{i:012}"
+                ),
+                Timestamp::UNIX_EPOCH,
+            );
+            log.take(
+                &format!("NVRM: Xid (PCI:0000:{bus:02x}:{dev:02x}): 154, GPU recovery action changed from 0x0 (None) to 0x1 (GPU Reset Required)"),
+                Timestamp::UNIX_EPOCH,
+            );
+        }
+        assert_eq!(log.entries().len(), GPUS_TRACKED);
+        assert_eq!(log.gpus_known(), GPUS_TRACKED);
+        // The GPUs it knows still take new lines.
+        let first = log.entries()[0].clone();
+        assert_eq!(
+            log.xids(&PciAddress::parse("0000:00:00").expect("pci"))
+                .len(),
+            1
+        );
+        assert!(
+            log.take(
+                "NVRM: Xid (PCI:0000:00:00): 48, DBE",
+                Timestamp::from_second(60).expect("t")
+            )
+            .is_some()
+        );
+        assert_eq!(first.uuid, "GPU-0a1b2c3d-0000-4000-8000-000000000000");
     }
 
     #[test]

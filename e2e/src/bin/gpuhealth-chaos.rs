@@ -15,6 +15,12 @@ struct Args {
     /// Trials of SIGKILLing the leader mid-remediation.
     #[arg(long, default_value_t = 50)]
     kill_trials: usize,
+    /// Restarts of the API server and etcd (alternately) mid-remediation.
+    #[arg(long, default_value_t = 10)]
+    restart_trials: usize,
+    /// Storms of 30% of the nodes failing at once.
+    #[arg(long, default_value_t = 5)]
+    storm_trials: usize,
     /// The random seed; by default the time. Printed, so that a run can be
     /// repeated.
     #[arg(long)]
@@ -22,6 +28,22 @@ struct Args {
     /// Where to write the table (Markdown) besides printing it.
     #[arg(long)]
     out: Option<PathBuf>,
+}
+
+/// Keeps a scenario's row, or says why it could not run.
+fn collect(
+    rows: &mut Vec<Row>,
+    failed: &mut bool,
+    scenario: &str,
+    result: gpuhealth_e2e::Result<Row>,
+) {
+    match result {
+        Ok(row) => rows.push(row),
+        Err(e) => {
+            eprintln!("chaos: {scenario} could not run: {e}");
+            *failed = true;
+        }
+    }
 }
 
 #[tokio::main]
@@ -37,13 +59,28 @@ async fn main() -> ExitCode {
     let mut rows: Vec<Row> = Vec::new();
     let mut failed = false;
     if args.kill_trials > 0 {
-        match chaos::kill::run(args.kill_trials, &mut rng).await {
-            Ok(row) => rows.push(row),
-            Err(e) => {
-                eprintln!("chaos: operator SIGKILL could not run: {e}");
-                failed = true;
-            }
-        }
+        collect(
+            &mut rows,
+            &mut failed,
+            "operator SIGKILL",
+            chaos::kill::run(args.kill_trials, &mut rng).await,
+        );
+    }
+    if args.restart_trials > 0 {
+        collect(
+            &mut rows,
+            &mut failed,
+            "restarts",
+            chaos::restarts::run(args.restart_trials, &mut rng).await,
+        );
+    }
+    if args.storm_trials > 0 {
+        collect(
+            &mut rows,
+            &mut failed,
+            "storm",
+            chaos::storm::run(args.storm_trials, &mut rng).await,
+        );
     }
     let table = chaos::table(&rows);
     println!("{table}");

@@ -139,20 +139,22 @@ impl Fleet {
         }
     }
 
-    /// One trial: `faulty` random nodes get random faults; `disturb` runs
-    /// at once; every sick node must end as its fault says. Returns what
-    /// was expected and what broke, after repairing `Failed` nodes.
+    /// One trial: `faulty` random nodes get faults of random `kinds`;
+    /// `disturb` runs at once (and says what it expected and did not see);
+    /// every sick node must end as its fault says. Returns what was
+    /// expected and what broke, after repairing `Failed` nodes.
     pub async fn trial(
         &mut self,
         rng: &mut Rng,
         faulty: usize,
-        disturb: impl AsyncFnOnce(&mut Fleet, &mut Rng) -> Result<()>,
+        kinds: &[Fault],
+        disturb: impl AsyncFnOnce(&mut Fleet, &mut Rng) -> Result<Vec<Violation>>,
     ) -> Result<(Expectations, Vec<Violation>)> {
         let mark = self.recorder.mark();
         let mut expect = self.expectations();
         let mut holders = Vec::new();
         for node in rng.pick(&self.s.nodes, faulty) {
-            let fault = Fault::ALL[rng.below(Fault::ALL.len())];
+            let fault = kinds[rng.below(kinds.len())];
             let holder = format!("never-{}-{mark}", node);
             let gpu = rng.below(8);
             eprintln!("chaos: {node}: GPU {gpu} {fault:?}");
@@ -163,7 +165,7 @@ impl Fleet {
         let sick: Vec<String> = expect.sick.keys().cloned().collect();
         self.trial_mark = mark;
         self.trial_sick = sick.clone();
-        disturb(self, rng).await?;
+        let missed = disturb(self, rng).await?;
         let waited = self
             .recorder
             .until(mark, "every sick node to end", SETTLE, |t| {
@@ -172,6 +174,7 @@ impl Fleet {
             .await;
         let ended = self.recorder.mark();
         let mut violations = check(&self.recorder.since(mark)[..ended - mark], &expect);
+        violations.extend(missed);
         if let Err(e) = waited {
             eprintln!("chaos: {e}");
         }

@@ -8,7 +8,7 @@ use std::time::Duration;
 use gpuhealth_api::node_health::Phase;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
-use super::{Rng, Row, fleet::Fleet, policy};
+use super::{Fault, Rng, Row, fleet::Fleet, policy};
 use crate::Result;
 
 /// Where a kill may land: every fault passes through these.
@@ -21,11 +21,12 @@ pub async fn run(trials: usize, rng: &mut Rng) -> Result<Row> {
     for trial in 1..=trials {
         let faulty = 1 + rng.below(3);
         let (expect, violations) = fleet
-            .trial(rng, faulty, async |fleet, rng| {
+            .trial(rng, faulty, &Fault::ALL, async |fleet, rng| {
                 let phase = PHASES[rng.below(PHASES.len())];
                 fleet.reached(phase).await?;
                 tokio::time::sleep(rng.within(Duration::from_secs(2))).await;
-                fleet.kill_leader().await
+                fleet.kill_leader().await?;
+                Ok(Vec::new())
             })
             .await?;
         eprintln!(

@@ -5,6 +5,8 @@
 
 pub mod fleet;
 pub mod kill;
+pub mod restarts;
+pub mod storm;
 
 use std::{fmt::Write as _, time::Duration};
 
