@@ -39,8 +39,8 @@ pub enum Seen {
 pub struct Expectations {
     /// Each policy's `maxConcurrent`, as a node count.
     pub max_concurrent: BTreeMap<String, usize>,
-    /// Nodes the run cordoned itself and left cordoned: nobody else may
-    /// uncordon them.
+    /// Nodes the run cordoned itself before the timeline starts and left
+    /// cordoned: nobody else may uncordon them.
     pub foreign_cordons: BTreeSet<String>,
     /// Pods the run deleted itself.
     pub deleted_by_run: BTreeSet<String>,
@@ -91,7 +91,9 @@ pub fn check(timeline: &[Seen], expect: &Expectations) -> Vec<Violation> {
     let mut violations = Vec::new();
     // Per node: its latest health, and whether a foreign cordon is on it.
     let mut health: BTreeMap<&str, (&Option<String>, Phase, &Option<String>)> = BTreeMap::new();
-    let mut foreign_on: BTreeSet<&str> = BTreeSet::new();
+    // The run made them before the timeline starts.
+    let mut foreign_on: BTreeSet<&str> =
+        expect.foreign_cordons.iter().map(String::as_str).collect();
     let mut executed: BTreeSet<(&str, &str)> = BTreeSet::new();
     let mut requests: BTreeMap<(&str, &str), &str> = BTreeMap::new();
     // Report each policy's worst moment once, not every event past it.
@@ -274,6 +276,27 @@ mod tests {
             ending(&[health("d", Phase::Healthy)], "d"),
             None,
             "never sick"
+        );
+    }
+
+    #[test]
+    fn a_foreign_cordon_made_before_the_timeline_is_still_guarded() {
+        let timeline = vec![
+            health("a", Phase::Healthy),
+            Seen::Cordon {
+                node: "human".into(),
+                unschedulable: false,
+            },
+        ];
+        let expect = Expectations {
+            foreign_cordons: ["human".to_owned()].into(),
+            ..Default::default()
+        };
+        assert_eq!(
+            check(&timeline, &expect),
+            [Violation::ForeignUncordon {
+                node: "human".into()
+            }]
         );
     }
 

@@ -18,6 +18,9 @@ struct Args {
     /// Restarts of the API server and etcd (alternately) mid-remediation.
     #[arg(long, default_value_t = 10)]
     restart_trials: usize,
+    /// Trials with another writer replacing the same nodes and pods.
+    #[arg(long, default_value_t = 10)]
+    conflict_trials: usize,
     /// Storms of 30% of the nodes failing at once.
     #[arg(long, default_value_t = 5)]
     storm_trials: usize,
@@ -72,6 +75,14 @@ async fn main() -> ExitCode {
             &mut failed,
             "restarts",
             chaos::restarts::run(args.restart_trials, &mut rng).await,
+        );
+    }
+    if args.conflict_trials > 0 {
+        collect(
+            &mut rows,
+            &mut failed,
+            "conflicts",
+            chaos::conflicts::run(args.conflict_trials, &mut rng).await,
         );
     }
     if args.storm_trials > 0 {

@@ -4,7 +4,7 @@
 //! way, waits for every sick node to end, checks the invariants over what
 //! was recorded, and repairs what a person would.
 
-use std::time::Duration;
+use std::{collections::BTreeSet, time::Duration};
 
 use gpuhealth_api::{GpuHealthPolicySpec, node_health::Phase};
 use k8s_openapi::api::coordination::v1::Lease;
@@ -35,6 +35,8 @@ pub struct Fleet {
     /// The running trial's start in the recorder, and its sick nodes.
     pub trial_mark: usize,
     pub trial_sick: Vec<String>,
+    /// Nodes the run has cordoned itself: nobody else may uncordon them.
+    pub foreign_cordons: BTreeSet<String>,
 }
 
 impl Fleet {
@@ -69,6 +71,7 @@ impl Fleet {
             started: 1,
             trial_mark: 0,
             trial_sick: Vec::new(),
+            foreign_cordons: BTreeSet::new(),
         };
         while fleet.replicas.len() < replicas {
             fleet.start_replica().await?;
@@ -135,6 +138,7 @@ impl Fleet {
     fn expectations(&self) -> Expectations {
         Expectations {
             max_concurrent: [(self.s.policy.clone(), self.max_concurrent)].into(),
+            foreign_cordons: self.foreign_cordons.clone(),
             ..Default::default()
         }
     }
@@ -197,6 +201,8 @@ impl Fleet {
             })
             .await?;
         let mut later = self.expectations();
+        // A person's repair uncordons the nodes handed over, foreign or not.
+        later.foreign_cordons.retain(|n| !handed_over.contains(n));
         later.deleted_by_run = holders
             .iter()
             .map(|(_, h)| format!("{}/{h}", self.s.namespace))

@@ -3,6 +3,7 @@
 //! each judged afterwards by [`crate::invariants::check`] over what the
 //! [`crate::recorder::Recorder`] saw. Every scenario reports one [`Row`].
 
+pub mod conflicts;
 pub mod fleet;
 pub mod kill;
 pub mod restarts;
@@ -263,6 +264,8 @@ pub struct Row {
     pub healthy: (usize, usize),
     /// Sick nodes that ended `Failed` as expected, out of how many should.
     pub failed: (usize, usize),
+    /// Other figures of the scenario, printed under the table.
+    pub notes: Vec<String>,
 }
 
 impl Row {
@@ -318,6 +321,11 @@ pub fn table(rows: &[Row]) -> String {
             ended(r.healthy),
             ended(r.failed),
         );
+    }
+    for r in rows {
+        for note in &r.notes {
+            let _ = write!(out, "\n- {}: {note}", r.scenario);
+        }
     }
     out
 }
