@@ -71,18 +71,51 @@ pub async fn client_with_token(token: &str) -> Result<Client> {
 /// A kubeconfig file at `path` for the test cluster that authenticates
 /// with `token` alone: for running a binary as a ServiceAccount.
 pub async fn kubeconfig_with_token(token: &str, path: &Path) -> Result<PathBuf> {
+    changed_kubeconfig(path, |kubeconfig| {
+        for user in &mut kubeconfig.auth_infos {
+            user.auth_info = Some(kube::config::AuthInfo {
+                token: Some(token.to_owned().into()),
+                ..Default::default()
+            });
+        }
+    })
+    .await
+}
+
+/// A kubeconfig file at `path` for the test cluster that reaches the API
+/// server at `addr` (a proxy in between) instead.
+pub async fn kubeconfig_via(addr: std::net::SocketAddr, path: &Path) -> Result<PathBuf> {
+    changed_kubeconfig(path, |kubeconfig| {
+        for cluster in kubeconfig
+            .clusters
+            .iter_mut()
+            .filter_map(|c| c.cluster.as_mut())
+        {
+            cluster.server = Some(format!("https://{addr}"));
+        }
+    })
+    .await
+}
+
+/// The API server's address, from the kubeconfig.
+pub async fn api_server_addr() -> Result<std::net::SocketAddr> {
+    let server = config().await?.cluster_url;
+    let host = server.host().unwrap_or("127.0.0.1");
+    let port = server.port_u16().unwrap_or(443);
+    format!("{host}:{port}")
+        .parse()
+        .map_err(|e| HarnessError::ClusterStart(format!("the API server {server}: {e}")))
+}
+
+/// The admin kubeconfig, changed by `change`, written to `path`.
+async fn changed_kubeconfig(path: &Path, change: impl FnOnce(&mut Kubeconfig)) -> Result<PathBuf> {
     let admin = kubeconfig_path().await?;
     let mut kubeconfig =
         Kubeconfig::read_from(&admin).map_err(|source| HarnessError::Kubeconfig {
             path: admin.display().to_string(),
             source,
         })?;
-    for user in &mut kubeconfig.auth_infos {
-        user.auth_info = Some(kube::config::AuthInfo {
-            token: Some(token.to_owned().into()),
-            ..Default::default()
-        });
-    }
+    change(&mut kubeconfig);
     let yaml = serde_yaml::to_string(&kubeconfig)
         .map_err(|e| HarnessError::ClusterStart(format!("writing a kubeconfig: {e}")))?;
     std::fs::write(path, yaml)

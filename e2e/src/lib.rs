@@ -15,6 +15,7 @@ pub mod node_agent;
 pub mod operator;
 pub mod plugin;
 pub mod process;
+pub mod proxy;
 pub mod recorder;
 pub mod reports;
 pub mod scenario;

@@ -18,6 +18,9 @@ struct Args {
     /// Restarts of the API server and etcd (alternately) mid-remediation.
     #[arg(long, default_value_t = 10)]
     restart_trials: usize,
+    /// Trials cutting the leader off the API server mid-remediation.
+    #[arg(long, default_value_t = 5)]
+    fencing_trials: usize,
     /// Trials with another writer replacing the same nodes and pods.
     #[arg(long, default_value_t = 10)]
     conflict_trials: usize,
@@ -75,6 +78,14 @@ async fn main() -> ExitCode {
             &mut failed,
             "restarts",
             chaos::restarts::run(args.restart_trials, &mut rng).await,
+        );
+    }
+    if args.fencing_trials > 0 {
+        collect(
+            &mut rows,
+            &mut failed,
+            "fencing",
+            chaos::fencing::run(args.fencing_trials, &mut rng).await,
         );
     }
     if args.conflict_trials > 0 {

@@ -80,12 +80,26 @@ impl Fleet {
     }
 
     /// Starts one more replica behind the Lease.
-    pub async fn start_replica(&mut self) -> Result<()> {
+    pub async fn start_replica(&mut self) -> Result<String> {
+        self.start_replica_with(self.s.operator_options.clone())
+            .await
+    }
+
+    /// Starts one more replica behind the Lease, with `options` (whose
+    /// Lease is set to the fleet's); returns its name.
+    pub async fn start_replica_with(&mut self, mut options: Options) -> Result<String> {
         self.started += 1;
         let name = format!("{}-replica-{}", self.s.group, self.started);
-        let replica = operator::start_with(&name, self.s.operator_options.clone()).await?;
+        options.lease = Some(self.lease.clone());
+        let replica = operator::start_with(&name, options).await?;
         self.replicas.push(replica);
-        Ok(())
+        Ok(name)
+    }
+
+    /// Takes replica `name` out of the fleet, still running if it was.
+    pub fn remove(&mut self, name: &str) -> Option<Process> {
+        let i = self.replicas.iter().position(|r| r.name == name)?;
+        Some(self.replicas.remove(i))
     }
 
     /// The replica holding the Lease, by name.
@@ -113,12 +127,11 @@ impl Fleet {
     /// SIGKILLs the leader and starts a replacement, as a Deployment would.
     pub async fn kill_leader(&mut self) -> Result<()> {
         let leader = self.live_leader().await?;
-        if let Some(i) = self.replicas.iter().position(|r| r.name == leader) {
-            let mut dead = self.replicas.remove(i);
+        if let Some(mut dead) = self.remove(&leader) {
             dead.kill().await;
             eprintln!("chaos: SIGKILLed the leader {}", dead.name);
         }
-        self.start_replica().await
+        self.start_replica().await.map(|_| ())
     }
 
     /// Waits until one of the trial's sick nodes is in `phase`, or all have
