@@ -364,3 +364,147 @@ async fn without_nvml_the_agent_reports_from_the_kernel_log() {
     assert!(!exit.success(), "{exit:?}");
     remove(&client, &node).await;
 }
+
+/// Resident memory of process `pid`, in KiB.
+fn rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+#[tokio::test]
+async fn a_kernel_log_flood_leaves_the_agent_bounded() {
+    let (client, node, state) = node("agent-flood").await;
+    let kmsg = state.with_extension("kmsg");
+    std::fs::write(
+        &kmsg,
+        "6,1,1,-;NVRM: GPU at PCI:0000:01:00: GPU-0a1b2c3d-0000-4000-8000-000000000000\n",
+    )
+    .expect("kernel log");
+    let kmsg_arg = kmsg.display().to_string();
+    let args = ["--backend", "nvml", "--kmsg-path", kmsg_arg.as_str()];
+    let agent = node_agent::start_with(&format!("{node}-agent"), &node, &state, None, &args)
+        .await
+        .expect("agent");
+    let nodes: Api<Node> = Api::all(client.clone());
+    until(nodes.clone(), &node, WAIT, |n| {
+        report(n).is_some_and(|r| r.gpus.len() == 1)
+    })
+    .await
+    .expect("a report from the log");
+    let pid = agent.pid().expect("running");
+    let before = rss_kib(pid);
+    let agent_started = Instant::now();
+
+    // 100,000 lines a second for ten seconds, as fast as a driver in
+    // trouble could log: Xids of every code on one GPU, GPUs named at ever
+    // new PCI addresses, noise, and now and then a line with no end in
+    // sight. The agent's memory is sampled meanwhile.
+    let flood = {
+        let kmsg = kmsg.clone();
+        tokio::task::spawn_blocking(move || {
+            use std::io::Write;
+            let mut log = std::io::BufWriter::new(
+                std::fs::OpenOptions::new()
+                    .append(true)
+                    .open(&kmsg)
+                    .expect("open"),
+            );
+            let started = Instant::now();
+            let mut written = 0u64;
+            for tick in 0..10_000u64 {
+                for i in 0..100u64 {
+                    let n = tick * 100 + i;
+                    let line = match n % 10 {
+                        0 => format!(
+                            "6,{n},{n},-;NVRM: GPU at PCI:0000:{:02x}:{:02x}: GPU-0a1b2c3d-0000-4000-8000-{n:012}",
+                            n % 256,
+                            (n / 256) % 32
+                        ),
+                        1 if n % 1000 == 1 => format!("4,{n},{n},-;{}", "x".repeat(8192)),
+                        1..=6 => format!(
+                            "4,{n},{n},-;NVRM: Xid (PCI:0000:01:00): {}, flood line {n}",
+                            n % 200
+                        ),
+                        _ => format!("6,{n},{n},-;usb 1-1: something else entirely {n}"),
+                    };
+                    writeln!(log, "{line}").expect("write");
+                    written += 1;
+                }
+                log.flush().expect("flush");
+                // Paced to 100 lines a millisecond.
+                let due = std::time::Duration::from_millis(tick + 1);
+                if let Some(wait) = due.checked_sub(started.elapsed()) {
+                    std::thread::sleep(wait);
+                }
+            }
+            // The last line: once the agent reports it, it has read them all.
+            writeln!(
+                log,
+                "4,0,0,-;NVRM: Xid (PCI:0000:01:00): 999, the last line of the flood"
+            )
+            .expect("write");
+            log.flush().expect("flush");
+            (written, started.elapsed())
+        })
+    };
+    let mut peak = before;
+    let sampling = async {
+        loop {
+            peak = peak.max(rss_kib(pid));
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+    };
+    let (written, took) = tokio::select! {
+        done = flood => done.expect("the flood"),
+        () = sampling => unreachable!("sampling never ends"),
+    };
+    let last = until(nodes, &node, WAIT, |n| {
+        report(n).is_some_and(|r| {
+            r.gpus
+                .iter()
+                .any(|g| g.xids.last().is_some_and(|x| x.code == 999))
+        })
+    })
+    .await
+    .expect("the agent read to the end of the flood");
+    peak = peak.max(rss_kib(pid));
+    let r = report(&last).expect("report");
+    let metrics = agent.scrape().await.expect("metrics");
+    let writes: u64 = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("gpuhealth_agent_report_writes_total "))
+        .and_then(|v| v.trim().parse().ok())
+        .expect("the report writes metric");
+    let since_start = agent_started.elapsed();
+    eprintln!(
+        "flood: {written} lines in {took:?} ({:.0}/s); agent RSS {before} KiB before, {peak} KiB at peak; {} GPUs reported; {writes} report writes",
+        written as f64 / took.as_secs_f64(),
+        r.gpus.len()
+    );
+    assert!(
+        r.gpus.len() <= 64,
+        "the report stays within the contract: {}",
+        r.gpus.len()
+    );
+    assert!(
+        peak < before + 32 * 1024,
+        "memory stays bounded under the flood: {before} KiB -> {peak} KiB"
+    );
+    // One write a second at most, besides those of a GPU newly gone bad,
+    // which go at once: here the flood's Xids turn GPU 0 healthy and bad
+    // again and again, and a coalesced write that found it healthy may be
+    // followed by one that finds it bad, so at most two a second. Without
+    // coalescing it was one write per Xid the API server could take, 300 to
+    // 450 in ten seconds here.
+    let bound = 2 * since_start.as_secs() + 2;
+    assert!(
+        writes <= bound,
+        "{writes} report writes in {since_start:?}: coalesced to one a second"
+    );
+    drop(agent);
+    remove(&client, &node).await;
+}

@@ -333,13 +333,54 @@ fn rank(h: GpuHealth) -> u8 {
     }
 }
 
+/// The longest line taken in: a kernel log record is at most about 1 KiB;
+/// a plain file may hold anything.
+pub const MAX_LINE: usize = 4096;
+
+/// Lines read but not yet handled, at most.
+const LINES_QUEUED: usize = 4096;
+
+/// Reads one line into `line`, keeping at most [`MAX_LINE`] bytes of it and
+/// skipping the rest; the bytes consumed (0 at the end of the file).
+fn read_bounded_line(reader: &mut impl BufRead, line: &mut String) -> std::io::Result<usize> {
+    let mut bytes = Vec::new();
+    let mut consumed = 0;
+    loop {
+        let (done, used) = {
+            let available = match reader.fill_buf() {
+                Ok(b) => b,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(e),
+            };
+            if available.is_empty() {
+                (true, 0)
+            } else {
+                let end = available.iter().position(|&b| b == b'\n');
+                let used = end.map_or(available.len(), |i| i + 1);
+                let room = MAX_LINE.saturating_sub(bytes.len());
+                bytes.extend_from_slice(&available[..used.min(room)]);
+                (end.is_some(), used)
+            }
+        };
+        reader.consume(used);
+        consumed += used;
+        if done {
+            break;
+        }
+    }
+    line.push_str(&String::from_utf8_lossy(&bytes));
+    Ok(consumed)
+}
+
 /// Follows a kernel log: `/dev/kmsg` (which replays the ring buffer first, so
 /// what happened before the agent started is seen too) or a plain file,
 /// read to its end and then polled for more. Each line goes to `lines`,
-/// with when it was logged where the record says so.
+/// with when it was logged where the record says so; a full channel holds
+/// the reading back (a flood is read as fast as it is handled, never
+/// queued without bound). Lines are cut at [`MAX_LINE`] bytes.
 pub fn follow(
     path: PathBuf,
-    lines: std::sync::mpsc::Sender<(String, Timestamp)>,
+    lines: std::sync::mpsc::SyncSender<(String, Timestamp)>,
 ) -> std::io::Result<()> {
     let file = std::fs::File::open(&path)?;
     let boot = boot_time();
@@ -348,7 +389,7 @@ pub fn follow(
         let mut line = String::new();
         loop {
             line.clear();
-            match reader.read_line(&mut line) {
+            match read_bounded_line(&mut reader, &mut line) {
                 // End of a plain file: wait for more to be written.
                 Ok(0) => std::thread::sleep(std::time::Duration::from_millis(200)),
                 Ok(_) => {
@@ -398,7 +439,7 @@ impl Feed {
 
     /// Follows the kernel log at `path`.
     pub fn follow(&self, path: PathBuf) -> std::io::Result<()> {
-        let (tx, rx) = std::sync::mpsc::channel::<(String, Timestamp)>();
+        let (tx, rx) = std::sync::mpsc::sync_channel::<(String, Timestamp)>(LINES_QUEUED);
         follow(path, tx)?;
         let feed = self.clone();
         std::thread::spawn(move || {
@@ -699,6 +740,28 @@ mod tests {
         assert_eq!(first.uuid, "GPU-0a1b2c3d-0000-4000-8000-000000000000");
     }
 
+    /// Found for issue 9: a kernel log line was read whole, however long; a
+    /// file with no newline in it grew the agent without bound.
+    #[test]
+    fn an_endless_line_is_cut_and_the_next_one_read_whole() {
+        let text = format!(
+            "{}\nNVRM: Xid (PCI:0000:e1:00): 48, DBE\n",
+            "x".repeat(1 << 20)
+        );
+        let mut reader = std::io::BufReader::new(text.as_bytes());
+        let mut line = String::new();
+        assert_eq!(
+            read_bounded_line(&mut reader, &mut line).expect("read"),
+            (1 << 20) + 1
+        );
+        assert_eq!(line.len(), MAX_LINE);
+        line.clear();
+        read_bounded_line(&mut reader, &mut line).expect("read");
+        assert_eq!(line, "NVRM: Xid (PCI:0000:e1:00): 48, DBE\n");
+        line.clear();
+        assert_eq!(read_bounded_line(&mut reader, &mut line).expect("read"), 0);
+    }
+
     #[test]
     fn a_followed_file_delivers_what_is_appended() {
         use std::io::Write;
@@ -709,7 +772,7 @@ mod tests {
             "6,1,100,-;NVRM: GPU at PCI:0000:e1:00: GPU-0a1b2c3d-0000-4000-8000-000000000007"
         )
         .expect("write");
-        let (tx, rx) = std::sync::mpsc::channel();
+        let (tx, rx) = std::sync::mpsc::sync_channel(16);
         follow(path.clone(), tx).expect("follow");
         let (first, _) = rx
             .recv_timeout(std::time::Duration::from_secs(10))

@@ -7,6 +7,7 @@ use std::{sync::Arc, time::Duration};
 use tokio::sync::Notify;
 
 use futures::{StreamExt, TryStreamExt};
+use gpuhealth_api::GpuHealth;
 use gpuhealth_api::contract::{
     AnnotationValue, GPU_HEALTHY_CONDITION, GPU_REPORT_ANNOTATION, GpuEntry, GpuReport, Outcome,
     REBOOT_REQUEST_ANNOTATION, REQUEST_RESULT_ANNOTATION, RESET_REQUEST_ANNOTATION, RebootRequest,
@@ -41,6 +42,12 @@ pub enum CrashPoint {
     Finished,
 }
 
+/// The least time between two report writes unless a GPU has newly gone
+/// bad: a flood of Xids (100,000 kernel log lines a second in the
+/// reliability test) becomes one write a second, not one per Xid. A GPU
+/// going bad is written at once: it is what the operator must act on.
+pub const COALESCE: Duration = Duration::from_secs(1);
+
 pub struct Settings {
     pub node: String,
     /// How often to read the GPUs when nothing on the Node changes.
@@ -60,6 +67,10 @@ pub struct NodeAgent<B> {
     journal: Journal,
     /// What this process last wrote: the report's GPUs and the condition.
     published: Option<Vec<GpuEntry>>,
+    /// When the report was last written, and whether a change waits for
+    /// [`COALESCE`] to pass.
+    last_write: Option<std::time::Instant>,
+    deferred: bool,
     condition: Option<(bool, Timestamp)>,
     /// Signalled when the backend has news (a kernel log line), so the agent
     /// need not wait for its next poll.
@@ -82,6 +93,8 @@ impl<B: Backend> NodeAgent<B> {
             backend,
             journal,
             published: None,
+            last_write: None,
+            deferred: false,
             condition: None,
             wake: Arc::default(),
             metrics: Arc::default(),
@@ -121,6 +134,7 @@ impl<B: Backend> NodeAgent<B> {
                 },
                 _ = tick.tick() => {}
                 () = self.wake.notified() => {}
+                () = tokio::time::sleep(self.coalesced_for()), if self.deferred => {}
             }
             let Some(current) = &node else { continue };
             let current = current.clone();
@@ -309,6 +323,20 @@ impl<B: Backend> NodeAgent<B> {
             source: Some(self.backend.source().into()),
             gpus: gpus.clone(),
         };
+        let bad = |g: &[GpuEntry]| -> std::collections::BTreeSet<String> {
+            g.iter()
+                .filter(|g| g.health != GpuHealth::Healthy)
+                .map(|g| g.uuid.clone())
+                .collect()
+        };
+        let newly_bad = self
+            .published
+            .as_ref()
+            .is_none_or(|p| !bad(&gpus).is_subset(&bad(p)));
+        if !unchanged && !newly_bad && !self.coalesced_for().is_zero() {
+            self.deferred = true;
+            return;
+        }
         if !unchanged {
             if let Err(e) = report.check() {
                 warn!(error = %e, "the GPUs read would make an invalid report; not published");
@@ -322,6 +350,8 @@ impl<B: Backend> NodeAgent<B> {
                     info!(bad = report.bad_gpus().count(), "published the GPU report");
                     self.metrics.report_writes.inc();
                     self.published = Some(gpus);
+                    self.last_write = Some(std::time::Instant::now());
+                    self.deferred = false;
                 }
                 Err(e) => {
                     warn!(error = %e, "publishing the GPU report; will retry");
@@ -335,6 +365,12 @@ impl<B: Backend> NodeAgent<B> {
             .ready
             .store(true, std::sync::atomic::Ordering::Relaxed);
         self.publish_condition(&report).await;
+    }
+
+    /// How long a report change that is no change of health must still wait.
+    fn coalesced_for(&self) -> Duration {
+        self.last_write
+            .map_or(Duration::ZERO, |t| COALESCE.saturating_sub(t.elapsed()))
     }
 
     async fn publish_condition(&mut self, report: &GpuReport) {
