@@ -302,8 +302,8 @@ impl<'a> Stepper<'a> {
         self.input.spec
     }
 
-    /// Xids from before the last request or the end of the last incident are
-    /// history: the action since has answered them.
+    /// Xids from before the last request, its answer or the end of the last
+    /// incident are history: the action since has answered them.
     fn xids_since(&self) -> Option<Timestamp> {
         let requested = self
             .status
@@ -317,7 +317,19 @@ impl<'a> Stepper<'a> {
             .first()
             .and_then(|i| i.ended_at.as_ref())
             .map(|t| t.0);
-        requested.max(ended)
+        requested.max(ended).max(self.answered_at())
+    }
+
+    /// When the agent answered the current request, by the agent's clock:
+    /// the clock its reports and Xids are stamped with, so that one running
+    /// ahead of or behind the operator's cannot make answered Xids look new,
+    /// nor the report after the action look old.
+    fn answered_at(&self) -> Option<Timestamp> {
+        let action = self.status.action.as_ref()?;
+        match &self.input.node.result {
+            Some(Ok(r)) if r.id.as_str() == action.id => Some(r.finished_at.0),
+            _ => None,
+        }
     }
 
     fn observe(&mut self) {
@@ -1240,9 +1252,14 @@ impl<'a> Stepper<'a> {
             return self.quarantined();
         };
         let requested = action.requested_at.as_ref().map_or(self.now(), |t| t.0);
-        // Only a report written after the action says anything about it.
+        // Only a report written after the action says anything about it:
+        // after the request by the operator's clock, or after the answer by
+        // the agent's.
+        let answered = self.answered_at();
         let fresh = match &self.input.node.report {
-            Some(Ok(r)) => r.observed_at.0 >= requested,
+            Some(Ok(r)) => {
+                r.observed_at.0 >= requested || answered.is_some_and(|a| r.observed_at.0 >= a)
+            }
             _ => !self.spec().detection.gpu_report.enabled,
         };
         let verification = &self.spec().verification;

@@ -5,7 +5,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{Agent, BAD_GPU, World, gpu_pod};
+use common::{Agent, BAD_GPU, World, gpu_pod, ts};
 use gpuhealth_api::{
     GpuHealth,
     contract::{DisruptionTolerance, XidEvent},
@@ -14,7 +14,7 @@ use gpuhealth_api::{
     types::{RecoveryAction, SignalAction},
 };
 use gpuhealth_engine::{diagnosis::ObservedCondition, drain::BudgetView, machine::Action};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::{apimachinery::pkg::apis::meta::v1::Time, jiff::SignedDuration};
 
 const HOUR: Duration = Duration::from_secs(3600);
 
@@ -571,4 +571,41 @@ fn a_pod_on_the_bad_gpu_gets_a_finding_and_an_event_once() {
             .any(|a| matches!(a, Action::Event { reason, .. } if reason == "PodOnBadGpu")),
         "not repeated"
     );
+}
+
+/// The agent's clock an hour off the operator's, either way: its report,
+/// its Xids and its answers are stamped by it.
+fn skewed(by: SignedDuration) -> World {
+    let mut w = World::incident();
+    w.agent_clock = by;
+    if let Some(Ok(report)) = &mut w.node.report {
+        report.observed_at = Time(report.observed_at.0.saturating_add(by).expect("time"));
+        for g in &mut report.gpus {
+            for x in &mut g.xids {
+                x.at = Time(x.at.0.saturating_add(by).expect("time"));
+            }
+        }
+    }
+    w
+}
+
+#[test]
+fn an_agent_clock_an_hour_ahead_gets_one_remediation_and_no_repeat() {
+    let mut w = skewed(SignedDuration::from_hours(1));
+    w.run_until(|w| w.state.phase == Phase::Healthy, HOUR);
+    // The reset answered, the agent forgets the Xids it answered (as the
+    // real one does); hours of reconciles after that change nothing.
+    w.clear();
+    w.run_until(|w| w.now > ts("2026-05-29T11:00:00Z"), 3 * HOUR);
+    assert_eq!(w.state.phase, Phase::Healthy);
+    assert_eq!(w.executed.len(), 1, "{:?}", w.executed);
+    assert_eq!(w.state.history.len(), 1, "one incident");
+}
+
+#[test]
+fn an_agent_clock_an_hour_behind_still_verifies_the_reset() {
+    let mut w = skewed(SignedDuration::from_hours(-1));
+    w.run_until(|w| w.state.phase == Phase::Healthy, HOUR);
+    assert_eq!(w.executed.len(), 1, "{:?}", w.executed);
+    assert_eq!(w.state.history[0].outcome.as_deref(), Some("Recovered"));
 }

@@ -22,7 +22,10 @@ use gpuhealth_engine::{
     machine::{Action, Input, NodeView, step},
     workload::WorkloadView,
 };
-use k8s_openapi::{apimachinery::pkg::apis::meta::v1::Time, jiff::Timestamp};
+use k8s_openapi::{
+    apimachinery::pkg::apis::meta::v1::Time,
+    jiff::{SignedDuration, Timestamp},
+};
 
 pub const INCIDENT_REPORT: &str =
     include_str!("../../../gpuhealth-api/tests/fixtures/incident-gpu-report.json");
@@ -81,6 +84,9 @@ pub struct World {
     /// Labels the engine set on the node.
     pub labels: BTreeMap<String, String>,
     boots: u32,
+    /// How far the agent's clock is from the operator's (its reports and
+    /// results are stamped by it).
+    pub agent_clock: SignedDuration,
 }
 
 impl World {
@@ -124,6 +130,7 @@ impl World {
             executed: Vec::new(),
             labels: BTreeMap::new(),
             boots: 1,
+            agent_clock: SignedDuration::ZERO,
         }
     }
 
@@ -277,18 +284,23 @@ impl World {
             } else {
                 "nvidia-smi --gpu-reset failed".into()
             },
-            finished_at: Time(self.now),
+            finished_at: Time(self.agent_now()),
         }));
     }
 
-    /// Every GPU healthy, in a report newer than now.
+    /// What the agent's clock says now.
+    pub fn agent_now(&self) -> Timestamp {
+        self.now.saturating_add(self.agent_clock).expect("time")
+    }
+
+    /// Every GPU healthy, in a report newer than now (by the agent's clock).
     pub fn heal(&mut self) {
+        let observed = self
+            .agent_now()
+            .saturating_add(Duration::from_secs(1))
+            .expect("time");
         if let Some(Ok(report)) = &mut self.node.report {
-            report.observed_at = Time(
-                self.now
-                    .saturating_add(Duration::from_secs(1))
-                    .expect("time"),
-            );
+            report.observed_at = Time(observed);
             for g in &mut report.gpus {
                 g.health = GpuHealth::Healthy;
                 g.recovery_action = Some(0);
