@@ -5,7 +5,7 @@ export CARGO_BUILD_JOBS ?= 2
 CLUSTER := e2e/cluster/cluster.sh
 TARGET_DIR := $(or $(CARGO_TARGET_DIR),$(CURDIR)/target)
 
-.PHONY: build crds docs lint unit e2e chaos chaos-bounded bench bench-smoke test cluster-up cluster-down demo clean
+.PHONY: build crds docs lint unit e2e chaos chaos-bounded fuzz fuzz-smoke bench bench-smoke test cluster-up cluster-down demo clean
 
 build:
 	cargo build --workspace --all-targets
@@ -63,9 +63,30 @@ chaos:
 	e2e/cluster/with-cluster.sh $(TARGET_DIR)/debug/gpuhealth-chaos --out target/chaos.md $(CHAOS_ARGS)
 
 chaos-bounded:
-	$(MAKE) chaos CHAOS_ARGS="--kill-trials 10"
+	$(MAKE) chaos CHAOS_ARGS="--kill-trials 10 --restart-trials 2 --fencing-trials 1 --conflict-trials 2 --storm-trials 1"
 
-test: lint unit e2e chaos-bounded bench-smoke
+# Fuzzing what gpuhealth reads from others (fuzz/: the GPU report, the
+# request and result annotations, the maintenance notice, the kernel log),
+# FUZZ_SECS each, from the committed corpus. Needs nightly Rust and
+# cargo-fuzz, installed here when missing. `fuzz-smoke` is the brief run
+# `make test` includes.
+FUZZ_SECS ?= 600
+FUZZ_KEEP ?= yes
+FUZZ_TARGETS := gpu_report requests maintenance kernel_log
+fuzz:
+	rustup toolchain list | grep -q '^nightly' || rustup toolchain install nightly --profile minimal
+	command -v cargo-fuzz >/dev/null || cargo install cargo-fuzz --locked
+	cd fuzz && for t in $(FUZZ_TARGETS); do \
+	  if [ "$(FUZZ_KEEP)" = no ]; then dirs="$$(mktemp -d) corpus/$$t"; else dirs=corpus/$$t; fi; \
+	  cargo +nightly fuzz run -s none -O $$t $$dirs -- -max_total_time=$(FUZZ_SECS) -rss_limit_mb=1024 || exit 1; \
+	done
+
+# New inputs go to a scratch directory, so that a test run leaves the
+# committed corpus as it was.
+fuzz-smoke:
+	$(MAKE) fuzz FUZZ_SECS=15 FUZZ_KEEP=no
+
+test: lint unit e2e chaos-bounded fuzz-smoke bench-smoke
 
 cluster-up:
 	@$(CLUSTER) up

@@ -1,0 +1,58 @@
+//! What each fuzz target checks, beyond "never panics": a value the
+//! contract accepts serialises to one it accepts again, unchanged; the
+//! kernel log stays within its bounds whatever it is fed.
+
+use gpuhealth_agent::kmsg::{GPUS_TRACKED, KernelLog, XIDS_PER_GPU};
+use gpuhealth_api::contract::{
+    AnnotationValue, CordonRecord, GpuReport, MaintenanceNotice, RebootRequest, RequestResult,
+    ResetRequest,
+};
+use k8s_openapi::jiff::Timestamp;
+
+/// Parses `data` as `T`; what parses must survive a round trip.
+pub fn round_trip<T: AnnotationValue + PartialEq + std::fmt::Debug>(data: &[u8]) {
+    let Ok(text) = std::str::from_utf8(data) else {
+        return;
+    };
+    if let Ok(value) = T::parse(text) {
+        let again = T::parse(&value.to_annotation());
+        assert_eq!(again.as_ref().ok(), Some(&value), "{again:?}");
+    }
+}
+
+pub fn gpu_report(data: &[u8]) {
+    round_trip::<GpuReport>(data);
+}
+
+/// The first byte picks which request annotation the rest is.
+pub fn requests(data: &[u8]) {
+    let Some((which, rest)) = data.split_first() else {
+        return;
+    };
+    match which % 4 {
+        0 => round_trip::<ResetRequest>(rest),
+        1 => round_trip::<RebootRequest>(rest),
+        2 => round_trip::<RequestResult>(rest),
+        _ => round_trip::<CordonRecord>(rest),
+    }
+}
+
+pub fn maintenance(data: &[u8]) {
+    round_trip::<MaintenanceNotice>(data);
+}
+
+/// Each line of `data` into one kernel log, a second apart; what it
+/// reports stays within the report's bounds.
+pub fn kernel_log(data: &[u8]) {
+    let text = String::from_utf8_lossy(data);
+    let mut log = KernelLog::default();
+    for (i, line) in text.lines().enumerate() {
+        let at = Timestamp::from_second(i as i64).unwrap_or(Timestamp::UNIX_EPOCH);
+        log.take(line, at);
+    }
+    let entries = log.entries();
+    assert!(entries.len() <= GPUS_TRACKED);
+    for gpu in &entries {
+        assert!(gpu.xids.len() <= XIDS_PER_GPU, "{gpu:?}");
+    }
+}
