@@ -68,7 +68,8 @@ chaos-bounded:
 # Fuzzing what gpuhealth reads from others (fuzz/: the GPU report, the
 # request and result annotations, the maintenance notice, the kernel log),
 # FUZZ_SECS each, from the committed corpus. Needs nightly Rust and
-# cargo-fuzz, installed here when missing. `fuzz-smoke` is the brief run
+# cargo-fuzz, installed here when missing; builds in fuzz/target, whatever
+# CARGO_TARGET_DIR says (libFuzzer's flags). `fuzz-smoke` is the brief run
 # `make test` includes.
 FUZZ_SECS ?= 600
 FUZZ_KEEP ?= yes
@@ -78,7 +79,7 @@ fuzz:
 	command -v cargo-fuzz >/dev/null || cargo install cargo-fuzz --locked
 	cd fuzz && for t in $(FUZZ_TARGETS); do \
 	  if [ "$(FUZZ_KEEP)" = no ]; then dirs="$$(mktemp -d) corpus/$$t"; else dirs=corpus/$$t; fi; \
-	  cargo +nightly fuzz run -s none -O $$t $$dirs -- -max_total_time=$(FUZZ_SECS) -rss_limit_mb=1024 || exit 1; \
+	  env -u CARGO_TARGET_DIR cargo +nightly fuzz run -s none -O $$t $$dirs -- -max_total_time=$(FUZZ_SECS) -rss_limit_mb=1024 || exit 1; \
 	done
 
 # New inputs go to a scratch directory, so that a test run leaves the
