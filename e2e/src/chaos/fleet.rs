@@ -205,7 +205,7 @@ impl Fleet {
             .filter(|n| ending(&timeline, n) != Some(Phase::Healthy))
             .collect();
         let after = self.recorder.mark();
-        for (node, holder) in &holders {
+        for (node, holder) in holders.iter().filter(|(n, _)| handed_over.contains(n)) {
             repair(&self.s, node, holder).await?;
         }
         self.recorder
