@@ -86,6 +86,11 @@ impl Process {
         self.child.id()
     }
 
+    /// Whether it has exited by itself.
+    pub fn has_exited(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(Some(_)))
+    }
+
     /// Kills it at once (SIGKILL), as a crash would.
     pub async fn kill(&mut self) {
         let _ = self.child.kill().await;

@@ -90,6 +90,7 @@ pub async fn run(trials: usize, rng: &mut Rng) -> Result<Row> {
             least.as_secs_f64()
         ));
     }
+    fleet.note_exits(&mut row);
     Ok(row)
 }
 

@@ -29,6 +29,9 @@ pub struct Fleet {
     pub s: Scenario,
     pub recorder: Recorder,
     pub replicas: Vec<Process>,
+    /// Replicas that exited by themselves (a leader that lost its Lease
+    /// exits), each replaced as a Deployment would.
+    pub exited: Vec<Process>,
     pub lease: String,
     max_concurrent: usize,
     started: usize,
@@ -66,6 +69,7 @@ impl Fleet {
             s,
             recorder,
             replicas: first.into_iter().collect(),
+            exited: Vec::new(),
             lease,
             max_concurrent,
             started: 1,
@@ -98,8 +102,61 @@ impl Fleet {
 
     /// Takes replica `name` out of the fleet, still running if it was.
     pub fn remove(&mut self, name: &str) -> Option<Process> {
-        let i = self.replicas.iter().position(|r| r.name == name)?;
-        Some(self.replicas.remove(i))
+        if let Some(i) = self.replicas.iter().position(|r| r.name == name) {
+            return Some(self.replicas.remove(i));
+        }
+        let i = self.exited.iter().position(|r| r.name == name)?;
+        Some(self.exited.remove(i))
+    }
+
+    /// Says under the scenario's table row how many replicas exited by
+    /// themselves (and were replaced).
+    pub fn note_exits(&self, row: &mut super::Row) {
+        if !self.exited.is_empty() {
+            row.notes.push(format!(
+                "{} replica(s) exited on losing the Lease and were replaced, as a Deployment would",
+                self.exited.len()
+            ));
+        }
+    }
+
+    /// Replaces each replica that has exited by a new one, as a
+    /// Deployment's ReplicaSet would.
+    pub async fn replace_exited(&mut self) -> Result<()> {
+        let mut i = 0;
+        while i < self.replicas.len() {
+            if self.replicas[i].has_exited() {
+                let gone = self.replicas.remove(i);
+                eprintln!("chaos: {} exited; starting a replacement", gone.name);
+                self.exited.push(gone);
+                self.start_replica().await?;
+            } else {
+                i += 1;
+            }
+        }
+        Ok(())
+    }
+
+    /// Waits until `done` holds for what was recorded since `mark`,
+    /// replacing replicas that exit meanwhile.
+    pub async fn settle(
+        &mut self,
+        mark: usize,
+        what: &str,
+        done: impl Fn(&[Seen]) -> bool,
+    ) -> Result<()> {
+        let deadline = std::time::Instant::now() + SETTLE;
+        loop {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            let waited = self
+                .recorder
+                .until(mark, what, left.min(Duration::from_secs(5)), &done)
+                .await;
+            if waited.is_ok() || left.is_zero() {
+                return waited;
+            }
+            self.replace_exited().await?;
+        }
     }
 
     /// The replica holding the Lease, by name.
@@ -126,6 +183,7 @@ impl Fleet {
 
     /// SIGKILLs the leader and starts a replacement, as a Deployment would.
     pub async fn kill_leader(&mut self) -> Result<()> {
+        self.replace_exited().await?;
         let leader = self.live_leader().await?;
         if let Some(mut dead) = self.remove(&leader) {
             dead.kill().await;
@@ -184,8 +242,7 @@ impl Fleet {
         self.trial_sick = sick.clone();
         let missed = disturb(self, rng).await?;
         let waited = self
-            .recorder
-            .until(mark, "every sick node to end", SETTLE, |t| {
+            .settle(mark, "every sick node to end", |t| {
                 sick.iter().all(|n| ending(t, n).is_some())
             })
             .await;
@@ -208,11 +265,10 @@ impl Fleet {
         for (node, holder) in holders.iter().filter(|(n, _)| handed_over.contains(n)) {
             repair(&self.s, node, holder).await?;
         }
-        self.recorder
-            .until(after, "repaired nodes back in service", SETTLE, |t| {
-                handed_over.iter().all(|n| healthy_in(t, n))
-            })
-            .await?;
+        self.settle(after, "repaired nodes back in service", |t| {
+            handed_over.iter().all(|n| healthy_in(t, n))
+        })
+        .await?;
         let mut later = self.expectations();
         // A person's repair uncordons the nodes handed over, foreign or not.
         later.foreign_cordons.retain(|n| !handed_over.contains(n));

@@ -36,5 +36,6 @@ pub async fn run(trials: usize, rng: &mut Rng) -> Result<Row> {
         );
         row.add_trial(&expect, violations);
     }
+    fleet.note_exits(&mut row);
     Ok(row)
 }

@@ -72,6 +72,7 @@ pub async fn run(trials: usize, rng: &mut Rng) -> Result<Row> {
         );
         row.add_trial(&expect, violations);
     }
+    fleet.note_exits(&mut row);
     Ok(row)
 }
 
