@@ -24,6 +24,9 @@ struct Args {
     /// Trials with another writer replacing the same nodes and pods.
     #[arg(long, default_value_t = 10)]
     conflict_trials: usize,
+    /// Trials with a hostile producer writing gpuhealth's annotations.
+    #[arg(long, default_value_t = 5)]
+    hostile_trials: usize,
     /// Storms of 30% of the nodes failing at once.
     #[arg(long, default_value_t = 5)]
     storm_trials: usize,
@@ -94,6 +97,14 @@ async fn main() -> ExitCode {
             &mut failed,
             "conflicts",
             chaos::conflicts::run(args.conflict_trials, &mut rng).await,
+        );
+    }
+    if args.hostile_trials > 0 {
+        collect(
+            &mut rows,
+            &mut failed,
+            "hostile input",
+            chaos::hostile::run(args.hostile_trials, &mut rng).await,
         );
     }
     if args.storm_trials > 0 {

@@ -6,6 +6,7 @@
 pub mod conflicts;
 pub mod fencing;
 pub mod fleet;
+pub mod hostile;
 pub mod kill;
 pub mod restarts;
 pub mod storm;
