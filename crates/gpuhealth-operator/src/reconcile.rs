@@ -161,6 +161,43 @@ async fn reconcile_node(node: &Node, ctx: &Context) -> Result<Requeue, Error> {
         decision
     };
 
+    // Starting a remediation takes from the budget, and the budget above
+    // was counted from this process's cache: a replica that has just taken
+    // over may hold a view some seconds old (the chaos runs saw a third node
+    // started under maxConcurrent 2 right after a takeover). A start is
+    // confirmed against a fresh list from the API server first; until it is
+    // written, the record above already counts it for every other decision.
+    let starts = policy.spec.mode == Mode::Enforce
+        && !is_disruptive(stored.phase)
+        && is_disruptive(decision.status.phase);
+    if starts && ctx.leadership.is_held() {
+        let fresh = Api::<GpuNodeHealth>::all(ctx.client.clone())
+            .list(&ListParams::default())
+            .await;
+        let held = fresh.map(|list| {
+            let store: Vec<Arc<GpuNodeHealth>> = list.items.into_iter().map(Arc::new).collect();
+            let written = ctx.lock_decisions();
+            fleet
+                .budget_from(&store, &written, &policy, &name)
+                .may_start()
+                .err()
+        });
+        if !matches!(held, Ok(None)) {
+            let mut records = ctx.lock_decisions();
+            match recorded {
+                Some(before) => records.insert(name.clone(), before),
+                None => records.remove(&name),
+            };
+            return match held {
+                Ok(hold) => {
+                    info!(node = %name, policy = %policy_name, ?hold, "not starting: the API server shows less budget than the cache did");
+                    Ok(Requeue::requeue(Duration::from_secs(2)))
+                }
+                Err(e) => Err(e.into()),
+            };
+        }
+    }
+
     // Intent first: the status is written before any side effect. If it
     // cannot be, the record goes back to what it was: other decisions made
     // meanwhile counted an intent that did not happen, which errs on the
@@ -379,11 +416,22 @@ impl Fleet {
         policy: &GpuHealthPolicy,
         this: &str,
     ) -> Budget {
+        self.budget_from(&ctx.node_health.state(), written, policy, this)
+    }
+
+    /// The budget, from `store`'s statuses (the cache's, or a fresh list's)
+    /// and this process's records.
+    fn budget_from(
+        &self,
+        store: &[Arc<GpuNodeHealth>],
+        written: &HashMap<String, GpuNodeHealthStatus>,
+        policy: &GpuHealthPolicy,
+        this: &str,
+    ) -> Budget {
         let policy_name = policy.metadata.name.as_deref();
-        let store = ctx.node_health.state();
         let mut disruptive: HashSet<&str> = HashSet::new();
         let mut sick = 0;
-        for (name, status) in latest(&store, written)
+        for (name, status) in latest(store, written)
             .filter(|(name, s)| *name != this && s.policy.as_deref() == policy_name)
         {
             if is_disruptive(status.phase) {
