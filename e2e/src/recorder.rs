@@ -24,6 +24,8 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::{Api, Client, ResourceExt, runtime::watcher};
 use tokio::sync::{Notify, mpsc};
 
+use gpuhealth_engine::machine::is_disruptive;
+
 use crate::{
     Result,
     invariants::Seen,
@@ -91,30 +93,55 @@ impl Recorder {
             let (sink, tx) = (sink.clone(), tx.clone());
             Background::spawn(async move {
                 let mut last: BTreeMap<String, Seen> = BTreeMap::new();
+                // A relist is the cluster at one instant: applied one object
+                // at a time in name order, a node entering a disruptive phase
+                // could be counted before another's leaving it, an overlap
+                // that never was. It is applied whole at its end, leavings
+                // first.
+                let mut relist: Vec<Seen> = Vec::new();
                 let mut stream = std::pin::pin!(events(api, watcher::Config::default()));
                 while let Some(event) = stream.next().await {
-                    match event {
-                        watcher::Event::Apply(g) | watcher::Event::InitApply(g) => {
-                            let node = g.name_any();
-                            if !node.starts_with(&prefix) {
-                                continue;
-                            }
-                            let status = g.status.unwrap_or_default();
-                            let seen = Seen::Health {
-                                node: node.clone(),
-                                policy: status.policy,
-                                phase: status.phase,
-                                reason: status.reason,
-                            };
-                            if last.get(&node) != Some(&seen) {
-                                last.insert(node, seen.clone());
-                                sink.record([seen]);
-                            }
+                    let (g, listing) = match event {
+                        watcher::Event::Apply(g) => (g, false),
+                        watcher::Event::InitApply(g) => (g, true),
+                        watcher::Event::Init => {
+                            relist.clear();
+                            continue;
                         }
                         watcher::Event::InitDone => {
+                            relist.sort_by_key(|s| match s {
+                                Seen::Health { phase, .. } => is_disruptive(*phase),
+                                _ => false,
+                            });
+                            for seen in relist.drain(..) {
+                                if let Seen::Health { node, .. } = &seen
+                                    && last.get(node) != Some(&seen)
+                                {
+                                    last.insert(node.clone(), seen.clone());
+                                    sink.record([seen]);
+                                }
+                            }
                             let _ = tx.try_send(());
+                            continue;
                         }
-                        _ => {}
+                        watcher::Event::Delete(_) => continue,
+                    };
+                    let node = g.name_any();
+                    if !node.starts_with(&prefix) {
+                        continue;
+                    }
+                    let status = g.status.unwrap_or_default();
+                    let seen = Seen::Health {
+                        node: node.clone(),
+                        policy: status.policy,
+                        phase: status.phase,
+                        reason: status.reason,
+                    };
+                    if listing {
+                        relist.push(seen);
+                    } else if last.get(&node) != Some(&seen) {
+                        last.insert(node, seen.clone());
+                        sink.record([seen]);
                     }
                 }
             })

@@ -65,6 +65,7 @@ async fn main() -> ExitCode {
     });
     eprintln!("chaos: seed {seed} (repeat with --seed {seed})");
     let mut rng = Rng::new(seed);
+    let started = std::time::Instant::now();
     let mut rows: Vec<Row> = Vec::new();
     let mut failed = false;
     if args.kill_trials > 0 {
@@ -117,6 +118,7 @@ async fn main() -> ExitCode {
     }
     let table = chaos::table(&rows);
     println!("{table}");
+    eprintln!("chaos: done in {:.0} s", started.elapsed().as_secs_f64());
     for row in &rows {
         for v in &row.violations {
             eprintln!("chaos: {}: {v:?}", row.scenario);
