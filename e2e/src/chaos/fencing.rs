@@ -26,14 +26,26 @@ pub async fn run(trials: usize, rng: &mut Rng) -> Result<Row> {
     let mut margins = Vec::new();
     for trial in 1..=trials {
         // The replica behind the proxy takes over from the current leader,
-        // with a direct standby beside it.
+        // with a direct standby beside it; any other replica (one started
+        // in place of an earlier cut-off leader) would compete for the Lease.
+        let previous = fleet.live_leader().await?;
+        let others: Vec<String> = fleet
+            .replicas
+            .iter()
+            .map(|r| r.name.clone())
+            .filter(|n| *n != previous)
+            .collect();
+        for name in others {
+            if let Some(mut other) = fleet.remove(&name) {
+                other.kill().await;
+            }
+        }
         let cut_off = fleet
             .start_replica_with(Options {
                 kubeconfig: Some(kubeconfig.clone()),
                 ..fleet.s.operator_options.clone()
             })
             .await?;
-        let previous = fleet.live_leader().await?;
         if let Some(mut old) = fleet.remove(&previous) {
             old.kill().await;
         }
