@@ -16,7 +16,8 @@ use gpuhealth_api::{
     GpuHealth,
     contract::{
         AnnotationValue, GPU_HEALTHY_CONDITION, GPU_REPORT_ANNOTATION, GpuReport, Outcome,
-        REQUEST_RESULT_ANNOTATION, RESET_REQUEST_ANNOTATION, RequestResult, ResetRequest,
+        REBOOT_REQUEST_ANNOTATION, REQUEST_RESULT_ANNOTATION, RESET_REQUEST_ANNOTATION,
+        RebootRequest, RequestResult, ResetRequest,
     },
 };
 use gpuhealth_e2e::{
@@ -238,6 +239,50 @@ async fn a_request_is_carried_out_once_and_repeated_or_stale_ones_are_not() {
         hardware(&n).map(|h| h.executed),
         Some(vec!["inc-1-reset-1".to_owned()]),
         "nothing carried out twice, nothing stale carried out"
+    );
+    remove(&client, &node).await;
+}
+
+/// Found by the chaos runs: a new incident's reset request made within the
+/// second of the last incident's answered reboot was taken for an older
+/// request the reboot had superseded, and never carried out.
+#[tokio::test]
+async fn a_request_in_the_same_second_as_the_last_answered_one_is_carried_out() {
+    let (client, node, state) = node("agent-same-second").await;
+    let mut hw = healthy();
+    hw.gpus[7].health = GpuHealth::ResetRequired;
+    hw.gpus[7].recovery_action = Some(1);
+    hw.reboot = SimOutcome::Fail;
+    set_hardware(&client, &node, &hw)
+        .await
+        .expect("GPU 7 needs a reset");
+    let gpu7 = hw.gpus[7].uuid.clone();
+    let _agent = node_agent::start(&format!("{node}-agent"), &node, &state, None)
+        .await
+        .expect("agent");
+    let second = Timestamp::from_second(Timestamp::now().as_second()).expect("now");
+    let reboot = RebootRequest {
+        id: "inc-1-reboot-1".parse().expect("id"),
+        requested_at: Time(second),
+    };
+    let patch =
+        json!({"metadata": {"annotations": {REBOOT_REQUEST_ANNOTATION: reboot.to_annotation()}}});
+    Api::<Node>::all(client.clone())
+        .patch(&node, &PatchParams::default(), &Patch::Merge(patch))
+        .await
+        .expect("reboot request");
+    let (_, r) = answered(&client, &node, "inc-1-reboot-1").await;
+    assert_eq!(r.outcome, Outcome::Failed, "{r:?}");
+    request_reset(&client, &node, "inc-2-reset-1", &gpu7, second).await;
+    let (n, r) = answered(&client, &node, "inc-2-reset-1").await;
+    assert_eq!(r.outcome, Outcome::Succeeded, "{r:?}");
+    assert_eq!(
+        hardware(&n).map(|h| h.executed),
+        Some(vec![
+            "inc-1-reboot-1".to_owned(),
+            "inc-2-reset-1".to_owned()
+        ]),
+        "each carried out once"
     );
     remove(&client, &node).await;
 }

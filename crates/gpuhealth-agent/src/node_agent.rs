@@ -180,20 +180,30 @@ impl<B: Backend> NodeAgent<B> {
             .get(REQUEST_RESULT_ANNOTATION)
             .and_then(|v| RequestResult::parse(v).ok());
         let requests = Self::requests(node);
-        for (i, request) in requests.iter().enumerate() {
+        for request in &requests {
             let id = request.id.to_string();
             if result.as_ref().is_some_and(|r| r.id == request.id) {
                 continue;
             }
-            // A newer request already answered supersedes this one: never
-            // carry it out late, nor overwrite the newer answer.
-            let superseded = result
+            // A request made after this one and answered supersedes it:
+            // never carry it out late. Times are to the second, so one made
+            // in the same second is not newer (a new incident's reset can
+            // follow the last one's failed reboot within the second: it was
+            // left undone, found by the chaos runs).
+            let answered_at = result
                 .as_ref()
-                .is_some_and(|r| requests[i + 1..].iter().any(|later| later.id == r.id));
-            if superseded {
+                .and_then(|r| requests.iter().find(|q| q.id == r.id))
+                .map(|q| q.requested_at);
+            if answered_at.is_some_and(|t| t > request.requested_at) {
                 continue;
             }
             let answer = match self.journal.seen(&id) {
+                // Done before: its answer is written again, unless the node
+                // shows the answer to a request as new, which it must not
+                // overwrite.
+                Seen::Finished(_) if answered_at.is_some_and(|t| t >= request.requested_at) => {
+                    continue;
+                }
                 Seen::Finished(r) => r,
                 Seen::Interrupted => {
                     let r = journal::interrupted(&request.id, Time(Timestamp::now()));
