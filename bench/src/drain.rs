@@ -8,7 +8,7 @@ use gpuhealth_api::GpuNodeHealth;
 use gpuhealth_e2e::{
     agent::{FakeAgent, write_report},
     kubectl, reports,
-    sim::{GpuNodeSpec, SIM_GROUP_LABEL, gpu_node, pod_is_ready},
+    sim::{GpuNodeSpec, SIM_GROUP_LABEL, gpu_node, pod_is_ready, set_cordon},
     wait,
 };
 use k8s_openapi::api::{
@@ -159,9 +159,9 @@ async fn place(args: &Args, client: &Client) -> Result<()> {
     )
     .await?;
     for spare in SPARES {
-        cordon(client, spare, true).await?;
+        set_cordon(client, spare, true).await?;
     }
-    cordon(client, TARGET, false).await?;
+    set_cordon(client, TARGET, false).await?;
     scale_all(&deployments, Some(args.drain_pods)).await?;
     wait::until_set(
         pods,
@@ -191,7 +191,7 @@ async fn place(args: &Args, client: &Client) -> Result<()> {
     )
     .await?;
     for spare in SPARES {
-        cordon(client, spare, false).await?;
+        set_cordon(client, spare, false).await?;
     }
     Ok(())
 }
@@ -210,17 +210,6 @@ async fn scale_all(deployments: &Api<Deployment>, pods: Option<usize>) -> Result
             )
             .await?;
     }
-    Ok(())
-}
-
-async fn cordon(client: &Client, node: &str, on: bool) -> Result<()> {
-    Api::<Node>::all(client.clone())
-        .patch(
-            node,
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"unschedulable": on}})),
-        )
-        .await?;
     Ok(())
 }
 

@@ -30,17 +30,8 @@ pub async fn kubeconfig_path() -> Result<PathBuf> {
             if let Some(path) = std::env::var_os(KUBECONFIG_ENV) {
                 return Ok(PathBuf::from(path));
             }
-            let script = repo_root().join("e2e/cluster/cluster.sh");
-            let out = tokio::task::spawn_blocking(move || Command::new(script).arg("up").output())
-                .await
-                .map_err(|e| HarnessError::ClusterStart(e.to_string()))?
-                .map_err(|e| HarnessError::ClusterStart(e.to_string()))?;
-            if !out.status.success() {
-                return Err(HarnessError::ClusterStart(
-                    String::from_utf8_lossy(&out.stderr).into_owned(),
-                ));
-            }
-            let path = String::from_utf8_lossy(&out.stdout)
+            let out = cluster_script(&["up"], None).await?;
+            let path = String::from_utf8_lossy(&out)
                 .lines()
                 .last()
                 .unwrap_or_default()
@@ -189,21 +180,26 @@ pub async fn restart(component: &str) -> Result<()> {
             state.display()
         )));
     }
-    let script = repo_root().join("e2e/cluster/cluster.sh");
-    let component = component.to_owned();
-    let out = tokio::task::spawn_blocking(move || {
-        Command::new(script)
-            .args(["restart", &component])
-            .env("GPUHEALTH_CLUSTER_DIR", &state)
-            .output()
-    })
-    .await
-    .map_err(|e| HarnessError::ClusterStart(e.to_string()))?
-    .map_err(|e| HarnessError::ClusterStart(e.to_string()))?;
+    cluster_script(&["restart", component], Some(&state)).await?;
+    Ok(())
+}
+
+/// Runs `e2e/cluster/cluster.sh` with `args` (on the cluster in `state`,
+/// else the default one); its standard output, or its errors.
+async fn cluster_script(args: &[&str], state: Option<&Path>) -> Result<Vec<u8>> {
+    let mut command = Command::new(repo_root().join("e2e/cluster/cluster.sh"));
+    command.args(args);
+    if let Some(state) = state {
+        command.env("GPUHEALTH_CLUSTER_DIR", state);
+    }
+    let out = tokio::task::spawn_blocking(move || command.output())
+        .await
+        .map_err(|e| HarnessError::ClusterStart(e.to_string()))?
+        .map_err(|e| HarnessError::ClusterStart(e.to_string()))?;
     if !out.status.success() {
         return Err(HarnessError::ClusterStart(
             String::from_utf8_lossy(&out.stderr).into_owned(),
         ));
     }
-    Ok(())
+    Ok(out.stdout)
 }

@@ -188,6 +188,14 @@ pub fn check(timeline: &[Seen], expect: &Expectations) -> Vec<Violation> {
     violations
 }
 
+/// `node`'s latest phase in `timeline`, if it is there.
+pub fn latest_phase(timeline: &[Seen], node: &str) -> Option<Phase> {
+    timeline.iter().rev().find_map(|s| match s {
+        Seen::Health { node: n, phase, .. } if n == node => Some(*phase),
+        _ => None,
+    })
+}
+
 /// How `node` ended in `timeline`: `Healthy` or `Failed` once it has been
 /// anything else in it; `None` while it is still on its way (or was never
 /// sick).

@@ -251,3 +251,16 @@ pub fn pod_is_ready(pod: &Pod) -> bool {
 pub fn is_cordoned(node: &Node) -> bool {
     node.spec.as_ref().and_then(|s| s.unschedulable) == Some(true)
 }
+
+/// Cordons or uncordons `node`, as `kubectl cordon` does: a person's or
+/// another tool's, never gpuhealth's (which records itself as the owner).
+pub async fn set_cordon(client: &kube::Client, node: &str, on: bool) -> kube::Result<()> {
+    kube::Api::<Node>::all(client.clone())
+        .patch(
+            node,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(serde_json::json!({"spec": {"unschedulable": on}})),
+        )
+        .await
+        .map(|_| ())
+}

@@ -24,7 +24,7 @@ pub async fn run(trials: usize, rng: &mut Rng) -> Result<Row> {
     cluster::kubeconfig_via(proxy.addr, &kubeconfig).await?;
     let mut row = Row::new("fencing: leader cut off");
     let mut margins = Vec::new();
-    for trial in 1..=trials {
+    for _ in 0..trials {
         // The replica behind the proxy takes over from the current leader,
         // with a direct standby beside it; any other replica (one started
         // in place of an earlier cut-off leader) would compete for the Lease.
@@ -89,11 +89,6 @@ pub async fn run(trials: usize, rng: &mut Rng) -> Result<Row> {
             Ok(margin) => margins.push(margin),
             Err(what) => violations.push(Violation::Missing { what }),
         }
-        eprintln!(
-            "chaos: fencing trial {trial}/{trials}: {} sick, {} violations {violations:?}",
-            expect.sick.len(),
-            violations.len()
-        );
         row.add_trial(&expect, violations);
     }
     if let Some(least) = margins.iter().min() {

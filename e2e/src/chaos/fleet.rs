@@ -13,7 +13,7 @@ use kube::Api;
 use super::{Fault, Rng, inject, repair};
 use crate::{
     Result,
-    invariants::{Expectations, Seen, Violation, check, ending},
+    invariants::{Expectations, Seen, Violation, check, ending, latest_phase},
     operator::{self, Options},
     process::Process,
     recorder::Recorder,
@@ -266,7 +266,9 @@ impl Fleet {
             repair(&self.s, node, holder).await?;
         }
         self.settle(after, "repaired nodes back in service", |t| {
-            handed_over.iter().all(|n| healthy_in(t, n))
+            handed_over
+                .iter()
+                .all(|n| latest_phase(t, n) == Some(Phase::Healthy))
         })
         .await?;
         let mut later = self.expectations();
@@ -279,12 +281,4 @@ impl Fleet {
         violations.extend(check(&self.recorder.since(after), &later));
         Ok((expect, violations))
     }
-}
-
-/// Whether `node`'s latest health in `timeline` is `Healthy`.
-fn healthy_in(timeline: &[Seen], node: &str) -> bool {
-    timeline.iter().rev().find_map(|s| match s {
-        Seen::Health { node: n, phase, .. } if n == node => Some(*phase == Phase::Healthy),
-        _ => None,
-    }) == Some(true)
 }

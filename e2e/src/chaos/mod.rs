@@ -33,6 +33,7 @@ use crate::{
     node_agent::hardware,
     reports,
     scenario::Scenario,
+    sim::set_cordon,
 };
 use gpuhealth_agent::backend::SIM_HARDWARE_ANNOTATION;
 
@@ -209,13 +210,7 @@ pub async fn repair(s: &Scenario, node: &str, holder: &str) -> Result<()> {
         hw.reboot = SimOutcome::Succeed;
     })
     .await?;
-    Api::<Node>::all(s.client.clone())
-        .patch(
-            node,
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"unschedulable": false}})),
-        )
-        .await?;
+    set_cordon(&s.client, node, false).await?;
     Ok(())
 }
 
@@ -278,9 +273,17 @@ impl Row {
         }
     }
 
-    /// Adds one trial's faults and what [`crate::invariants::check`] found.
+    /// Adds one trial's faults and what [`crate::invariants::check`] found,
+    /// and says so as it goes.
     pub fn add_trial(&mut self, expect: &Expectations, violations: Vec<Violation>) {
         self.trials += 1;
+        eprintln!(
+            "chaos: {} trial {}: {} sick, {} violations {violations:?}",
+            self.scenario,
+            self.trials,
+            expect.sick.len(),
+            violations.len()
+        );
         self.faults += expect.sick.len();
         for (node, ending) in &expect.sick {
             let entry = if *ending == Phase::Healthy {
