@@ -438,7 +438,12 @@ impl<'a> Stepper<'a> {
                     );
                     self.wait(left);
                 }
-                None => self.enter(Phase::Healthy, "", String::new()),
+                None => {
+                    if let Some(incident) = self.leftover_cordon() {
+                        self.actions.push(Action::Uncordon { incident });
+                    }
+                    self.enter(Phase::Healthy, "", String::new())
+                }
             }
             return;
         }
@@ -540,13 +545,15 @@ impl<'a> Stepper<'a> {
     }
 
     /// Starts an incident: recorded first, then the cordon (unless the
-    /// node is cordoned already, by anyone).
+    /// node is cordoned already by anyone else; a cordon of ours left from
+    /// the last incident is taken over by this one).
     fn open_incident(
         &mut self,
         trigger: String,
         gpus: Vec<String>,
         maintenance_deadline: Option<Time>,
     ) {
+        let leftover = self.leftover_cordon();
         let incident = format!("inc-{}", self.now().as_second());
         self.supersede_workload_watch(&incident);
         self.status.incident = Some(incident.clone());
@@ -567,9 +574,28 @@ impl<'a> Stepper<'a> {
             },
         );
         self.status.history.truncate(HISTORY_LIMIT);
-        if !self.input.node.unschedulable {
+        if !self.input.node.unschedulable || leftover.is_some() {
             self.actions.push(Action::Cordon { incident });
         }
+    }
+
+    /// Our cordon from an incident that ended with the node back in service
+    /// (its record still on the node, no incident open): the uncordon was
+    /// decided and recorded but did not land (refused as a conflict, or the
+    /// operator stopped between the two). The incident's id, if so; only
+    /// under Enforce, since finishing it is a side effect.
+    fn leftover_cordon(&self) -> Option<String> {
+        if self.spec().mode != Mode::Enforce {
+            return None;
+        }
+        let last = self.status.history.first()?;
+        let ended_in_service = matches!(last.outcome.as_deref(), Some("Recovered" | "Cancelled"));
+        let node = self.input.node;
+        (self.status.incident.is_none()
+            && ended_in_service
+            && node.unschedulable
+            && node.cordoned_by.as_deref() == Some(last.id.as_str()))
+        .then(|| last.id.clone())
     }
 
     /// Whether this GPU or node was remediated as often as the policy

@@ -39,6 +39,8 @@ enum Event {
     AgentTurn,
     /// The operator died between recording a request and writing it.
     RequestLost,
+    /// The next uncordon is refused (a conflict with another writer).
+    UncordonRefused,
     Reconcile,
 }
 
@@ -75,6 +77,7 @@ fn event() -> impl Strategy<Value = Event> {
         1 => agent().prop_map(Event::RebootAgent),
         3 => Just(Event::AgentTurn),
         1 => Just(Event::RequestLost),
+        1 => Just(Event::UncordonRefused),
         6 => Just(Event::Reconcile),
     ]
 }
@@ -82,7 +85,8 @@ fn event() -> impl Strategy<Value = Event> {
 /// The rules of DESIGN.md, one property each.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Rule {
-    /// Uncordon only a node gpuhealth cordoned; cordon only an uncordoned one.
+    /// Uncordon only a node gpuhealth cordoned; cordon only an uncordoned one
+    /// (or take over its own cordon left from the last incident).
     OwnCordonOnly,
     /// Never evict (or force-delete) a pod whose tolerance is `never` or unreadable.
     NeverPodsStay,
@@ -164,6 +168,7 @@ fn apply(w: &mut World, e: &Event) -> Vec<(Rule, String)> {
             w.node.reset_request = None;
             w.node.reboot_request = None;
         }
+        Event::UncordonRefused => w.refused_uncordons += 1,
         Event::Reconcile => return reconcile_checked(w),
     }
     Vec::new()
@@ -187,10 +192,18 @@ fn reconcile_checked(w: &mut World) -> Vec<(Rule, String)> {
                     format!("uncordoned a cordon that is not ours: {node:?}"),
                 ));
             }
-            Action::Cordon { .. } if node.unschedulable => bad.push((
-                Rule::OwnCordonOnly,
-                "cordoned an already cordoned node".into(),
-            )),
+            // Unless the cordon is ours, left from the last incident.
+            Action::Cordon { .. }
+                if node.unschedulable
+                    && (node.cordoned_by.is_none()
+                        || node.cordoned_by.as_deref()
+                            != before.history.first().map(|i| i.id.as_str())) =>
+            {
+                bad.push((
+                    Rule::OwnCordonOnly,
+                    "cordoned an already cordoned node".into(),
+                ))
+            }
             Action::Evict { pod } | Action::ForceDelete { pod } => {
                 if let Some(p) = pods.iter().find(|p| &p.key() == pod)
                     && !matches!(

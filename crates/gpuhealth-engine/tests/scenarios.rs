@@ -235,6 +235,69 @@ fn someone_elses_cordon_is_left_in_place() {
     assert!(recovered.is_some_and(|m| m.contains("someone else cordoned it")));
 }
 
+/// Found by the chaos runs: the uncordon after a recovery was refused as a
+/// conflict (another writer had replaced the node), and every later
+/// reconcile, starting from Healthy, left gpuhealth's cordon in place.
+#[test]
+fn an_uncordon_that_did_not_land_is_carried_out_later() {
+    let mut w = World::incident();
+    w.refused_uncordons = 1;
+    w.run_until(|w| w.state.phase == Phase::Healthy, HOUR);
+    assert!(w.node.unschedulable, "the first uncordon was refused");
+    let ours = w.state.history[0].id.clone();
+    assert_eq!(w.node.cordoned_by.as_ref(), Some(&ours));
+
+    let actions = w.reconcile();
+    assert_eq!(
+        actions
+            .iter()
+            .filter(|a| matches!(a, Action::Uncordon { incident } if *incident == ours))
+            .count(),
+        1,
+        "{actions:?}"
+    );
+    assert!(!w.node.unschedulable && w.node.cordoned_by.is_none());
+    assert_eq!(w.state.phase, Phase::Healthy);
+    assert!(w.reconcile().is_empty(), "nothing more to do");
+}
+
+/// A person's cordon after the recovery is not ours: it has no record.
+#[test]
+fn a_cordon_without_our_record_after_a_recovery_stays() {
+    let mut w = World::incident();
+    w.run_until(|w| w.state.phase == Phase::Healthy, HOUR);
+    w.node.unschedulable = true;
+    w.advance(Duration::from_secs(60));
+    w.reconcile();
+    assert!(w.node.unschedulable);
+    assert_eq!(w.count(|a| matches!(a, Action::Uncordon { .. })), 1);
+}
+
+/// A new fault before the leftover cordon is lifted: the new incident takes
+/// the cordon over (its own record), and lifts it when it recovers.
+#[test]
+fn a_new_incident_takes_over_a_leftover_cordon() {
+    let mut w = World::incident();
+    w.refused_uncordons = 1;
+    w.run_until(|w| w.state.phase == Phase::Healthy, HOUR);
+    assert!(w.node.unschedulable);
+    w.advance(HOUR);
+    w.set_gpu_health(2, GpuHealth::ResetRequired);
+    w.reconcile();
+    assert_eq!(w.state.phase, Phase::Quarantined);
+    let second = w.state.incident.clone();
+    assert!(second.is_some() && second != Some(w.state.history[1].id.clone()));
+    assert_eq!(
+        w.node.cordoned_by, second,
+        "the record names the new incident"
+    );
+    w.run_until(|w| w.state.phase == Phase::Healthy, HOUR);
+    assert!(
+        !w.node.unschedulable,
+        "uncordoned after the second recovery"
+    );
+}
+
 #[test]
 fn a_never_pod_holds_the_node_until_it_goes() {
     let mut w = World::incident();

@@ -83,6 +83,9 @@ pub struct World {
     pub executed: Vec<String>,
     /// Labels the engine set on the node.
     pub labels: BTreeMap<String, String>,
+    /// Uncordons the API server refuses next (a 409: someone else wrote
+    /// the node since the decision).
+    pub refused_uncordons: u32,
     boots: u32,
     /// How far the agent's clock is from the operator's (its reports and
     /// results are stamped by it).
@@ -129,6 +132,7 @@ impl World {
             log: Vec::new(),
             executed: Vec::new(),
             labels: BTreeMap::new(),
+            refused_uncordons: 0,
             boots: 1,
             agent_clock: SignedDuration::ZERO,
         }
@@ -184,6 +188,9 @@ impl World {
             Action::Cordon { incident } => {
                 self.node.unschedulable = true;
                 self.node.cordoned_by = Some(incident.clone());
+            }
+            Action::Uncordon { .. } if self.refused_uncordons > 0 => {
+                self.refused_uncordons -= 1;
             }
             Action::Uncordon { incident } => {
                 if self.node.cordoned_by.as_ref() == Some(incident) {
