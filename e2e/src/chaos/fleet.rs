@@ -227,16 +227,27 @@ impl Fleet {
     ) -> Result<(Expectations, Vec<Violation>)> {
         let mark = self.recorder.mark();
         let mut expect = self.expectations();
-        let mut holders = Vec::new();
+        let mut faults = Vec::new();
         for node in rng.pick(&self.s.nodes, faulty) {
             let fault = kinds[rng.below(kinds.len())];
             let holder = format!("never-{}-{mark}", node);
             let gpu = rng.below(8);
             eprintln!("chaos: {node}: GPU {gpu} {fault:?}");
-            inject(&self.s, &node, gpu, fault, &holder).await?;
             expect.sick.insert(node.clone(), fault.ending());
-            holders.push((node, holder));
+            faults.push((node, gpu, fault, holder));
         }
+        // All at once: one after the other, a loaded machine spaced them
+        // seconds apart, and a storm of three became three single faults.
+        futures::future::try_join_all(
+            faults
+                .iter()
+                .map(|(node, gpu, fault, holder)| inject(&self.s, node, *gpu, *fault, holder)),
+        )
+        .await?;
+        let holders: Vec<(String, String)> = faults
+            .into_iter()
+            .map(|(node, _, _, holder)| (node, holder))
+            .collect();
         let sick: Vec<String> = expect.sick.keys().cloned().collect();
         self.trial_mark = mark;
         self.trial_sick = sick.clone();

@@ -40,8 +40,7 @@ pub async fn run(trials: usize, rng: &mut Rng) -> Result<Row> {
                     fleet
                         .recorder
                         .until(fleet.trial_mark, "every sick node taken in", SETTLE, |t| {
-                            sick.iter()
-                                .all(|n| latest_phase(t, n).is_some_and(|p| p != Phase::Healthy))
+                            sick.iter().all(|n| taken_in(t, n))
                         })
                         .await?;
                     let timeline = fleet.recorder.since(fleet.trial_mark);
@@ -83,6 +82,14 @@ async fn circuit_opened(fleet: &Fleet) -> bool {
     })
     .await
     .is_ok()
+}
+
+/// Whether `node` has been anything but Healthy in `timeline`: a node
+/// remediated quickly may be back before the others are taken in.
+fn taken_in(timeline: &[Seen], node: &str) -> bool {
+    timeline.iter().any(|s| {
+        matches!(s, Seen::Health { node: n, phase, .. } if n == node && *phase != Phase::Healthy)
+    })
 }
 
 /// The sick nodes held back (`Suspect`: the breaker or the budget).
