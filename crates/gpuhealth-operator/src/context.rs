@@ -1,7 +1,7 @@
 //! What every reconcile shares.
 
 use std::{
-    collections::{BTreeSet, HashMap},
+    collections::HashMap,
     sync::{Arc, Mutex, MutexGuard},
 };
 
@@ -32,9 +32,10 @@ pub struct Context {
     /// benchmark saw 0.4 s mean waits for 0.7 ms decisions).
     pub decisions: Mutex<HashMap<String, GpuNodeHealthStatus>>,
     pub metrics: Arc<Metrics>,
-    /// Per node, the pods (`namespace/name`) its last reconcile saw holding
-    /// a GPU: a new holder is listed once, to set its readiness gate.
-    pub holders_seen: Mutex<HashMap<String, BTreeSet<String>>>,
+    /// Per node, what its last reconcile saw of the pods holding its GPUs:
+    /// when that changes, the node's pods are listed once, to set a new
+    /// holder's readiness gate.
+    pub holders_seen: Mutex<HashMap<String, HoldersSeen>>,
     /// Other tools' locks that name nodes (kured, Medik8s), kept fresh by
     /// `locks::poll`.
     pub locks: Arc<crate::locks::Locks>,
@@ -99,4 +100,15 @@ impl Error {
             Error::NotLeader => "not_leader",
         }
     }
+}
+
+/// What a node's last reconcile saw of the pods holding its GPUs.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum HoldersSeen {
+    /// Their hash (`observe::holders_hash`), not their names: it is kept
+    /// for every node of the fleet.
+    Holders(u64),
+    /// The pods were not listed (a quarantine decided on the report alone):
+    /// the next reconcile lists them, for their readiness gates.
+    GatesPending,
 }

@@ -1,6 +1,9 @@
 //! Turning cluster objects into what the engine reads.
 
-use std::collections::BTreeMap;
+use std::{
+    collections::BTreeMap,
+    hash::{DefaultHasher, Hash, Hasher},
+};
 
 use gpuhealth_api::contract::{
     AnnotationValue, CORDONED_BY_ANNOTATION, CordonRecord, DISRUPTION_TOLERANCE_ANNOTATION,
@@ -197,6 +200,15 @@ pub fn gpu_holders(view: &NodeView) -> BTreeMap<String, Vec<String>> {
     holders
 }
 
+/// Which pods hold the node's GPUs, as one number: equal sets hash equal.
+pub fn holders_hash(holders: &BTreeMap<String, Vec<String>>) -> u64 {
+    let mut hasher = DefaultHasher::new();
+    for pod in holders.keys() {
+        pod.hash(&mut hasher);
+    }
+    hasher.finish()
+}
+
 /// The budgets among `pdbs` that cover any of `pods`, with the pods they cover.
 /// A budget whose selector does not parse covers nothing.
 pub fn budget_views(pdbs: &[PodDisruptionBudget], pods: &[PodView]) -> Vec<BudgetView> {
@@ -221,4 +233,24 @@ pub fn budget_views(pdbs: &[PodDisruptionBudget], pods: &[PodView]) -> Vec<Budge
             })
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn holding(pods: &[&str]) -> BTreeMap<String, Vec<String>> {
+        pods.iter()
+            .map(|p| ((*p).to_owned(), vec!["GPU-1".to_owned()]))
+            .collect()
+    }
+
+    #[test]
+    fn the_holders_hash_changes_with_the_set_of_pods_only() {
+        let before = holders_hash(&holding(&["ml/a", "ml/b"]));
+        assert_eq!(before, holders_hash(&holding(&["ml/b", "ml/a"])));
+        assert_ne!(before, holders_hash(&holding(&["ml/a", "ml/b", "ml/c"])));
+        assert_ne!(before, holders_hash(&holding(&["ml/a"])));
+        assert_ne!(before, holders_hash(&holding(&["ml/ab"])));
+    }
 }

@@ -33,9 +33,9 @@ use tracing::{debug, info, warn};
 
 use crate::{
     actions,
-    context::{Context, Error, MANAGER, latest},
+    context::{Context, Error, HoldersSeen, MANAGER, latest},
     metrics::{ErrorLabels, FindingLabels, OutcomeLabels, RemediationLabels, ReportLabels},
-    observe::{budget_views, disrupted_by, gpu_holders, node_view, pod_view},
+    observe::{budget_views, disrupted_by, gpu_holders, holders_hash, node_view, pod_view},
     policy_status::{policy_nodes, unhealthy},
     selection::winner,
     validation, workloads,
@@ -75,18 +75,29 @@ async fn reconcile_node(node: &Node, ctx: &Context) -> Result<Requeue, Error> {
         .and_then(|g| g.status.clone());
     let recorded = ctx.lock_decisions().get(&name).cloned();
     let stored = recorded.clone().or(in_cluster.clone()).unwrap_or_default();
-    // Pods are listed only for a node that may need draining, or when a
-    // pod newly holds one of its GPUs (its readiness gate may need setting),
-    // so memory follows the work in flight rather than the size of the cluster.
+    // Pods are listed only for a node under remediation or with a bad GPU,
+    // or when the pods holding its GPUs change (a readiness gate may need
+    // setting), so memory follows the work in flight rather than the size
+    // of the cluster. Under Enforce a healthy node newly reporting a bad GPU
+    // is quarantined on the report alone: its pods matter then only for
+    // their readiness gates, which the next reconcile, a second later at
+    // most, sets before any eviction. One round trip fewer before the
+    // cordon (the benchmark's time to quarantine).
     let has_bad_gpu = matches!(&view.report, Some(Ok(r)) if r.bad_gpus().next().is_some());
     let holders = gpu_holders(&view);
-    let new_holder = {
-        let seen = ctx.holders_seen.lock().unwrap_or_else(|e| e.into_inner());
-        holders
-            .keys()
-            .any(|k| seen.get(&name).is_none_or(|s| !s.contains(k)))
-    };
-    let pods = if stored.phase != Phase::Healthy || has_bad_gpu || new_holder {
+    let holders_now = HoldersSeen::Holders(holders_hash(&holders));
+    let seen = ctx
+        .holders_seen
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .get(&name)
+        .copied();
+    let gates_later = has_bad_gpu
+        && stored.phase == Phase::Healthy
+        && policy.spec.mode == Mode::Enforce
+        && seen != Some(HoldersSeen::GatesPending);
+    let list_pods = stored.phase != Phase::Healthy || has_bad_gpu || seen != Some(holders_now);
+    let pods = if list_pods && !gates_later {
         let api: Api<Pod> = Api::all(ctx.client.clone());
         let list = api
             .list(&ListParams::default().fields(&format!("spec.nodeName={name}")))
@@ -284,10 +295,18 @@ async fn reconcile_node(node: &Node, ctx: &Context) -> Result<Requeue, Error> {
     if !decision.actions.is_empty() {
         ctx.metrics.stage("act", acting);
     }
+    let seen = if gates_later {
+        HoldersSeen::GatesPending
+    } else {
+        holders_now
+    };
     ctx.holders_seen
         .lock()
         .unwrap_or_else(|e| e.into_inner())
-        .insert(name, holders.into_keys().collect());
+        .insert(name, seen);
+    if gates_later {
+        return Ok(Requeue::requeue(Duration::from_secs(1)));
+    }
     Ok(match decision.requeue_after {
         Some(after) => Requeue::requeue(after.max(Duration::from_secs(1))),
         None => Requeue::requeue(Duration::from_secs(300)),
