@@ -41,7 +41,8 @@ bench:
 	cargo build --release -p gpuhealth-operator -p gpuhealth-agent -p gpuhealth-bench
 	GPUHEALTH_BIN_DIR=$(TARGET_DIR)/release GPUHEALTH_CLUSTER_DIR=$(CURDIR)/target/bench-cluster \
 	  e2e/cluster/with-cluster.sh $(TARGET_DIR)/release/gpuhealth-bench --nodes $(BENCH_NODES) $(BENCH_ARGS)
-	bench/plot.sh bench/results/$$(date -u +%F).json
+	# The newest results: a run that crosses midnight is named by its start.
+	bench/plot.sh $$(ls -t bench/results/20*.json | head -1)
 
 # The whole benchmark at 10 nodes, so that it cannot rot.
 bench-smoke:

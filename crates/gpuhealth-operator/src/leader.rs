@@ -38,6 +38,7 @@ pub struct Settings {
 #[derive(Clone)]
 pub struct Leadership {
     renewed: Arc<Mutex<Option<Instant>>>,
+    acquired: Arc<Mutex<Option<Instant>>>,
     deadline: Duration,
 }
 
@@ -45,8 +46,15 @@ impl Leadership {
     fn new(deadline: Duration) -> Self {
         Leadership {
             renewed: Arc::default(),
+            acquired: Arc::default(),
             deadline,
         }
+    }
+
+    /// How long this replica has led, while it does.
+    pub fn held_for(&self) -> Option<Duration> {
+        let acquired = *self.acquired.lock().unwrap_or_else(|p| p.into_inner());
+        acquired.filter(|_| self.is_held()).map(|t| t.elapsed())
     }
 
     /// True while the last renewal is recent enough that no other replica
@@ -103,6 +111,11 @@ impl Elector {
         loop {
             match self.try_acquire_or_renew().await {
                 Ok(true) => {
+                    *self
+                        .leadership
+                        .acquired
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
                     info!(lease = %self.settings.name, identity = %self.settings.identity, "became the leader");
                     return;
                 }

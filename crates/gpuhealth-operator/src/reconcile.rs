@@ -41,6 +41,12 @@ use crate::{
     validation, workloads,
 };
 
+/// How long after a takeover remediation starts are confirmed against a
+/// fresh list: the previous leader's last writes reach this replica's
+/// watch within seconds (seven, at worst, in the chaos runs on two loaded
+/// cores); a minute leaves a wide margin.
+const FRESH_BUDGET_AFTER_TAKEOVER: Duration = Duration::from_secs(60);
+
 pub async fn reconcile(node: Arc<Node>, ctx: Arc<Context>) -> Result<Requeue, Error> {
     let started = std::time::Instant::now();
     let result = reconcile_node(&node, &ctx).await;
@@ -173,15 +179,24 @@ async fn reconcile_node(node: &Node, ctx: &Context) -> Result<Requeue, Error> {
     };
 
     // Starting a remediation takes from the budget, and the budget above
-    // was counted from this process's cache: a replica that has just taken
-    // over may hold a view some seconds old (the chaos runs saw a third node
-    // started under maxConcurrent 2 right after a takeover). A start is
-    // confirmed against a fresh list from the API server first; until it is
-    // written, the record above already counts it for every other decision.
+    // was counted from this process's cache and its own records: a replica
+    // that has just taken over may not yet have seen the last writes of the
+    // leader before it (the chaos runs saw a third node started under
+    // maxConcurrent 2 right after a takeover, its view seven seconds old).
+    // Its own writes it always counts, and the leader is the only writer,
+    // so only the first while after a takeover is at risk: a start then is
+    // confirmed against a fresh list from the API server first (one LIST of
+    // every GpuNodeHealth, too heavy for every start of a large fleet: the
+    // benchmark's time to quarantine quadrupled). Until it is written, the
+    // record above already counts it for every other decision.
     let starts = policy.spec.mode == Mode::Enforce
         && !is_disruptive(stored.phase)
         && is_disruptive(decision.status.phase);
-    if starts && ctx.leadership.is_held() {
+    let new_leader = ctx
+        .leadership
+        .held_for()
+        .is_some_and(|d| d < FRESH_BUDGET_AFTER_TAKEOVER);
+    if starts && new_leader {
         let fresh = Api::<GpuNodeHealth>::all(ctx.client.clone())
             .list(&ListParams::default())
             .await;
