@@ -23,6 +23,7 @@ use gpuhealth_api::{
 use gpuhealth_e2e::{
     client,
     node_agent::{self, hardware, set_hardware},
+    process::Process,
     reports,
     scenario::WAIT,
     sim::{GpuNodeSpec, gpu_node, node_is_ready},
@@ -67,6 +68,27 @@ async fn remove(client: &Client, node: &str) {
     let _ = Api::<Node>::all(client.clone())
         .delete(node, &Default::default())
         .await;
+}
+
+/// A node whose GPU 7 needs a reset (a reboot would end in `reboot`),
+/// served by the real agent: the client, the node, GPU 7's UUID, the agent.
+async fn served_with_gpu7_needing_reset(
+    name: &str,
+    reboot: SimOutcome,
+) -> (Client, String, String, Process) {
+    let (client, node, state) = node(name).await;
+    let mut hw = healthy();
+    hw.gpus[7].health = GpuHealth::ResetRequired;
+    hw.gpus[7].recovery_action = Some(1);
+    hw.reboot = reboot;
+    set_hardware(&client, &node, &hw)
+        .await
+        .expect("GPU 7 needs a reset");
+    let gpu7 = hw.gpus[7].uuid.clone();
+    let agent = node_agent::start(&format!("{node}-agent"), &node, &state, None)
+        .await
+        .expect("agent");
+    (client, node, gpu7, agent)
 }
 
 fn healthy() -> SimHardware {
@@ -202,17 +224,8 @@ async fn the_report_follows_the_hardware_and_is_written_only_on_change() {
 
 #[tokio::test]
 async fn a_request_is_carried_out_once_and_repeated_or_stale_ones_are_not() {
-    let (client, node, state) = node("agent-requests").await;
-    let mut hw = healthy();
-    hw.gpus[7].health = GpuHealth::ResetRequired;
-    hw.gpus[7].recovery_action = Some(1);
-    set_hardware(&client, &node, &hw)
-        .await
-        .expect("GPU 7 needs a reset");
-    let gpu7 = hw.gpus[7].uuid.clone();
-    let _agent = node_agent::start(&format!("{node}-agent"), &node, &state, None)
-        .await
-        .expect("agent");
+    let (client, node, gpu7, _agent) =
+        served_with_gpu7_needing_reset("agent-requests", SimOutcome::Succeed).await;
 
     request_reset(&client, &node, "inc-1-reset-1", &gpu7, Timestamp::now()).await;
     let (n, r) = answered(&client, &node, "inc-1-reset-1").await;
@@ -248,18 +261,8 @@ async fn a_request_is_carried_out_once_and_repeated_or_stale_ones_are_not() {
 /// request the reboot had superseded, and never carried out.
 #[tokio::test]
 async fn a_request_in_the_same_second_as_the_last_answered_one_is_carried_out() {
-    let (client, node, state) = node("agent-same-second").await;
-    let mut hw = healthy();
-    hw.gpus[7].health = GpuHealth::ResetRequired;
-    hw.gpus[7].recovery_action = Some(1);
-    hw.reboot = SimOutcome::Fail;
-    set_hardware(&client, &node, &hw)
-        .await
-        .expect("GPU 7 needs a reset");
-    let gpu7 = hw.gpus[7].uuid.clone();
-    let _agent = node_agent::start(&format!("{node}-agent"), &node, &state, None)
-        .await
-        .expect("agent");
+    let (client, node, gpu7, _agent) =
+        served_with_gpu7_needing_reset("agent-same-second", SimOutcome::Fail).await;
     let second = Timestamp::from_second(Timestamp::now().as_second()).expect("now");
     let reboot = RebootRequest {
         id: "inc-1-reboot-1".parse().expect("id"),

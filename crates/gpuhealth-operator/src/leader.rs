@@ -37,42 +37,52 @@ pub struct Settings {
 /// Whether this replica may act now. Cheap to clone and to ask.
 #[derive(Clone)]
 pub struct Leadership {
-    renewed: Arc<Mutex<Option<Instant>>>,
-    acquired: Arc<Mutex<Option<Instant>>>,
+    term: Arc<Mutex<Option<Term>>>,
     deadline: Duration,
+}
+
+/// This replica's time as the leader: from its taking the lease to its
+/// last renewal.
+#[derive(Clone, Copy)]
+struct Term {
+    since: Instant,
+    renewed: Instant,
 }
 
 impl Leadership {
     fn new(deadline: Duration) -> Self {
         Leadership {
-            renewed: Arc::default(),
-            acquired: Arc::default(),
+            term: Arc::default(),
             deadline,
         }
     }
 
     /// How long this replica has led, while it does.
     pub fn held_for(&self) -> Option<Duration> {
-        let acquired = *self.acquired.lock().unwrap_or_else(|p| p.into_inner());
-        acquired.filter(|_| self.is_held()).map(|t| t.elapsed())
+        self.term()
+            .filter(|t| t.renewed.elapsed() < self.deadline)
+            .map(|t| t.since.elapsed())
     }
 
     /// True while the last renewal is recent enough that no other replica
     /// can hold the lease.
     pub fn is_held(&self) -> bool {
-        self.last().is_some_and(|t| t.elapsed() < self.deadline)
+        self.held_for().is_some()
     }
 
-    fn last(&self) -> Option<Instant> {
-        *self.renewed.lock().unwrap_or_else(|p| p.into_inner())
+    fn term(&self) -> Option<Term> {
+        *self.term.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// A renewal, or the start of a term when none is running.
     fn renewed_at(&self, at: Instant) {
-        *self.renewed.lock().unwrap_or_else(|p| p.into_inner()) = Some(at);
+        let mut term = self.term.lock().unwrap_or_else(|p| p.into_inner());
+        let since = term.map_or(at, |t| t.since);
+        *term = Some(Term { since, renewed: at });
     }
 
     fn drop_it(&self) {
-        *self.renewed.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        *self.term.lock().unwrap_or_else(|p| p.into_inner()) = None;
     }
 }
 
@@ -111,11 +121,6 @@ impl Elector {
         loop {
             match self.try_acquire_or_renew().await {
                 Ok(true) => {
-                    *self
-                        .leadership
-                        .acquired
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
                     info!(lease = %self.settings.name, identity = %self.settings.identity, "became the leader");
                     return;
                 }

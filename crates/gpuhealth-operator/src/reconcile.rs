@@ -310,7 +310,7 @@ async fn reconcile_node(node: &Node, ctx: &Context) -> Result<Requeue, Error> {
     if !decision.actions.is_empty() {
         ctx.metrics.stage("act", acting);
     }
-    let seen = if gates_later {
+    let seen_now = if gates_later {
         HoldersSeen::GatesPending
     } else {
         holders_now
@@ -318,7 +318,7 @@ async fn reconcile_node(node: &Node, ctx: &Context) -> Result<Requeue, Error> {
     ctx.holders_seen
         .lock()
         .unwrap_or_else(|e| e.into_inner())
-        .insert(name, seen);
+        .insert(name, seen_now);
     if gates_later {
         return Ok(Requeue::requeue(Duration::from_secs(1)));
     }
