@@ -322,6 +322,7 @@ async fn quiet(
             reset: SimOutcome::Succeed,
             reboot: SimOutcome::Succeed,
             executed: Vec::new(),
+            capabilities: None,
         };
         node_agent::set_hardware(client, node, &hardware).await?;
         let state = std::env::temp_dir().join(format!("gpuhealth-bench-agent-{node}"));

@@ -188,6 +188,7 @@ impl Scenario {
                 reset: SimOutcome::Succeed,
                 reboot: SimOutcome::Succeed,
                 executed: Vec::new(),
+                capabilities: None,
             };
             set_hardware(&self.client, &n, &hardware).await?;
             let state = std::env::temp_dir().join(format!("gpuhealth-agent-{n}"));

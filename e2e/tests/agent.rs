@@ -97,6 +97,7 @@ fn healthy() -> SimHardware {
         reset: SimOutcome::Succeed,
         reboot: SimOutcome::Succeed,
         executed: Vec::new(),
+        capabilities: None,
     }
 }
 

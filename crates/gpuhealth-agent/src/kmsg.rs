@@ -264,13 +264,6 @@ impl KernelLog {
         self.xids.get(pci).map_or(&[], Vec::as_slice)
     }
 
-    /// After a reset or a reboot, what was logged before no longer describes
-    /// the GPU.
-    pub fn forget(&mut self, pci: &PciAddress) {
-        self.xids.remove(pci);
-        self.recovery.remove(pci);
-    }
-
     /// The GPUs as the log alone describes them: for a node where NVML
     /// cannot be loaded. A GPU whose UUID the driver never logged cannot be
     /// named, and is left out.
@@ -292,6 +285,7 @@ impl KernelLog {
                     recovery_action,
                     remapped_rows: None,
                     pods: Vec::new(),
+                    pods_unknown: Some("the kernel log alone does not say who holds it".into()),
                 }
             })
             .collect()
@@ -671,13 +665,6 @@ mod tests {
         assert_eq!(
             incident.xids.iter().map(|x| x.code).collect::<Vec<_>>(),
             [119, 154]
-        );
-
-        log.forget(&E1);
-        assert_eq!(
-            log.entries()[1].health,
-            GpuHealth::Healthy,
-            "a reset answers them"
         );
     }
 

@@ -2,9 +2,17 @@
 //! cluster. The binary (`main.rs`) puts them together.
 
 pub mod backend;
+pub mod fake;
+pub mod holders;
 pub mod journal;
 pub mod kmsg;
 pub mod metrics;
 pub mod node_agent;
 pub mod nvml;
+pub mod nvml_backend;
+pub mod nvml_thread;
+pub mod operands;
 pub mod pod_resources;
+pub mod reboot;
+pub mod recoveries;
+pub mod reset;

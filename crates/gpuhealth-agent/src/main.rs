@@ -3,25 +3,33 @@
 //! condition on its Node, and carries out the reset and reboot requests the
 //! operator writes there, each at most once.
 //!
-//! Backends: `nvml` (real GPUs) and `fake` (simulated nodes: the hardware is
-//! the Node's `gpuhealth.io/sim-hardware` annotation). `--once` reads the
-//! GPUs, prints the report and exits, touching nothing.
-//!
-//! With `nvml` the agent also follows the kernel log for Xids, and falls
-//! back to the log alone where NVML cannot be loaded (unless
-//! `--require-nvml`); it also follows NVML's critical-XID events. It serves
-//! `/metrics`, `/livez` and `/readyz`.
+//! Backends: `nvml` (real GPUs: NVML, the kernel log and NVML's XID events,
+//! the kubelet's PodResources), `kmsg` (the kernel log alone, chosen by
+//! hand: no resets), and `fake` (simulated nodes: the hardware is the Node's
+//! `gpuhealth.io/sim-hardware` annotation). With `nvml`, GPUs that cannot be
+//! read are said so in the report, the `GpuHealthy` condition (`Unknown`)
+//! and `/readyz`; the agent keeps trying. `--once` reads the GPUs, prints
+//! the report and exits, touching nothing. It serves `/metrics`, `/livez`
+//! and `/readyz`.
 
-use std::{net::SocketAddr, path::PathBuf, process::ExitCode, sync::Arc, time::Duration};
+use std::{
+    ffi::OsString, net::SocketAddr, path::PathBuf, process::ExitCode, sync::Arc, time::Duration,
+};
 
 use clap::{Parser, ValueEnum};
 use gpuhealth_agent::{
-    backend::{FakeBackend, KmsgBackend, NvmlBackend, RebootMethod},
+    backend::FakeBackend,
     journal::Journal,
     kmsg::Feed,
     metrics::AgentMetrics,
     node_agent::{CrashPoint, NodeAgent, Settings},
-    nvml::{self, NvmlSource},
+    nvml::{self, NVML_LIBRARY},
+    nvml_backend::{KmsgBackend, NvmlBackend},
+    nvml_thread::NvmlThread,
+    operands::{DEFAULT_OPERANDS, Operands},
+    reboot::RebootMethod,
+    recoveries::Recoveries,
+    reset::ResetSettings,
 };
 use gpuhealth_api::contract::{AnnotationValue, GpuReport};
 use gpuhealth_http::api_requests::CountRequests;
@@ -30,8 +38,10 @@ use tracing::{error, warn};
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
 enum Backend {
-    /// NVML through libnvidia-ml.so.
+    /// NVML through libnvidia-ml.so.1, with the kernel log.
     Nvml,
+    /// The kernel log alone: GPUs as the driver logged them; no resets.
+    Kmsg,
     /// The Node's `gpuhealth.io/sim-hardware` annotation, for simulated nodes.
     Fake,
 }
@@ -42,8 +52,9 @@ enum Reboot {
     None,
     /// Create kured's sentinel file (--kured-sentinel).
     Kured,
-    /// `systemctl reboot` in the host's namespaces.
-    Systemd,
+    /// Ask systemd-logind over the system D-Bus socket (needs the host's
+    /// /run/dbus/system_bus_socket and CAP_SYS_BOOT).
+    Logind,
 }
 
 /// The gpuhealth node agent.
@@ -56,16 +67,19 @@ struct Args {
     /// Where GPU health comes from.
     #[arg(long, value_enum, default_value_t = Backend::Nvml)]
     backend: Backend,
-    /// Where the agent journals the requests it carries out (a hostPath, so
-    /// it outlives the pod: no request runs twice).
+    /// Where the agent journals the requests it carries out and the GPUs'
+    /// recoveries (a hostPath, so it outlives the pod: no request runs
+    /// twice, no answered Xid acts again).
     #[arg(long, default_value = "/var/lib/gpuhealth-agent")]
     state_dir: PathBuf,
     /// How often to read the GPUs when nothing else happens.
     #[arg(long, default_value = "10s", value_parser = duration)]
     poll: Duration,
-    /// How often to refresh the GpuHealthy condition when nothing changes.
+    /// How often to write the report and the GpuHealthy condition when
+    /// nothing changes (two writes each time), so that the operator can tell
+    /// a live report from a stale one.
     #[arg(long, default_value = "5m", value_parser = duration)]
-    heartbeat: Duration,
+    refresh: Duration,
     /// Requests older than this are refused, not carried out.
     #[arg(long, default_value = "1h", value_parser = duration)]
     request_max_age: Duration,
@@ -75,15 +89,47 @@ struct Args {
     /// The kernel log to follow for `NVRM: Xid` lines.
     #[arg(long, default_value = "/dev/kmsg")]
     kmsg_path: PathBuf,
-    /// Exit when NVML cannot be loaded, rather than fall back to the kernel
-    /// log alone.
-    #[arg(long)]
-    require_nvml: bool,
+    /// NVML: a file name is looked up on the library path (LD_LIBRARY_PATH
+    /// for a driver root mounted from the host).
+    #[arg(long, env = "GPUHEALTH_NVML_LIBRARY", default_value = NVML_LIBRARY)]
+    nvml_library: OsString,
+    /// How long an NVML call may take before the agent says NVML is hung.
+    #[arg(long, default_value = "30s", value_parser = duration)]
+    nvml_deadline: Duration,
+    /// nvidia-smi, for resets: a file name is looked up on PATH.
+    #[arg(long, env = "GPUHEALTH_NVIDIA_SMI", default_value = "nvidia-smi")]
+    nvidia_smi: PathBuf,
+    /// How long `nvidia-smi --gpu-reset` may take before it is stopped.
+    #[arg(long, default_value = "2m", value_parser = duration)]
+    reset_timeout: Duration,
+    /// How long the GPU's other holders get to let go (the paused operands'
+    /// pods to leave) before a reset is refused, naming them.
+    #[arg(long, default_value = "2m", value_parser = duration)]
+    let_go: Duration,
+    /// How long the kubelet gets to offer a reset GPU again.
+    #[arg(long, default_value = "5m", value_parser = duration)]
+    back_in_service: Duration,
+    /// The GPU Operator's operand labels to pause during a reset (those set
+    /// to `true` on the node); none to pause nothing.
+    #[arg(long, value_delimiter = ',', default_values_t = DEFAULT_OPERANDS.map(String::from))]
+    pause_operands: Vec<String>,
+    /// Holders of a GPU the driver lets a reset through (by command name).
+    #[arg(long, value_delimiter = ',', default_values_t = ["nvidia-persistenced".to_owned()])]
+    tolerated_holders: Vec<String>,
+    /// The GPUs' device nodes (`nvidia0`, ...).
+    #[arg(long, env = "GPUHEALTH_DEV_DIR", default_value = "/dev")]
+    dev_dir: PathBuf,
+    /// The node's processes (the host's, with `hostPID`), to find who holds a GPU.
+    #[arg(long, env = "GPUHEALTH_PROC_DIR", default_value = "/proc")]
+    proc_dir: PathBuf,
     /// The kubelet PodResources socket, to say which pod holds which GPU.
     #[arg(long, default_value = "/var/lib/kubelet/pod-resources/kubelet.sock")]
     pod_resources_socket: PathBuf,
-    /// How the nvml backend reboots the node.
-    #[arg(long, value_enum, default_value_t = Reboot::None)]
+    /// How long the kubelet's PodResources gets to answer.
+    #[arg(long, default_value = "10s", value_parser = duration)]
+    pod_resources_deadline: Duration,
+    /// How the agent reboots the node.
+    #[arg(long, value_enum, default_value_t = Reboot::Logind)]
     reboot_method: Reboot,
     /// kured's sentinel file, for --reboot-method kured.
     #[arg(long, default_value = "/var/run/reboot-required")]
@@ -107,9 +153,9 @@ fn main() -> ExitCode {
     let args = Args::parse();
     if args.once {
         return match args.backend {
-            Backend::Nvml => once_nvml(args.readings),
-            Backend::Fake => {
-                eprintln!("gpuhealth-agent: --once reads NVML; the fake backend lives on its Node");
+            Backend::Nvml => once_nvml(&args.nvml_library, args.readings),
+            Backend::Kmsg | Backend::Fake => {
+                eprintln!("gpuhealth-agent: --once reads NVML");
                 ExitCode::from(2)
             }
         };
@@ -150,6 +196,11 @@ async fn serve(args: Args) -> Result<(), String> {
     };
     let journal = Journal::open(&args.state_dir).map_err(|e| e.to_string())?;
     let metrics = Arc::new(AgentMetrics::default());
+    // A round of the loop reads NVML and the kubelet, each with a deadline.
+    metrics.set_stall_after(
+        (args.poll * 3)
+            .max(args.nvml_deadline + args.pod_resources_deadline + Duration::from_secs(60)),
+    );
     let listener = tokio::net::TcpListener::bind(args.metrics_addr)
         .await
         .map_err(|e| format!("serving metrics on {}: {e}", args.metrics_addr))?;
@@ -167,9 +218,14 @@ async fn serve(args: Args) -> Result<(), String> {
     let settings = Settings {
         node,
         poll: args.poll,
-        heartbeat: args.heartbeat,
+        refresh: args.refresh,
         request_max_age: args.request_max_age,
         crash_after,
+    };
+    let reboot = match args.reboot_method {
+        Reboot::None => RebootMethod::None,
+        Reboot::Kured => RebootMethod::Kured(args.kured_sentinel.clone()),
+        Reboot::Logind => RebootMethod::Logind,
     };
     match args.backend {
         Backend::Fake => {
@@ -181,59 +237,61 @@ async fn serve(args: Args) -> Result<(), String> {
             until_stopped(NodeAgent::new(client, settings, backend, journal).with_metrics(metrics))
                 .await;
         }
-        Backend::Nvml => {
-            let reboot_method = match args.reboot_method {
-                Reboot::None => RebootMethod::None,
-                Reboot::Kured => RebootMethod::Kured(args.kured_sentinel.clone()),
-                Reboot::Systemd => RebootMethod::Systemd,
-            };
+        Backend::Kmsg => {
             let feed = Feed::new(metrics.xids.clone());
-            let following = match feed.follow(args.kmsg_path.clone()) {
-                Ok(()) => true,
-                Err(e) => {
-                    warn!(path = %args.kmsg_path.display(), error = %e, "cannot follow the kernel log: Xids from before NVML's events are missed");
-                    false
-                }
-            };
+            feed.follow(args.kmsg_path.clone())
+                .map_err(|e| format!("following {}: {e}", args.kmsg_path.display()))?;
             let wake = feed.wake.clone();
-            match NvmlSource::init() {
-                Ok(source) => {
-                    let events = feed.clone();
-                    if let Err(e) = nvml::watch_xids(move |pci, code| events.nvml_xid(pci, code)) {
-                        warn!(error = %e, "NVML's XID events are not available; the kernel log carries the Xids");
-                    }
-                    let backend = NvmlBackend {
-                        source,
-                        kernel_log: Some(feed),
-                        pod_resources: args.pod_resources_socket.clone(),
-                        reboot_method,
-                        nvidia_smi: PathBuf::from("nvidia-smi"),
-                    };
-                    until_stopped(
-                        NodeAgent::new(client, settings, backend, journal)
-                            .with_metrics(metrics)
-                            .woken_by(wake),
-                    )
-                    .await;
-                }
-                Err(e) if args.require_nvml => return Err(e.to_string()),
-                Err(e) if following => {
-                    warn!(error = %e, "falling back to the kernel log alone: GPUs are known by what the driver logged, and resets are refused");
-                    let backend = KmsgBackend {
-                        kernel_log: feed,
-                        reboot_method,
-                    };
-                    until_stopped(
-                        NodeAgent::new(client, settings, backend, journal)
-                            .with_metrics(metrics)
-                            .woken_by(wake),
-                    )
-                    .await;
-                }
-                Err(e) => {
-                    return Err(format!("{e}; and the kernel log cannot be read either"));
-                }
+            let backend = KmsgBackend {
+                kernel_log: feed,
+                reboot,
+            };
+            until_stopped(
+                NodeAgent::new(client, settings, backend, journal)
+                    .with_metrics(metrics)
+                    .woken_by(wake),
+            )
+            .await;
+        }
+        Backend::Nvml => {
+            let feed = Feed::new(metrics.xids.clone());
+            if let Err(e) = feed.follow(args.kmsg_path.clone()) {
+                warn!(path = %args.kmsg_path.display(), error = %e, "cannot follow the kernel log: Xids from before NVML's events are missed");
             }
+            let wake = feed.wake.clone();
+            let events = feed.clone();
+            let gpus = NvmlThread::start(
+                args.nvml_library.clone(),
+                args.nvml_deadline,
+                move |pci, code| events.nvml_xid(pci, code),
+            );
+            let recoveries = Recoveries::open(&args.state_dir)?;
+            let reset = ResetSettings {
+                nvidia_smi: args.nvidia_smi.clone(),
+                dev_dir: args.dev_dir.clone(),
+                proc_dir: args.proc_dir.clone(),
+                timeout: args.reset_timeout,
+                let_go: args.let_go,
+                back_in_service: args.back_in_service,
+                tolerated: args.tolerated_holders.clone(),
+                operands: Operands::new(args.pause_operands.clone(), &args.state_dir),
+            };
+            let backend = NvmlBackend::new(
+                gpus,
+                client.clone(),
+                Some(feed),
+                args.pod_resources_socket.clone(),
+                args.pod_resources_deadline,
+                reset,
+                reboot,
+                recoveries,
+            );
+            until_stopped(
+                NodeAgent::new(client, settings, backend, journal)
+                    .with_metrics(metrics)
+                    .woken_by(wake),
+            )
+            .await;
         }
     }
     Ok(())
@@ -248,27 +306,20 @@ async fn until_stopped<B: gpuhealth_agent::backend::Backend>(agent: NodeAgent<B>
     }
 }
 
-fn once_nvml(readings: bool) -> ExitCode {
-    let source = match NvmlSource::init() {
-        Ok(s) => s,
-        Err(e) => {
-            eprintln!("gpuhealth-agent: {e}");
-            return ExitCode::FAILURE;
+fn once_nvml(library: &OsString, readings: bool) -> ExitCode {
+    let observed = match nvml::open(library).and_then(|n| {
+        if let Ok(v) = n.sys_driver_version() {
+            eprintln!("gpuhealth-agent: NVIDIA driver {v}");
         }
-    };
-    let observed = match source.read() {
+        nvml::read_all(&n)
+    }) {
         Ok(r) => r,
         Err(e) => {
             eprintln!("gpuhealth-agent: {e}");
             return ExitCode::FAILURE;
         }
     };
-    if let Some(v) = source.driver_version() {
-        eprintln!(
-            "gpuhealth-agent: NVIDIA driver {v}, {} GPU(s)",
-            observed.len()
-        );
-    }
+    eprintln!("gpuhealth-agent: {} GPU(s)", observed.len());
     let out = if readings {
         serde_json::to_string_pretty(&observed)
     } else {
@@ -276,6 +327,8 @@ fn once_nvml(readings: bool) -> ExitCode {
             version: GpuReport::VERSION,
             observed_at: Time(Timestamp::now()),
             source: Some("gpuhealth-agent/nvml".into()),
+            capabilities: None,
+            unreadable: None,
             gpus: observed.iter().map(nvml::entry).collect(),
         };
         // The operator refuses a report that breaks the contract: say so here too.

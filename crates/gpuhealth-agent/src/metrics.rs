@@ -1,6 +1,12 @@
 //! The agent's Prometheus metrics (prefix `gpuhealth_agent_`).
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::{
+    sync::{
+        Mutex,
+        atomic::{AtomicU64, Ordering},
+    },
+    time::{Duration, Instant},
+};
 
 use gpuhealth_api::GpuHealth;
 use prometheus_client::{
@@ -39,8 +45,15 @@ pub struct AgentMetrics {
     pub requests: Family<RequestLabels, Counter>,
     /// Requests to the Kubernetes API, by verb, resource and code.
     pub api_requests: gpuhealth_http::api_requests::ApiRequests,
-    /// The GPUs have been read and the report published at least once.
-    pub ready: AtomicBool,
+    /// Whether the GPUs were read at the last try, or why not.
+    readiness: Mutex<Result<(), String>>,
+    /// When the loop last went round, and until when it may be busy with a
+    /// request, in milliseconds since `started`.
+    started: Instant,
+    beat_ms: AtomicU64,
+    busy_until_ms: AtomicU64,
+    /// How long the loop may go without a round before it counts as stuck.
+    stall_after_ms: AtomicU64,
 }
 
 const HEALTHS: [GpuHealth; 5] = [
@@ -61,7 +74,11 @@ impl Default for AgentMetrics {
             report_writes: Counter::default(),
             requests: Family::default(),
             api_requests: Default::default(),
-            ready: AtomicBool::new(false),
+            readiness: Mutex::new(Err("the GPUs have not been read yet".into())),
+            started: Instant::now(),
+            beat_ms: AtomicU64::new(0),
+            busy_until_ms: AtomicU64::new(0),
+            stall_after_ms: AtomicU64::new(120_000),
         };
         let r = &mut m.registry;
         r.register(
@@ -95,6 +112,28 @@ impl Default for AgentMetrics {
 }
 
 impl AgentMetrics {
+    fn now_ms(&self) -> u64 {
+        u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    /// The loop went round; it may now be busy for `busy` (a request).
+    pub fn beat(&self, busy: Option<Duration>) {
+        let now = self.now_ms();
+        self.beat_ms.store(now, Ordering::Relaxed);
+        let until = busy.map_or(0, |b| now.saturating_add(b.as_millis() as u64));
+        self.busy_until_ms.store(until, Ordering::Relaxed);
+    }
+
+    /// How long the loop may go without a round before `/livez` fails.
+    pub fn set_stall_after(&self, after: Duration) {
+        self.stall_after_ms
+            .store(after.as_millis() as u64, Ordering::Relaxed);
+    }
+
+    pub fn set_readiness(&self, state: Result<(), String>) {
+        *self.readiness.lock().unwrap_or_else(|p| p.into_inner()) = state;
+    }
+
     pub fn set_gpus(&self, healths: impl Iterator<Item = GpuHealth>) {
         let healths: Vec<GpuHealth> = healths.collect();
         for h in HEALTHS {
@@ -114,10 +153,23 @@ impl gpuhealth_http::Exposition for AgentMetrics {
     }
 
     fn ready(&self) -> Result<(), String> {
-        if self.ready.load(Ordering::Relaxed) {
+        self.readiness
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    fn live(&self) -> Result<(), String> {
+        let now = self.now_ms();
+        let since = now.saturating_sub(self.beat_ms.load(Ordering::Relaxed));
+        let busy = now < self.busy_until_ms.load(Ordering::Relaxed);
+        if busy || since <= self.stall_after_ms.load(Ordering::Relaxed) {
             Ok(())
         } else {
-            Err("the GPUs have not been read and reported yet".into())
+            Err(format!(
+                "the agent's loop has not gone round for {}s",
+                since / 1000
+            ))
         }
     }
 }

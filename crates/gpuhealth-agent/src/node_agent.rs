@@ -1,6 +1,9 @@
 //! The agent's loop on its own Node: carry out new requests (each id at most
 //! once), then publish the GPU report and the `GpuHealthy` condition when
-//! they change.
+//! they change, again every `refresh` so that a reader can tell a live
+//! report from a stale one, and at once when another writer has overwritten
+//! the report. GPUs that cannot be read are said so, in the report, the
+//! condition and the agent's readiness.
 
 use std::{sync::Arc, time::Duration};
 
@@ -48,13 +51,18 @@ pub enum CrashPoint {
 /// going bad is written at once: it is what the operator must act on.
 pub const COALESCE: Duration = Duration::from_secs(1);
 
+/// The longest a request may keep the loop busy: a reset's wait for holders
+/// to let go, nvidia-smi, and the wait for the kubelet, with room to spare.
+pub const REQUEST_MAY_TAKE: Duration = Duration::from_secs(15 * 60);
+
 pub struct Settings {
     pub node: String,
     /// How often to read the GPUs when nothing on the Node changes.
     pub poll: Duration,
-    /// How often to refresh the `GpuHealthy` condition's heartbeat when
-    /// nothing changes: how a reader tells a live report from a stale one.
-    pub heartbeat: Duration,
+    /// How often to write the report and the `GpuHealthy` condition's
+    /// heartbeat when nothing changes: how a reader tells a live report from
+    /// a stale one.
+    pub refresh: Duration,
     /// Requests older than this are not carried out.
     pub request_max_age: Duration,
     pub crash_after: Option<CrashPoint>,
@@ -65,13 +73,16 @@ pub struct NodeAgent<B> {
     settings: Settings,
     backend: B,
     journal: Journal,
-    /// What this process last wrote: the report's GPUs and the condition.
-    published: Option<Vec<GpuEntry>>,
+    /// What this process last wrote: the report and the condition.
+    published: Option<GpuReport>,
+    /// When each of its recent reports was observed: a report on the Node
+    /// stamped with one of these is this process's own.
+    written: std::collections::VecDeque<Timestamp>,
     /// When the report was last written, and whether a change waits for
     /// [`COALESCE`] to pass.
     last_write: Option<std::time::Instant>,
     deferred: bool,
-    condition: Option<(bool, Timestamp)>,
+    condition: Option<(&'static str, Timestamp)>,
     /// Signalled when the backend has news (a kernel log line), so the agent
     /// need not wait for its next poll.
     wake: Arc<Notify>,
@@ -93,6 +104,7 @@ impl<B: Backend> NodeAgent<B> {
             backend,
             journal,
             published: None,
+            written: Default::default(),
             last_write: None,
             deferred: false,
             condition: None,
@@ -123,6 +135,7 @@ impl<B: Backend> NodeAgent<B> {
         let mut node: Option<Node> = None;
         info!(node = %self.settings.node, source = self.backend.source(), "serving the node");
         loop {
+            self.metrics.beat(None);
             tokio::select! {
                 next = changes.try_next() => match next {
                     Ok(Some(n)) => node = Some(n),
@@ -138,11 +151,14 @@ impl<B: Backend> NodeAgent<B> {
             }
             let Some(current) = &node else { continue };
             let current = current.clone();
+            self.backend.tidy(&current).await;
             if let Err(e) = self.serve_requests(&current).await {
                 // Without the journal nothing is carried out: that could repeat one.
                 error!(error = %e, "requests are not carried out");
             }
-            self.publish(&current).await;
+            if let Some(written) = self.publish(&current).await {
+                node = Some(written);
+            }
         }
     }
 
@@ -239,6 +255,9 @@ impl<B: Backend> NodeAgent<B> {
             self.journal.begin(&id)?;
             self.crash_if(CrashPoint::Begun);
             info!(request = %id, gpus = ?request.reset_gpus, "carrying out");
+            // A reset waits for holders to let go and for the kubelet: the
+            // loop is busy, not stuck, for as long as a request may take.
+            self.metrics.beat(Some(REQUEST_MAY_TAKE));
             match &request.reset_gpus {
                 Some(gpus) => self.backend.reset(node, &id, gpus).await,
                 None => self.backend.reboot(node, &id).await,
@@ -283,8 +302,8 @@ impl<B: Backend> NodeAgent<B> {
         }
     }
 
-    /// Sets one annotation on the agent's own Node.
-    async fn annotate(&self, key: &str, value: &str) -> kube::Result<()> {
+    /// Sets one annotation on the agent's own Node; the Node as written.
+    async fn annotate(&self, key: &str, value: &str) -> kube::Result<Node> {
         let patch = json!({"metadata": {"annotations": {key: value}}});
         self.api()
             .patch(
@@ -293,46 +312,73 @@ impl<B: Backend> NodeAgent<B> {
                 &Patch::Merge(patch),
             )
             .await
-            .map(|_| ())
     }
 
     fn api(&self) -> Api<Node> {
         Api::all(self.client.clone())
     }
 
-    /// Writes the report only when the GPUs changed, and the condition when
-    /// its status changed or its heartbeat is due.
-    async fn publish(&mut self, node: &Node) {
+    /// Writes the report when what it says changed, when it is due for its
+    /// refresh, or when the Node shows a report this process did not write;
+    /// returns the Node as written, if it wrote.
+    async fn publish(&mut self, node: &Node) -> Option<Node> {
         let read = self.backend.read(node).await;
-        let result = if read.is_ok() { "ok" } else { "error" };
         self.metrics
             .reads
             .get_or_create(&ResultLabels {
-                result: result.into(),
+                result: if read.is_ok() { "ok" } else { "error" }.into(),
             })
             .inc();
-        let gpus = match read {
-            Ok(g) => g,
+        let (gpus, unreadable) = match read {
+            Ok(gpus) => {
+                self.metrics.set_gpus(gpus.iter().map(|g| g.health));
+                (gpus, None)
+            }
             Err(e) => {
                 warn!(error = %e, "reading the GPUs");
-                return;
+                // The last GPUs read stand, marked as no longer read.
+                let last = self.published.as_ref().map(|r| r.gpus.clone());
+                (last.unwrap_or_default(), Some(e))
             }
         };
-        self.metrics.set_gpus(gpus.iter().map(|g| g.health));
-        let on_node = node
-            .annotations()
-            .get(GPU_REPORT_ANNOTATION)
-            .and_then(|v| GpuReport::parse(v).ok());
-        let same =
-            |r: &GpuReport| r.gpus == gpus && r.source.as_deref() == Some(self.backend.source());
-        let unchanged =
-            self.published.as_ref() == Some(&gpus) || on_node.as_ref().is_some_and(same);
+        self.metrics.set_readiness(match &unreadable {
+            None => Ok(()),
+            Some(e) => Err(format!("the GPUs cannot be read: {e}")),
+        });
         let report = GpuReport {
             version: GpuReport::VERSION,
             observed_at: Time(Timestamp::now()),
             source: Some(self.backend.source().into()),
-            gpus: gpus.clone(),
+            capabilities: Some(self.backend.capabilities(node)),
+            unreadable: unreadable.map(|e| e.chars().take(500).collect()),
+            gpus,
         };
+        let says_the_same = |r: &GpuReport| {
+            r.gpus == report.gpus
+                && r.source == report.source
+                && r.capabilities == report.capabilities
+                && r.unreadable == report.unreadable
+        };
+        let on_node = node
+            .annotations()
+            .get(GPU_REPORT_ANNOTATION)
+            .and_then(|v| GpuReport::parse(v).ok());
+        // An older report of ours is an echo of a write the watch has not
+        // caught up with; any other is someone else's, to be put back.
+        let overwritten = !on_node
+            .as_ref()
+            .is_some_and(|r| self.written.contains(&r.observed_at.0));
+        let changed = self.published.as_ref().is_none_or(|p| !says_the_same(p));
+        let refresh_due = self
+            .last_write
+            .is_none_or(|t| t.elapsed() >= self.settings.refresh);
+        if !changed && !overwritten && !refresh_due {
+            self.publish_condition(&report).await;
+            return None;
+        }
+        if overwritten && !changed && self.published.is_some() {
+            warn!("the GPU report on the Node is not this agent's; putting it back");
+        }
         let bad = |g: &[GpuEntry]| -> std::collections::BTreeSet<String> {
             g.iter()
                 .filter(|g| g.health != GpuHealth::Healthy)
@@ -342,39 +388,42 @@ impl<B: Backend> NodeAgent<B> {
         let newly_bad = self
             .published
             .as_ref()
-            .is_none_or(|p| !bad(&gpus).is_subset(&bad(p)));
-        if !unchanged && !newly_bad && !self.coalesced_for().is_zero() {
+            .is_none_or(|p| !bad(&report.gpus).is_subset(&bad(&p.gpus)));
+        if !newly_bad && !self.coalesced_for().is_zero() {
             self.deferred = true;
-            return;
+            return None;
         }
-        if !unchanged {
-            if let Err(e) = report.check() {
-                warn!(error = %e, "the GPUs read would make an invalid report; not published");
-                return;
-            }
-            match self
-                .annotate(GPU_REPORT_ANNOTATION, &report.to_annotation())
-                .await
-            {
-                Ok(_) => {
-                    info!(bad = report.bad_gpus().count(), "published the GPU report");
-                    self.metrics.report_writes.inc();
-                    self.published = Some(gpus);
-                    self.last_write = Some(std::time::Instant::now());
-                    self.deferred = false;
-                }
-                Err(e) => {
-                    warn!(error = %e, "publishing the GPU report; will retry");
-                    return;
-                }
-            }
-        } else {
-            self.published = Some(gpus);
+        if let Err(e) = report.check() {
+            warn!(error = %e, "the GPUs read would make an invalid report; not published");
+            return None;
         }
-        self.metrics
-            .ready
-            .store(true, std::sync::atomic::Ordering::Relaxed);
+        let written = match self
+            .annotate(GPU_REPORT_ANNOTATION, &report.to_annotation())
+            .await
+        {
+            Ok(n) => n,
+            Err(e) => {
+                warn!(error = %e, "publishing the GPU report; will retry");
+                return None;
+            }
+        };
+        if changed {
+            info!(
+                bad = report.bad_gpus().count(),
+                unreadable = report.unreadable.is_some(),
+                "published the GPU report"
+            );
+        }
+        self.metrics.report_writes.inc();
+        self.written.push_back(report.observed_at.0);
+        if self.written.len() > 8 {
+            self.written.pop_front();
+        }
+        self.last_write = Some(std::time::Instant::now());
+        self.deferred = false;
         self.publish_condition(&report).await;
+        self.published = Some(report);
+        Some(written)
     }
 
     /// How long a report change that is no change of health must still wait.
@@ -384,21 +433,13 @@ impl<B: Backend> NodeAgent<B> {
     }
 
     async fn publish_condition(&mut self, report: &GpuReport) {
-        let healthy = report.bad_gpus().next().is_none();
-        let now = Timestamp::now();
-        let due = match self.condition {
-            Some((was, at)) => {
-                was != healthy
-                    || now.duration_since(at)
-                        >= SignedDuration::try_from(self.settings.heartbeat)
-                            .unwrap_or(SignedDuration::MAX)
-            }
-            None => true,
-        };
-        if !due {
-            return;
-        }
-        let (status, reason, message) = if healthy {
+        let (status, reason, message) = if let Some(why) = &report.unreadable {
+            (
+                "Unknown",
+                "GpusUnreadable",
+                format!("the agent cannot read the GPUs: {why}"),
+            )
+        } else if report.bad_gpus().next().is_none() {
             (
                 "True",
                 "GpusHealthy",
@@ -411,8 +452,21 @@ impl<B: Backend> NodeAgent<B> {
                 .collect();
             ("False", "GpuUnhealthy", bad.join("; "))
         };
+        let now = Timestamp::now();
+        let due = match self.condition {
+            Some((was, at)) => {
+                was != status
+                    || now.duration_since(at)
+                        >= SignedDuration::try_from(self.settings.refresh)
+                            .unwrap_or(SignedDuration::MAX)
+            }
+            None => true,
+        };
+        if !due {
+            return;
+        }
         let transition = match self.condition {
-            Some((was, _)) if was == healthy => None,
+            Some((was, _)) if was == status => None,
             _ => Some(Time(now)),
         };
         let mut condition = json!({
@@ -435,7 +489,7 @@ impl<B: Backend> NodeAgent<B> {
             )
             .await
         {
-            Ok(_) => self.condition = Some((healthy, now)),
+            Ok(_) => self.condition = Some((status, now)),
             Err(e) => warn!(error = %e, "writing the GpuHealthy condition; will retry"),
         }
     }

@@ -1,10 +1,13 @@
-//! The NVML backend: each GPU's state read through `libnvidia-ml.so`, which
-//! is loaded at run time, so the agent builds and its tests run where there
-//! is no GPU.
+//! What NVML says of each GPU, read through `libnvidia-ml.so.1`, which is
+//! loaded at run time, so the agent builds and its tests run where there is
+//! no GPU.
 //!
-//! Reading and judging are apart: [`NvmlSource`] turns NVML calls into
+//! Reading and judging are apart: [`read_all`] turns NVML calls into
 //! [`DeviceReading`]s, and [`health`] judges a reading with no NVML at all.
-//! A reading recorded on real hardware is a test fixture.
+//! A reading recorded on real hardware is a test fixture. The agent makes
+//! its NVML calls on a thread of their own ([`crate::nvml_thread`]).
+
+use std::ffi::OsStr;
 
 use gpuhealth_api::{
     GpuHealth,
@@ -13,14 +16,18 @@ use gpuhealth_api::{
 };
 use gpuhealth_engine::xid::recovery_action;
 use nvml_wrapper::{
-    EventSet, Nvml,
-    bitmasks::event::EventTypes,
+    Device, Nvml,
     enum_wrappers::device::{EccCounter, MemoryError},
-    enums::{device::SampleValue, event::XidError},
+    enums::device::SampleValue,
     error::NvmlError,
     structs::device::FieldId,
 };
 use serde::{Deserialize, Serialize};
+
+/// The library the NVIDIA Container Toolkit injects and a driver install
+/// provides (the unversioned `libnvidia-ml.so` comes only with development
+/// packages).
+pub const NVML_LIBRARY: &str = "libnvidia-ml.so.1";
 
 /// `NVML_FI_DEV_GET_GPU_RECOVERY_ACTION`: what the driver says the GPU needs.
 const FIELD_RECOVERY_ACTION: FieldId = FieldId(230);
@@ -38,6 +45,10 @@ pub struct DeviceReading {
     pub pci_bus_id: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub product: Option<String>,
+    /// The N of the GPU's device node `/dev/nvidiaN`: what a process that
+    /// holds the GPU has open.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub minor: Option<u32>,
     /// Why the device could not be read at all (for example `GpuLost`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lost: Option<String>,
@@ -53,9 +64,23 @@ pub struct DeviceReading {
     /// PIDs of the compute processes on the GPU (a reset waits for none).
     #[serde(default)]
     pub compute_processes: Vec<u32>,
+    /// PIDs of the graphics processes on the GPU.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub graphics_processes: Vec<u32>,
+    /// The GPU's MIG devices, when MIG is on: what the kubelet names when it
+    /// hands out a MIG slice.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub mig_devices: Vec<MigDevice>,
     /// What this GPU or driver could not tell, and why (`NotSupported`, ...).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub unreadable: Vec<String>,
+}
+
+/// A MIG device: its slot on the GPU (NVML's MIG device index) and UUID.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MigDevice {
+    pub slot: u32,
+    pub uuid: String,
 }
 
 /// How a GPU stands, from one reading. The Xids are the operator's to judge
@@ -88,6 +113,22 @@ pub fn health(r: &DeviceReading) -> GpuHealth {
     GpuHealth::Healthy
 }
 
+/// Why a GPU that was just reset is not yet back, if it is not: the driver
+/// asks for nothing more, and no row remap is pending or failed.
+pub fn not_recovered(r: &DeviceReading) -> Option<String> {
+    if let Some(lost) = &r.lost {
+        return Some(format!("NVML cannot read it ({lost})"));
+    }
+    if let Some(action) = r.recovery_action.filter(|a| *a != 0) {
+        return Some(format!("its recovery action is still {action}"));
+    }
+    match r.remapped_rows {
+        Some(RemappedRows { failure: true, .. }) => Some("a row remap has failed".into()),
+        Some(RemappedRows { pending: true, .. }) => Some("a row remap is still pending".into()),
+        _ => None,
+    }
+}
+
 /// The report entry for a reading (no Xids or pods: other parts add them).
 pub fn entry(r: &DeviceReading) -> GpuEntry {
     GpuEntry {
@@ -100,187 +141,152 @@ pub fn entry(r: &DeviceReading) -> GpuEntry {
         recovery_action: r.recovery_action,
         remapped_rows: r.remapped_rows,
         pods: Vec::new(),
+        pods_unknown: None,
     }
 }
 
-#[derive(Debug, thiserror::Error)]
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
 pub enum NvmlUnavailable {
     #[error(
-        "NVML could not be loaded or initialised ({0}); is the NVIDIA driver installed and libnvidia-ml.so on the library path?"
+        "NVML could not be loaded or initialised ({0}); is the NVIDIA driver installed, and {NVML_LIBRARY} in the container (the NVIDIA runtime, or a driver root on the library path)?"
     )]
-    Init(NvmlError),
+    Init(String),
     #[error("NVML could not count the GPUs: {0}")]
-    Count(NvmlError),
+    Count(String),
+    #[error("NVML did not answer within {0:?}: the driver may be hung")]
+    Hung(std::time::Duration),
+    #[error("NVML is still busy with an earlier call that has not returned")]
+    Busy,
+    #[error("NVML is let go of for a GPU reset")]
+    Released,
+    #[error("the NVML thread stopped")]
+    Stopped,
 }
 
-/// Where device readings come from: NVML, or a recorded device model in tests.
-pub trait DeviceSource: Send {
-    fn read(&self) -> Result<Vec<DeviceReading>, NvmlUnavailable>;
+/// Loads and initialises NVML from `library` (a file name is looked up on
+/// the library path, as `dlopen` does).
+pub fn open(library: &OsStr) -> Result<Nvml, NvmlUnavailable> {
+    Nvml::builder()
+        .lib_path(library)
+        .init()
+        .map_err(|e| NvmlUnavailable::Init(e.to_string()))
 }
 
-/// A recorded device model: readings taken on real hardware, replayed.
-pub struct Recorded(pub Vec<DeviceReading>);
-
-impl DeviceSource for Recorded {
-    fn read(&self) -> Result<Vec<DeviceReading>, NvmlUnavailable> {
-        Ok(self.0.clone())
-    }
+/// Every GPU now.
+pub fn read_all(nvml: &Nvml) -> Result<Vec<DeviceReading>, NvmlUnavailable> {
+    let count = nvml
+        .device_count()
+        .map_err(|e| NvmlUnavailable::Count(e.to_string()))?;
+    Ok((0..count).map(|i| read_one(nvml, i)).collect())
 }
 
-impl DeviceSource for NvmlSource {
-    fn read(&self) -> Result<Vec<DeviceReading>, NvmlUnavailable> {
-        NvmlSource::read(self)
-    }
-}
-
-/// Reads every GPU through NVML.
-pub struct NvmlSource {
-    nvml: Nvml,
-}
-
-impl NvmlSource {
-    pub fn init() -> Result<NvmlSource, NvmlUnavailable> {
-        Ok(NvmlSource {
-            nvml: Nvml::init().map_err(NvmlUnavailable::Init)?,
-        })
-    }
-
-    pub fn driver_version(&self) -> Option<String> {
-        self.nvml.sys_driver_version().ok()
-    }
-
-    pub fn read(&self) -> Result<Vec<DeviceReading>, NvmlUnavailable> {
-        let count = self.nvml.device_count().map_err(NvmlUnavailable::Count)?;
-        Ok((0..count).map(|i| self.read_one(i)).collect())
-    }
-
-    fn read_one(&self, index: u32) -> DeviceReading {
-        let mut r = DeviceReading {
-            index,
-            ..Default::default()
-        };
-        let device = match self.nvml.device_by_index(index) {
-            Ok(d) => d,
-            Err(e) => {
-                r.lost = Some(e.to_string());
-                return r;
-            }
-        };
-        let mut note = |what: &str, e: NvmlError| {
-            if matches!(e, NvmlError::GpuLost) {
-                r.lost.get_or_insert_with(|| format!("{what}: {e}"));
-            } else {
-                r.unreadable.push(format!("{what}: {e}"));
-            }
-        };
-        let uuid = device.uuid().map_err(|e| note("uuid", e)).ok();
-        let pci = device.pci_info().map_err(|e| note("pci", e)).ok();
-        let product = device.name().map_err(|e| note("name", e)).ok();
-        let mut fields = [None, None, None];
-        match device.field_values_for(&[
-            FIELD_RECOVERY_ACTION,
-            FIELD_REMAPPED_PENDING,
-            FIELD_REMAPPED_FAILURE,
-        ]) {
-            Ok(samples) => {
-                for (slot, (sample, what)) in fields.iter_mut().zip(samples.into_iter().zip([
-                    "recovery action (field 230)",
-                    "remapped rows pending (field 144)",
-                    "remapped rows failure (field 145)",
-                ])) {
-                    match sample.and_then(|s| s.value) {
-                        Ok(v) => *slot = as_u64(&v),
-                        Err(e) => note(what, e),
-                    }
-                }
-            }
-            Err(e) => note("field values", e),
+fn read_one(nvml: &Nvml, index: u32) -> DeviceReading {
+    let mut r = DeviceReading {
+        index,
+        ..Default::default()
+    };
+    let device = match nvml.device_by_index(index) {
+        Ok(d) => d,
+        Err(e) => {
+            r.lost = Some(e.to_string());
+            return r;
         }
-        let pending_retired = device
-            .are_pages_pending_retired()
-            .map_err(|e| note("retired pages pending", e))
-            .ok();
-        let ecc = device
-            .total_ecc_errors(MemoryError::Uncorrected, EccCounter::Volatile)
-            .map_err(|e| note("volatile uncorrected ECC", e))
-            .ok();
-        let processes = device
-            .running_compute_processes()
-            .map_err(|e| note("compute processes", e))
-            .unwrap_or_default();
-        r.uuid = uuid.unwrap_or_default();
-        r.pci_bus_id = pci.map(|p| p.bus_id).unwrap_or_default();
-        r.product = product;
-        r.recovery_action = fields[0].and_then(|v| u32::try_from(v).ok());
-        r.remapped_rows = match (fields[1], fields[2]) {
-            (Some(p), Some(f)) => Some(RemappedRows {
-                pending: p != 0,
-                failure: f != 0,
-            }),
-            _ => None,
-        };
-        r.retired_pages_pending = pending_retired;
-        r.uncorrected_ecc_volatile = ecc;
-        r.compute_processes = processes.iter().map(|p| p.pid).collect();
-        r
-    }
-}
-
-/// Follows NVML's critical-XID events on every GPU, in a thread with an
-/// NVML handle of its own, calling `on_xid(pci_bus_id, code)` for each.
-/// Returns once the events are registered, or why they could not be.
-/// (Events from before registration are not reported: the kernel log has them.)
-pub fn watch_xids(on_xid: impl Fn(&str, u32) + Send + 'static) -> Result<(), String> {
-    let (registered_tx, registered_rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let nvml = match Nvml::init() {
-            Ok(n) => n,
-            Err(e) => {
-                let _ = registered_tx.send(Err(e.to_string()));
-                return;
-            }
-        };
-        let register = || -> Result<EventSet<'_>, String> {
-            let mut set = nvml.create_event_set().map_err(|e| e.to_string())?;
-            for i in 0..nvml.device_count().map_err(|e| e.to_string())? {
-                let device = nvml.device_by_index(i).map_err(|e| e.to_string())?;
-                set = device
-                    .register_events(EventTypes::CRITICAL_XID_ERROR, set)
-                    .map_err(|e| format!("GPU {i}: {}", e.error))?;
-            }
-            Ok(set)
-        };
-        let set = match register() {
-            Ok(set) => set,
-            Err(e) => {
-                let _ = registered_tx.send(Err(e));
-                return;
-            }
-        };
-        let _ = registered_tx.send(Ok(()));
-        loop {
-            match set.wait(5_000) {
-                Ok(event) => {
-                    let code = match event.event_data {
-                        Some(XidError::Value(v)) => u32::try_from(v).ok(),
-                        _ => None,
-                    };
-                    let pci = event.device.pci_info().map(|p| p.bus_id);
-                    if let (Some(code), Ok(pci)) = (code, pci) {
-                        on_xid(&pci, code);
-                    }
-                }
-                Err(NvmlError::Timeout) => {}
-                Err(e) => {
-                    tracing::warn!(error = %e, "waiting for NVML XID events; retrying");
-                    std::thread::sleep(std::time::Duration::from_secs(5));
+    };
+    let mut note = |what: &str, e: NvmlError| {
+        if matches!(e, NvmlError::GpuLost) {
+            r.lost.get_or_insert_with(|| format!("{what}: {e}"));
+        } else {
+            r.unreadable.push(format!("{what}: {e}"));
+        }
+    };
+    let uuid = device.uuid().map_err(|e| note("uuid", e)).ok();
+    let pci = device.pci_info().map_err(|e| note("pci", e)).ok();
+    let product = device.name().map_err(|e| note("name", e)).ok();
+    let minor = device
+        .minor_number()
+        .map_err(|e| note("minor number", e))
+        .ok();
+    let mut fields = [None, None, None];
+    match device.field_values_for(&[
+        FIELD_RECOVERY_ACTION,
+        FIELD_REMAPPED_PENDING,
+        FIELD_REMAPPED_FAILURE,
+    ]) {
+        Ok(samples) => {
+            for (slot, (sample, what)) in fields.iter_mut().zip(samples.into_iter().zip([
+                "recovery action (field 230)",
+                "remapped rows pending (field 144)",
+                "remapped rows failure (field 145)",
+            ])) {
+                match sample.and_then(|s| s.value) {
+                    Ok(v) => *slot = as_u64(&v),
+                    Err(e) => note(what, e),
                 }
             }
         }
+        Err(e) => note("field values", e),
+    }
+    let pending_retired = device
+        .are_pages_pending_retired()
+        .map_err(|e| note("retired pages pending", e))
+        .ok();
+    let ecc = device
+        .total_ecc_errors(MemoryError::Uncorrected, EccCounter::Volatile)
+        .map_err(|e| note("volatile uncorrected ECC", e))
+        .ok();
+    let compute = device
+        .running_compute_processes()
+        .map_err(|e| note("compute processes", e))
+        .unwrap_or_default();
+    let graphics = device
+        .running_graphics_processes()
+        .map_err(|e| note("graphics processes", e))
+        .unwrap_or_default();
+    let mig_devices = mig_devices(&device).unwrap_or_else(|e| {
+        note("MIG devices", e);
+        Vec::new()
     });
-    registered_rx
-        .recv()
-        .map_err(|_| "the NVML event thread stopped".to_owned())?
+    r.uuid = uuid.unwrap_or_default();
+    r.pci_bus_id = pci.map(|p| p.bus_id).unwrap_or_default();
+    r.product = product;
+    r.minor = minor;
+    r.recovery_action = fields[0].and_then(|v| u32::try_from(v).ok());
+    r.remapped_rows = match (fields[1], fields[2]) {
+        (Some(p), Some(f)) => Some(RemappedRows {
+            pending: p != 0,
+            failure: f != 0,
+        }),
+        _ => None,
+    };
+    r.retired_pages_pending = pending_retired;
+    r.uncorrected_ecc_volatile = ecc;
+    r.compute_processes = compute.iter().map(|p| p.pid).collect();
+    r.graphics_processes = graphics.iter().map(|p| p.pid).collect();
+    r.mig_devices = mig_devices;
+    r
+}
+
+/// A GPU's MIG devices; none when MIG is off or unsupported.
+fn mig_devices(device: &Device<'_>) -> Result<Vec<MigDevice>, NvmlError> {
+    match device.mig_mode() {
+        Ok(mode) if mode.current == 1 => {}
+        Ok(_) | Err(NvmlError::NotSupported) => return Ok(Vec::new()),
+        Err(e) => return Err(e),
+    }
+    let slots = device.mig_device_count()?;
+    let mut uuids = Vec::new();
+    for slot in 0..slots {
+        match device.mig_device_by_index(slot) {
+            Ok(mig) => uuids.push(MigDevice {
+                slot,
+                uuid: mig.uuid()?,
+            }),
+            // Slots need not be filled in order.
+            Err(NvmlError::NotFound | NvmlError::InvalidArg) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(uuids)
 }
 
 fn as_u64(v: &SampleValue) -> Option<u64> {
@@ -390,6 +396,8 @@ mod tests {
             version: GpuReport::VERSION,
             observed_at: Time(Timestamp::UNIX_EPOCH),
             source: Some("gpuhealth-agent/nvml".into()),
+            capabilities: None,
+            unreadable: None,
             gpus: readings.iter().map(entry).collect(),
         };
         report.check().expect("a report the operator accepts");
@@ -402,24 +410,39 @@ mod tests {
     }
 
     #[test]
-    fn xid_events_register_where_there_is_a_gpu() {
-        // On a GPU machine this registers for real; without one it is an
-        // error, never a panic.
-        match NvmlSource::init() {
-            Ok(_) => watch_xids(|_, _| {}).expect("XID events register on every GPU"),
-            Err(_) => assert!(watch_xids(|_, _| {}).is_err()),
+    fn without_a_driver_the_error_says_what_is_missing() {
+        // This machine may or may not have NVML; either way nothing panics,
+        // and a failure names the library.
+        match open(OsStr::new(NVML_LIBRARY)) {
+            Ok(nvml) => {
+                let _ = read_all(&nvml);
+            }
+            Err(e) => assert!(e.to_string().contains(NVML_LIBRARY), "{e}"),
         }
     }
 
     #[test]
-    fn without_a_driver_the_error_says_what_is_missing() {
-        // This machine may or may not have NVML; either way nothing panics,
-        // and a failure names the library.
-        match NvmlSource::init() {
-            Ok(source) => {
-                let _ = source.read();
-            }
-            Err(e) => assert!(e.to_string().contains("libnvidia-ml.so"), "{e}"),
-        }
+    fn a_gpu_is_back_only_when_the_driver_asks_for_nothing_more() {
+        assert_eq!(not_recovered(&healthy()), None);
+        let still = DeviceReading {
+            recovery_action: Some(1),
+            ..healthy()
+        };
+        assert!(not_recovered(&still).is_some_and(|w| w.contains("recovery action")));
+        let pending = DeviceReading {
+            remapped_rows: Some(RemappedRows {
+                pending: true,
+                failure: false,
+            }),
+            ..healthy()
+        };
+        assert!(not_recovered(&pending).is_some_and(|w| w.contains("pending")));
+        // What the GPU cannot tell is not held against it.
+        let unknown = DeviceReading {
+            recovery_action: None,
+            remapped_rows: None,
+            ..healthy()
+        };
+        assert_eq!(not_recovered(&unknown), None);
     }
 }

@@ -1,6 +1,6 @@
 //! The HTTP endpoints both gpuhealth binaries serve: `/metrics` (the
-//! Prometheus text format), `/livez` (the process answers) and `/readyz`
-//! (it is doing its job: what that means is each binary's to say); and the
+//! Prometheus text format), `/livez` (the process is not stuck) and `/readyz`
+//! (it is doing its job: what either means is each binary's to say); and the
 //! client layer that counts each binary's Kubernetes API requests.
 
 pub mod api_requests;
@@ -15,6 +15,10 @@ pub trait Exposition: Send + Sync + 'static {
     fn registry(&self) -> &Registry;
     /// Ready, or why not.
     fn ready(&self) -> Result<(), String>;
+    /// Alive (restarting would not help), or why not: by default, answering.
+    fn live(&self) -> Result<(), String> {
+        Ok(())
+    }
 }
 
 /// A registry in the text exposition format.
@@ -32,7 +36,7 @@ pub async fn serve(
 ) -> std::io::Result<()> {
     let app = Router::new()
         .route("/metrics", get(metrics))
-        .route("/livez", get(|| async { "ok" }))
+        .route("/livez", get(livez))
         .route("/readyz", get(readyz))
         .with_state(exposition);
     tracing::info!(addr = %listener.local_addr()?, "serving /metrics, /livez and /readyz");
@@ -50,7 +54,15 @@ async fn metrics(State(e): State<Arc<dyn Exposition>>) -> impl IntoResponse {
 }
 
 async fn readyz(State(e): State<Arc<dyn Exposition>>) -> impl IntoResponse {
-    match e.ready() {
+    answer(e.ready())
+}
+
+async fn livez(State(e): State<Arc<dyn Exposition>>) -> impl IntoResponse {
+    answer(e.live())
+}
+
+fn answer(state: Result<(), String>) -> (StatusCode, String) {
+    match state {
         Ok(()) => (StatusCode::OK, "ok".to_owned()),
         Err(why) => (StatusCode::SERVICE_UNAVAILABLE, why),
     }

@@ -158,6 +158,7 @@ async fn run(command: Command) -> Result<(), Box<dyn std::error::Error>> {
                 reset: SimOutcome::Succeed,
                 reboot: SimOutcome::Succeed,
                 executed: Vec::new(),
+                capabilities: None,
             };
             set_hardware(&client, &node, &hardware).await?;
             println!(

@@ -28,7 +28,49 @@ pub struct GpuReport {
     /// Who wrote it (`gpuhealth-agent/nvml`, `gpuhealth-agent/fake`, ...).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub source: Option<String>,
+    /// What the producer can carry out on this node. Absent: it does not
+    /// say, and the operator requests any rung of the ladder.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capabilities: Option<Capabilities>,
+    /// Why the producer cannot read the GPUs now, if it cannot: `gpus` are
+    /// then the last ones it read (or none). Nothing is acted on from it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unreadable: Option<String>,
     pub gpus: Vec<GpuEntry>,
+}
+
+/// What a node's agent can carry out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Capabilities {
+    /// It resets GPUs (`gpuhealth.io/reset-request`).
+    pub reset: bool,
+    /// How it reboots the node (`gpuhealth.io/reboot-request`).
+    pub reboot: RebootMethod,
+}
+
+/// How an agent reboots its node.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum RebootMethod {
+    /// It does not: reboot requests are refused.
+    None,
+    /// Asks systemd-logind over the system D-Bus socket.
+    Logind,
+    /// Leaves the reboot to kured, through its sentinel file.
+    Kured,
+}
+
+impl Capabilities {
+    /// Whether the agent can carry out `action` at all (replacing a node is
+    /// never the agent's).
+    pub fn can(&self, action: crate::RecoveryAction) -> bool {
+        match action {
+            crate::RecoveryAction::GpuReset => self.reset,
+            crate::RecoveryAction::NodeReboot => self.reboot != RebootMethod::None,
+            crate::RecoveryAction::ReplaceNode => true,
+        }
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -52,6 +94,12 @@ pub struct GpuEntry {
     /// Pods holding this GPU, from the kubelet PodResources API.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub pods: Vec<PodRef>,
+    /// Why the pods holding this GPU are not known, when they are not (the
+    /// kubelet did not answer, or a device it handed out names no GPU the
+    /// producer can place): `pods` may then miss some, and a drain for this
+    /// GPU takes every GPU pod of the node.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pods_unknown: Option<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -117,6 +165,9 @@ impl AnnotationValue for GpuReport {
         if let Some(source) = &self.source {
             bounded_text(source, 128).map_err(|r| bad("source".into(), r))?;
         }
+        if let Some(why) = &self.unreadable {
+            bounded_text(why, MAX_TEXT).map_err(|r| bad("unreadable".into(), r))?;
+        }
         if self.gpus.len() > MAX_GPUS {
             return Err(bad(
                 "gpus".into(),
@@ -150,6 +201,9 @@ impl AnnotationValue for GpuReport {
             for (j, xid) in gpu.xids.iter().enumerate() {
                 bounded_text(&xid.text, MAX_TEXT)
                     .map_err(|r| bad(format!("gpus[{i}].xids[{j}].text"), r))?;
+            }
+            if let Some(why) = &gpu.pods_unknown {
+                bounded_text(why, MAX_TEXT).map_err(|r| bad(at("podsUnknown"), r))?;
             }
             if gpu.pods.len() > MAX_PODS_PER_GPU {
                 return Err(bad(

@@ -10,7 +10,9 @@ mod maintenance;
 mod requests;
 mod tolerance;
 
-pub use gpu_report::{GpuEntry, GpuReport, PodRef, RemappedRows, XidEvent};
+pub use gpu_report::{
+    Capabilities, GpuEntry, GpuReport, PodRef, RebootMethod, RemappedRows, XidEvent,
+};
 pub use maintenance::MaintenanceNotice;
 pub use requests::{CordonRecord, Outcome, RebootRequest, RequestId, RequestResult, ResetRequest};
 pub use tolerance::DisruptionTolerance;

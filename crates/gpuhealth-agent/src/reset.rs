@@ -1,0 +1,281 @@
+//! A GPU reset that can succeed on a real node: the GPU Operator's operands
+//! paused, the agent's own NVML let go, every other holder of the GPU gone
+//! (or named, and nothing tried), `nvidia-smi --gpu-reset` with a deadline,
+//! then the GPU confirmed: NVML sees it with nothing more to do, and the
+//! kubelet offers it again. The operands come back whatever happens.
+
+use std::{path::PathBuf, time::Duration};
+
+use gpuhealth_api::contract::Outcome;
+use k8s_openapi::{api::core::v1::Node, apimachinery::pkg::api::resource::Quantity};
+use kube::{Api, Client, ResourceExt};
+
+use crate::{
+    backend::Done,
+    holders::{self, Holder},
+    nvml::{DeviceReading, not_recovered},
+    nvml_thread::Gpus,
+    operands::Operands,
+};
+
+/// The resource the NVIDIA device plugin offers.
+pub const GPU_RESOURCE: &str = "nvidia.com/gpu";
+
+pub struct ResetSettings {
+    /// `nvidia-smi`, found on `PATH` unless a path is given.
+    pub nvidia_smi: PathBuf,
+    /// Where the GPUs' device nodes are (`/dev`).
+    pub dev_dir: PathBuf,
+    /// Where the node's processes are (`/proc`, with the host's PID namespace).
+    pub proc_dir: PathBuf,
+    /// How long `nvidia-smi --gpu-reset` may take.
+    pub timeout: Duration,
+    /// How long the GPU's other holders get to let go once the operands are
+    /// paused.
+    pub let_go: Duration,
+    /// How long the kubelet gets to offer the reset GPU again.
+    pub back_in_service: Duration,
+    /// Holders the driver does not count (`nvidia-persistenced`).
+    pub tolerated: Vec<String>,
+    pub operands: Operands,
+}
+
+/// Resets the GPUs `uuids` of `node`.
+pub async fn reset(
+    gpus: &impl Gpus,
+    s: &ResetSettings,
+    client: &Client,
+    node: &Node,
+    uuids: &[String],
+) -> Done {
+    let readings = match gpus.read().await {
+        Ok(r) => r,
+        Err(e) => return (Outcome::Failed, format!("reading the GPUs first: {e}")),
+    };
+    let mut targets = Vec::new();
+    for uuid in uuids {
+        match readings.iter().find(|r| &r.uuid == uuid) {
+            Some(r) => targets.push(r.clone()),
+            None => {
+                return (
+                    Outcome::Refused,
+                    format!("there is no GPU {uuid} on this node"),
+                );
+            }
+        }
+    }
+    // A process on the GPU means the drain did not empty it: never kill it.
+    let running: Vec<String> = targets
+        .iter()
+        .filter_map(|r| {
+            let pids: Vec<String> = r
+                .compute_processes
+                .iter()
+                .chain(&r.graphics_processes)
+                .map(|pid| describe_pid(s, *pid))
+                .collect();
+            (!pids.is_empty()).then(|| format!("{} runs {}", name(r), pids.join(", ")))
+        })
+        .collect();
+    if !running.is_empty() {
+        return (
+            Outcome::Refused,
+            format!("not reset: {}", running.join("; ")),
+        );
+    }
+    let paused = match s.operands.pause(client, node).await {
+        Ok(p) => p,
+        Err(e) => return (Outcome::Failed, e),
+    };
+    let (mut outcome, mut message) = reset_released(gpus, s, &targets).await;
+    if outcome == Outcome::Succeeded {
+        (outcome, message) = confirm(gpus, &targets, message).await;
+    }
+    if !paused.is_empty() {
+        match s.operands.restore(client, &node.name_any(), &paused).await {
+            Ok(()) => message.push_str(&format!(
+                "; the GPU Operator's operands paused and restored: {}",
+                paused.join(", ")
+            )),
+            Err(e) => {
+                outcome = Outcome::Failed;
+                message.push_str(&format!("; {e} (retried until it is)"));
+            }
+        }
+    }
+    if outcome == Outcome::Succeeded {
+        (outcome, message) =
+            back_in_service(client, &node.name_any(), s.back_in_service, message).await;
+    }
+    (outcome, message)
+}
+
+/// Lets go of NVML, waits for the other holders, resets; takes NVML back.
+async fn reset_released(gpus: &impl Gpus, s: &ResetSettings, targets: &[DeviceReading]) -> Done {
+    if let Err(e) = gpus.release().await {
+        return (Outcome::Failed, format!("letting go of NVML: {e}"));
+    }
+    let done = match still_held(s, targets).await {
+        Err(e) => (Outcome::Failed, e),
+        Ok(held) if !held.is_empty() => (
+            Outcome::Refused,
+            format!("not reset, nothing tried: {}", held.join("; ")),
+        ),
+        Ok(_) => run_resets(s, targets).await,
+    };
+    match gpus.retake().await {
+        Ok(()) => done,
+        Err(e) => (
+            Outcome::Failed,
+            format!("{}; then taking NVML back: {e}", done.1),
+        ),
+    }
+}
+
+/// Waits up to `let_go` for every other holder of the targets to go; what
+/// still holds each then.
+async fn still_held(s: &ResetSettings, targets: &[DeviceReading]) -> Result<Vec<String>, String> {
+    let deadline = tokio::time::Instant::now() + s.let_go;
+    loop {
+        let mut held = Vec::new();
+        for r in targets {
+            let Some(minor) = r.minor else {
+                return Err(format!("NVML did not say which device node {} is", name(r)));
+            };
+            let device = s.dev_dir.join(format!("nvidia{minor}"));
+            let found = holders::holding(&s.proc_dir, &device)
+                .map_err(|e| format!("looking for what holds {}: {e}", device.display()))?;
+            let found: Vec<Holder> = holders::counted(found, &s.tolerated);
+            if !found.is_empty() {
+                let list: Vec<String> = found.iter().map(Holder::to_string).collect();
+                held.push(format!("{} is held by {}", name(r), list.join(", ")));
+            }
+        }
+        if held.is_empty() || tokio::time::Instant::now() >= deadline {
+            return Ok(held);
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+async fn run_resets(s: &ResetSettings, targets: &[DeviceReading]) -> Done {
+    for r in targets {
+        let run = tokio::process::Command::new(&s.nvidia_smi)
+            .args(["--gpu-reset", "-i", &r.uuid])
+            .kill_on_drop(true)
+            .output();
+        let what = format!("nvidia-smi --gpu-reset -i {}", r.uuid);
+        match tokio::time::timeout(s.timeout, run).await {
+            Ok(Ok(o)) if o.status.success() => {}
+            Ok(Ok(o)) => {
+                let said = String::from_utf8_lossy(&o.stdout).trim().to_owned()
+                    + String::from_utf8_lossy(&o.stderr).trim();
+                return (Outcome::Failed, format!("{what}: {}: {said}", o.status));
+            }
+            Ok(Err(e)) => {
+                return (
+                    Outcome::Failed,
+                    format!("running {}: {e}", s.nvidia_smi.display()),
+                );
+            }
+            Err(_) => {
+                return (
+                    Outcome::Failed,
+                    format!("{what} did not finish within {:?}; stopped", s.timeout),
+                );
+            }
+        }
+    }
+    let names: Vec<String> = targets.iter().map(name).collect();
+    (Outcome::Succeeded, format!("reset {}", names.join(", ")))
+}
+
+/// The reset GPUs read back through NVML with nothing more to do.
+async fn confirm(gpus: &impl Gpus, targets: &[DeviceReading], message: String) -> Done {
+    let readings = match gpus.read().await {
+        Ok(r) => r,
+        Err(e) => {
+            return (
+                Outcome::Failed,
+                format!("{message}, but reading it back: {e}"),
+            );
+        }
+    };
+    for t in targets {
+        let why = match readings.iter().find(|r| r.uuid == t.uuid) {
+            None => Some("NVML no longer lists it".to_owned()),
+            Some(r) => not_recovered(r),
+        };
+        if let Some(why) = why {
+            return (
+                Outcome::Failed,
+                format!("{message}, but {}: {why}", name(t)),
+            );
+        }
+    }
+    (
+        Outcome::Succeeded,
+        format!("{message}; NVML reads it back with nothing more to do"),
+    )
+}
+
+/// Waits for the kubelet to offer every GPU of the node again (allocatable
+/// `nvidia.com/gpu` back to capacity): the device plugin withdrew the bad
+/// GPU, and only a fresh plugin offers it again.
+async fn back_in_service(client: &Client, node: &str, wait: Duration, message: String) -> Done {
+    let api: Api<Node> = Api::all(client.clone());
+    let deadline = tokio::time::Instant::now() + wait;
+    loop {
+        let counts = match api.get(node).await {
+            Ok(n) => gpu_counts(&n),
+            Err(e) => {
+                return (
+                    Outcome::Failed,
+                    format!("{message}, but reading the Node: {e}"),
+                );
+            }
+        };
+        match counts {
+            // No device plugin offers GPUs here: nothing to wait for.
+            None => return (Outcome::Succeeded, message),
+            Some((offered, capacity)) if offered >= capacity => {
+                return (
+                    Outcome::Succeeded,
+                    format!("{message}; the kubelet offers {offered} of {capacity} {GPU_RESOURCE}"),
+                );
+            }
+            Some((offered, capacity)) if tokio::time::Instant::now() >= deadline => {
+                return (
+                    Outcome::Failed,
+                    format!(
+                        "{message}, but after {wait:?} the kubelet offers {offered} of {capacity} {GPU_RESOURCE}: the device plugin has not taken the GPU back (restart its pod on this node)"
+                    ),
+                );
+            }
+            Some(_) => tokio::time::sleep(Duration::from_secs(1)).await,
+        }
+    }
+}
+
+/// Allocatable and capacity `nvidia.com/gpu`, when the node has any.
+pub fn gpu_counts(node: &Node) -> Option<(u64, u64)> {
+    let status = node.status.as_ref()?;
+    let count = |m: &Option<std::collections::BTreeMap<String, Quantity>>| {
+        m.as_ref()
+            .and_then(|m| m.get(GPU_RESOURCE))
+            .and_then(|q| q.0.parse::<u64>().ok())
+    };
+    let capacity = count(&status.capacity)?;
+    Some((count(&status.allocatable).unwrap_or(0), capacity))
+}
+
+fn name(r: &DeviceReading) -> String {
+    format!("GPU {} ({})", r.index, r.uuid)
+}
+
+fn describe_pid(s: &ResetSettings, pid: u32) -> String {
+    let comm = std::fs::read_to_string(s.proc_dir.join(pid.to_string()).join("comm"))
+        .map(|c| c.trim().to_owned())
+        .unwrap_or_else(|_| "?".into());
+    format!("{comm} (pid {pid})")
+}
