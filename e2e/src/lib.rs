@@ -8,6 +8,7 @@ pub mod agent;
 pub mod chaos;
 pub mod cluster;
 pub mod crds;
+pub mod host;
 pub mod invariants;
 pub mod kubelet;
 pub mod names;

@@ -49,6 +49,26 @@ impl Process {
         name: &str,
         configure: impl FnOnce(&mut Command),
     ) -> Result<Process> {
+        Process::start(binary, name, true, configure).await
+    }
+
+    /// Like [`Process::launch`], with no flag of the harness's own: the
+    /// metrics address goes in `GPUHEALTH_METRICS_ADDR`, so that `configure`
+    /// gives exactly the flags a manifest ships.
+    pub async fn launch_with_flags_of_its_own(
+        binary: &str,
+        name: &str,
+        configure: impl FnOnce(&mut Command),
+    ) -> Result<Process> {
+        Process::start(binary, name, false, configure).await
+    }
+
+    async fn start(
+        binary: &str,
+        name: &str,
+        metrics_flag: bool,
+        configure: impl FnOnce(&mut Command),
+    ) -> Result<Process> {
         let dir = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../target/e2e-logs"));
         std::fs::create_dir_all(&dir).map_err(io)?;
         let log = dir.join(format!("{name}.log"));
@@ -60,9 +80,13 @@ impl Process {
         };
         let bin = built(binary);
         let mut command = Command::new(&bin);
+        command.env("KUBECONFIG", kubeconfig_path().await?);
+        if metrics_flag {
+            command.args(["--metrics-addr", &metrics.to_string()]);
+        } else {
+            command.env("GPUHEALTH_METRICS_ADDR", metrics.to_string());
+        }
         command
-            .env("KUBECONFIG", kubeconfig_path().await?)
-            .args(["--metrics-addr", &metrics.to_string()])
             .stdout(Stdio::from(file))
             .stderr(Stdio::from(err))
             .kill_on_drop(true);

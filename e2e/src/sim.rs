@@ -264,3 +264,25 @@ pub async fn set_cordon(client: &kube::Client, node: &str, on: bool) -> kube::Re
         .await
         .map(|_| ())
 }
+
+/// The `nvidia` RuntimeClass, as the GPU Operator creates it on a cluster it
+/// runs on: the agent's default install (`config/agent/container-toolkit`)
+/// names it, and the API server refuses pods whose RuntimeClass is missing.
+pub async fn gpu_operator_runtime_class(client: &kube::Client) -> kube::Result<()> {
+    let class = k8s_openapi::api::node::v1::RuntimeClass {
+        metadata: ObjectMeta {
+            name: Some("nvidia".into()),
+            ..Default::default()
+        },
+        handler: "nvidia".into(),
+        ..Default::default()
+    };
+    match kube::Api::all(client.clone())
+        .create(&kube::api::PostParams::default(), &class)
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(e)) if e.code == 409 => Ok(()),
+        Err(e) => Err(e),
+    }
+}

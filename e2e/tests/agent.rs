@@ -338,9 +338,8 @@ async fn an_agent_restarted_mid_request_never_carries_it_out_twice() {
 }
 
 #[tokio::test]
-async fn without_nvml_the_agent_reports_from_the_kernel_log() {
-    // This machine has no NVIDIA driver: the nvml backend cannot load, and
-    // the agent falls back to the kernel log (a file standing in for /dev/kmsg).
+async fn the_kernel_log_backend_reports_what_the_driver_logged() {
+    // The kernel log alone (a file standing in for /dev/kmsg), chosen by hand.
     let (client, node, state) = node("agent-kmsg").await;
     let kmsg = state.with_extension("kmsg");
     let lines = [
@@ -349,7 +348,7 @@ async fn without_nvml_the_agent_reports_from_the_kernel_log() {
     ];
     std::fs::write(&kmsg, lines.join("\n") + "\n").expect("kernel log");
     let kmsg_arg = kmsg.display().to_string();
-    let args = ["--backend", "nvml", "--kmsg-path", kmsg_arg.as_str()];
+    let args = ["--backend", "kmsg", "--kmsg-path", kmsg_arg.as_str()];
     let agent = node_agent::start_with(&format!("{node}-agent"), &node, &state, None, &args)
         .await
         .expect("agent");
@@ -357,6 +356,7 @@ async fn without_nvml_the_agent_reports_from_the_kernel_log() {
     until(nodes.clone(), &node, WAIT, |n| {
         report(n).is_some_and(|r| {
             r.source.as_deref() == Some("gpuhealth-agent/kmsg")
+                && r.capabilities.is_some_and(|c| !c.reset)
                 && r.gpus.len() == 2
                 && r.bad_gpus().next().is_none()
         })
@@ -393,24 +393,50 @@ async fn without_nvml_the_agent_reports_from_the_kernel_log() {
         assert!(metrics.contains(&line), "{line} in:\n{metrics}");
     }
 
-    // Told NVML is required, the agent exits non-zero instead.
-    let mut strict = node_agent::start_with(
-        &format!("{node}-strict"),
-        &node,
-        &state.with_extension("strict"),
-        None,
-        &[
-            "--backend",
-            "nvml",
-            "--require-nvml",
-            "--kmsg-path",
-            kmsg_arg.as_str(),
-        ],
+    drop(agent);
+    remove(&client, &node).await;
+}
+
+#[tokio::test]
+async fn without_nvml_the_agent_says_so_and_acts_on_nothing() {
+    // This machine has no NVIDIA driver: the nvml backend cannot load NVML.
+    // It says so in its report, its condition and its readiness, never by
+    // reading less (the kernel log names GPUs here too).
+    let (client, node, state) = node("agent-no-nvml").await;
+    let kmsg = state.with_extension("kmsg");
+    std::fs::write(
+        &kmsg,
+        "6,100,1000000,-;NVRM: GPU at PCI:0000:e1:00: GPU-0a1b2c3d-0000-4000-8000-000000000007\n",
     )
+    .expect("kernel log");
+    let kmsg_arg = kmsg.display().to_string();
+    let args = [
+        "--backend",
+        "nvml",
+        "--kmsg-path",
+        kmsg_arg.as_str(),
+        "--nvml-library",
+        "libnvidia-ml-absent.so.1",
+    ];
+    let agent = node_agent::start_with(&format!("{node}-agent"), &node, &state, None, &args)
+        .await
+        .expect("agent");
+    let nodes: Api<Node> = Api::all(client.clone());
+    let n = until(nodes, &node, WAIT, |n| {
+        report(n).is_some_and(|r| r.source.as_deref() == Some("gpuhealth-agent/nvml"))
+            && gpu_healthy_condition(n).as_deref() == Some("Unknown")
+    })
     .await
-    .expect("agent");
-    let exit = strict.exited(WAIT).await.expect("exits");
-    assert!(!exit.success(), "{exit:?}");
+    .expect("a report saying the GPUs cannot be read, and GpuHealthy=Unknown");
+    let r = report(&n).expect("report");
+    let why = r.unreadable.clone().unwrap_or_default();
+    assert!(why.contains("libnvidia-ml-absent.so.1"), "{why}");
+    assert!(r.gpus.is_empty(), "no GPU is made up: {r:?}");
+    let (status, body) = agent.get("/readyz", |s| s == 503).await.expect("not ready");
+    assert_eq!(status, 503);
+    assert!(body.contains("cannot be read"), "{body}");
+    let (status, _) = agent.get("/livez", |s| s == 200).await.expect("alive");
+    assert_eq!(status, 200);
     remove(&client, &node).await;
 }
 
@@ -434,7 +460,7 @@ async fn a_kernel_log_flood_leaves_the_agent_bounded() {
     )
     .expect("kernel log");
     let kmsg_arg = kmsg.display().to_string();
-    let args = ["--backend", "nvml", "--kmsg-path", kmsg_arg.as_str()];
+    let args = ["--backend", "kmsg", "--kmsg-path", kmsg_arg.as_str()];
     let agent = node_agent::start_with(&format!("{node}-agent"), &node, &state, None, &args)
         .await
         .expect("agent");

@@ -1,5 +1,6 @@
 //! What the agent's ServiceAccount may do, with a real token bound to the
-//! agent's pod on one node: `config/agent` applied to the real API server,
+//! agent's pod on one node: `config/agent/container-toolkit` (the default)
+//! applied to the real API server,
 //! its RBAC and its ValidatingAdmissionPolicy in force.
 
 use std::time::Duration;
@@ -9,7 +10,7 @@ use gpuhealth_e2e::{
     cluster::client_with_token,
     kubectl,
     scenario::WAIT,
-    sim::{GpuNodeSpec, gpu_node, node_is_ready},
+    sim::{GpuNodeSpec, gpu_node, gpu_operator_runtime_class, node_is_ready},
     unique,
     wait::{until, until_set},
 };
@@ -95,7 +96,10 @@ async fn the_agent_may_change_only_its_own_nodes_report() {
             .await
             .expect("Ready");
     }
-    for dir in ["namespace", "agent"] {
+    gpu_operator_runtime_class(&admin)
+        .await
+        .expect("the nvidia RuntimeClass");
+    for dir in ["namespace", "agent/container-toolkit"] {
         let config = format!("{}/../config/{dir}", env!("CARGO_MANIFEST_DIR"));
         kubectl(&["apply", "--server-side", "-k", &config])
             .await
@@ -148,6 +152,30 @@ async fn the_agent_may_change_only_its_own_nodes_report() {
         .await
         .expect("its condition");
     as_agent.get(&other).await.expect("it may read other nodes");
+
+    // Allowed: pausing the GPU Operator's operands for a reset, and
+    // restoring them; nothing else of their labels.
+    let deploy =
+        |v: &str| json!({"metadata": {"labels": {"nvidia.com/gpu.deploy.device-plugin": v}}});
+    patch(&nodes, &own, deploy("true"))
+        .await
+        .expect("the GPU Operator's label");
+    patch(&as_agent, &own, deploy("paused-for-gpuhealth-reset"))
+        .await
+        .expect("pausing the device plugin");
+    patch(&as_agent, &own, deploy("true"))
+        .await
+        .expect("restoring the device plugin");
+    for (what, body) in [
+        ("switching an operand off", deploy("false")),
+        (
+            "adding an operand",
+            json!({"metadata": {"labels": {"nvidia.com/gpu.deploy.driver": "paused-for-gpuhealth-reset"}}}),
+        ),
+    ] {
+        let e = patch(&as_agent, &own, body).await.expect_err(what);
+        assert!(e.contains("pause and restore"), "{what}: {e}");
+    }
 
     // Refused on its own Node: everything else.
     let refusals = [

@@ -91,7 +91,7 @@ fn each_dockerfile_copies_what_exists_and_builds_a_binary_of_the_workspace() {
 fn the_manifests_run_the_images_the_dockerfiles_build() {
     for (manifest, binary) in [
         ("config/operator/deployment.yaml", "gpuhealth-operator"),
-        ("config/agent/daemonset.yaml", "gpuhealth-agent"),
+        ("config/agent/base/daemonset.yaml", "gpuhealth-agent"),
     ] {
         let text = std::fs::read_to_string(root().join(manifest)).expect(manifest);
         assert!(

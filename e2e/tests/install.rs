@@ -12,7 +12,7 @@ use gpuhealth_e2e::{
     kubectl,
     operator::{self, Options},
     scenario::{Scenario, WAIT},
-    sim::{cpu_node, pod_is_ready},
+    sim::{cpu_node, gpu_operator_runtime_class, pod_is_ready},
     unique, wait,
 };
 use k8s_openapi::api::{
@@ -141,6 +141,10 @@ async fn install_run_the_incident_on_the_operators_own_rights_and_uninstall() {
         .await
         .expect("a CPU node");
 
+    // A cluster the GPU Operator runs on: the agent's runtime is there.
+    gpu_operator_runtime_class(&admin)
+        .await
+        .expect("the nvidia RuntimeClass");
     // --force-conflicts: the harness applied the same CRDs as its own manager.
     kubectl(&["apply", "--server-side", "--force-conflicts", "-k", DEFAULT])
         .await

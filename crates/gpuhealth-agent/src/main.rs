@@ -70,7 +70,11 @@ struct Args {
     /// Where the agent journals the requests it carries out and the GPUs'
     /// recoveries (a hostPath, so it outlives the pod: no request runs
     /// twice, no answered Xid acts again).
-    #[arg(long, default_value = "/var/lib/gpuhealth-agent")]
+    #[arg(
+        long,
+        env = "GPUHEALTH_STATE_DIR",
+        default_value = "/var/lib/gpuhealth-agent"
+    )]
     state_dir: PathBuf,
     /// How often to read the GPUs when nothing else happens.
     #[arg(long, default_value = "10s", value_parser = duration)]
@@ -87,7 +91,7 @@ struct Args {
     #[arg(long, env = "GPUHEALTH_METRICS_ADDR", default_value = "0.0.0.0:8080")]
     metrics_addr: SocketAddr,
     /// The kernel log to follow for `NVRM: Xid` lines.
-    #[arg(long, default_value = "/dev/kmsg")]
+    #[arg(long, env = "GPUHEALTH_KMSG_PATH", default_value = "/dev/kmsg")]
     kmsg_path: PathBuf,
     /// NVML: a file name is looked up on the library path (LD_LIBRARY_PATH
     /// for a driver root mounted from the host).
@@ -123,7 +127,11 @@ struct Args {
     #[arg(long, env = "GPUHEALTH_PROC_DIR", default_value = "/proc")]
     proc_dir: PathBuf,
     /// The kubelet PodResources socket, to say which pod holds which GPU.
-    #[arg(long, default_value = "/var/lib/kubelet/pod-resources/kubelet.sock")]
+    #[arg(
+        long,
+        env = "GPUHEALTH_POD_RESOURCES_SOCKET",
+        default_value = "/var/lib/kubelet/pod-resources/kubelet.sock"
+    )]
     pod_resources_socket: PathBuf,
     /// How long the kubelet's PodResources gets to answer.
     #[arg(long, default_value = "10s", value_parser = duration)]

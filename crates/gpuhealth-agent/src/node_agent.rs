@@ -75,9 +75,9 @@ pub struct NodeAgent<B> {
     journal: Journal,
     /// What this process last wrote: the report and the condition.
     published: Option<GpuReport>,
-    /// When each of its recent reports was observed: a report on the Node
-    /// stamped with one of these is this process's own.
-    written: std::collections::VecDeque<Timestamp>,
+    /// Whether the Node, as the watch shows it, has caught up with the last
+    /// write: until then an older report there is no overwrite.
+    caught_up: bool,
     /// When the report was last written, and whether a change waits for
     /// [`COALESCE`] to pass.
     last_write: Option<std::time::Instant>,
@@ -104,7 +104,7 @@ impl<B: Backend> NodeAgent<B> {
             backend,
             journal,
             published: None,
-            written: Default::default(),
+            caught_up: false,
             last_write: None,
             deferred: false,
             condition: None,
@@ -156,9 +156,7 @@ impl<B: Backend> NodeAgent<B> {
                 // Without the journal nothing is carried out: that could repeat one.
                 error!(error = %e, "requests are not carried out");
             }
-            if let Some(written) = self.publish(&current).await {
-                node = Some(written);
-            }
+            self.publish(&current).await;
         }
     }
 
@@ -302,8 +300,8 @@ impl<B: Backend> NodeAgent<B> {
         }
     }
 
-    /// Sets one annotation on the agent's own Node; the Node as written.
-    async fn annotate(&self, key: &str, value: &str) -> kube::Result<Node> {
+    /// Sets one annotation on the agent's own Node.
+    async fn annotate(&self, key: &str, value: &str) -> kube::Result<()> {
         let patch = json!({"metadata": {"annotations": {key: value}}});
         self.api()
             .patch(
@@ -312,6 +310,7 @@ impl<B: Backend> NodeAgent<B> {
                 &Patch::Merge(patch),
             )
             .await
+            .map(|_| ())
     }
 
     fn api(&self) -> Api<Node> {
@@ -319,9 +318,8 @@ impl<B: Backend> NodeAgent<B> {
     }
 
     /// Writes the report when what it says changed, when it is due for its
-    /// refresh, or when the Node shows a report this process did not write;
-    /// returns the Node as written, if it wrote.
-    async fn publish(&mut self, node: &Node) -> Option<Node> {
+    /// refresh, or when the Node shows a report this process did not write.
+    async fn publish(&mut self, node: &Node) {
         let read = self.backend.read(node).await;
         self.metrics
             .reads
@@ -345,9 +343,12 @@ impl<B: Backend> NodeAgent<B> {
             None => Ok(()),
             Some(e) => Err(format!("the GPUs cannot be read: {e}")),
         });
+        // To the second, as the Node stores it: a report read back from the
+        // Node is recognised by it.
+        let now = Timestamp::now();
         let report = GpuReport {
             version: GpuReport::VERSION,
-            observed_at: Time(Timestamp::now()),
+            observed_at: Time(Timestamp::from_second(now.as_second()).unwrap_or(now)),
             source: Some(self.backend.source().into()),
             capabilities: Some(self.backend.capabilities(node)),
             unreadable: unreadable.map(|e| e.chars().take(500).collect()),
@@ -363,20 +364,26 @@ impl<B: Backend> NodeAgent<B> {
             .annotations()
             .get(GPU_REPORT_ANNOTATION)
             .and_then(|v| GpuReport::parse(v).ok());
-        // An older report of ours is an echo of a write the watch has not
-        // caught up with; any other is someone else's, to be put back.
-        let overwritten = !on_node
-            .as_ref()
-            .is_some_and(|r| self.written.contains(&r.observed_at.0));
+        // Once the watch has shown the last report written, any other report
+        // there is someone else's, to be put back; before, it is an older
+        // state of the Node.
+        let ours = |r: &GpuReport| {
+            self.published
+                .as_ref()
+                .is_some_and(|p| p.observed_at == r.observed_at && says_the_same(r))
+        };
+        let latest_shown = on_node.as_ref().is_some_and(ours);
+        self.caught_up |= latest_shown;
+        let overwritten = self.caught_up && !latest_shown;
         let changed = self.published.as_ref().is_none_or(|p| !says_the_same(p));
         let refresh_due = self
             .last_write
             .is_none_or(|t| t.elapsed() >= self.settings.refresh);
         if !changed && !overwritten && !refresh_due {
             self.publish_condition(&report).await;
-            return None;
+            return;
         }
-        if overwritten && !changed && self.published.is_some() {
+        if overwritten && !changed {
             warn!("the GPU report on the Node is not this agent's; putting it back");
         }
         let bad = |g: &[GpuEntry]| -> std::collections::BTreeSet<String> {
@@ -391,22 +398,19 @@ impl<B: Backend> NodeAgent<B> {
             .is_none_or(|p| !bad(&report.gpus).is_subset(&bad(&p.gpus)));
         if !newly_bad && !self.coalesced_for().is_zero() {
             self.deferred = true;
-            return None;
+            return;
         }
         if let Err(e) = report.check() {
             warn!(error = %e, "the GPUs read would make an invalid report; not published");
-            return None;
+            return;
         }
-        let written = match self
+        if let Err(e) = self
             .annotate(GPU_REPORT_ANNOTATION, &report.to_annotation())
             .await
         {
-            Ok(n) => n,
-            Err(e) => {
-                warn!(error = %e, "publishing the GPU report; will retry");
-                return None;
-            }
-        };
+            warn!(error = %e, "publishing the GPU report; will retry");
+            return;
+        }
         if changed {
             info!(
                 bad = report.bad_gpus().count(),
@@ -415,15 +419,11 @@ impl<B: Backend> NodeAgent<B> {
             );
         }
         self.metrics.report_writes.inc();
-        self.written.push_back(report.observed_at.0);
-        if self.written.len() > 8 {
-            self.written.pop_front();
-        }
+        self.caught_up = false;
         self.last_write = Some(std::time::Instant::now());
         self.deferred = false;
         self.publish_condition(&report).await;
         self.published = Some(report);
-        Some(written)
     }
 
     /// How long a report change that is no change of health must still wait.

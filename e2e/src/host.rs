@@ -1,0 +1,586 @@
+//! The host under a simulated GPU node, as the real agent binary meets it
+//! on a real one, with a stand-in at each outermost boundary:
+//!
+//! - the GPUs: the NVML stand-in (`nvml-standin/`, built by `build.rs`):
+//!   `libnvidia-ml.so.1` and `nvidia-smi`, whose GPUs are files under a
+//!   directory of the host's, with each GPU's device node there;
+//! - the kernel log: a file of `/dev/kmsg` records;
+//! - the kubelet: its PodResources socket, answering from the pods the API
+//!   server has bound to the node, each given free GPUs as the kubelet's
+//!   device manager would, and giving them back when the pod goes;
+//! - the GPU Operator's device plugin: a process holding every GPU while
+//!   its node label `nvidia.com/gpu.deploy.device-plugin` is `true`, which
+//!   withdraws a GPU from the Node's allocatable `nvidia.com/gpu` on a
+//!   critical Xid and offers every GPU again only when it starts afresh;
+//! - the system bus: a real `dbus-daemon`, with systemd-logind's Reboot
+//!   answered and counted.
+
+use std::{
+    collections::BTreeMap,
+    io::Write,
+    path::{Path, PathBuf},
+    process::Stdio,
+    sync::{Arc, Mutex},
+};
+
+use futures::StreamExt;
+use gpuhealth_agent::pod_resources::proto::{
+    ContainerDevices, ContainerResources, ListPodResourcesRequest, ListPodResourcesResponse,
+    PodResources,
+    pod_resources_lister_server::{PodResourcesLister, PodResourcesListerServer},
+};
+use k8s_openapi::api::{
+    apps::v1::DaemonSet,
+    core::v1::{Node, Pod},
+};
+use kube::{
+    Api, Client, ResourceExt,
+    api::{ListParams, Patch, PatchParams},
+    runtime::watcher,
+};
+use serde_json::json;
+use tokio::process::{Child, Command};
+
+use crate::{
+    HarnessError, Result, kubectl,
+    process::Process,
+    wait::{Background, applied},
+};
+
+/// Where `build.rs` put the NVML stand-in.
+pub const STANDIN: &str = env!("GPUHEALTH_NVML_STANDIN");
+/// The GPU Operator's label for its device plugin on a node.
+pub const DEVICE_PLUGIN_LABEL: &str = "nvidia.com/gpu.deploy.device-plugin";
+
+fn io(what: &str) -> impl Fn(std::io::Error) -> HarnessError + '_ {
+    move |e| HarnessError::ClusterStart(format!("{what}: {e}"))
+}
+
+/// GPU `i`'s UUID on a simulated host.
+pub fn uuid(i: usize) -> String {
+    format!("GPU-5e1f0000-0000-4000-8000-{i:012}")
+}
+
+/// GPU `i`'s PCI bus id, as NVML writes it.
+pub fn pci(i: usize) -> String {
+    format!("00000000:{:02X}:00.0", 0x18 + i)
+}
+
+/// The simulated host of one node.
+pub struct Host {
+    pub node: String,
+    pub gpus: usize,
+    /// Everything of the host's: the stand-in's GPUs (`nvml/`), the kernel
+    /// log, the agent's state, the kubelet's socket, the system bus.
+    pub dir: PathBuf,
+    tasks: Vec<Background>,
+    device_plugin: Arc<Mutex<Option<Child>>>,
+    /// Reboot calls systemd-logind received.
+    pub reboots: Arc<Mutex<u32>>,
+    bus: Option<Child>,
+}
+
+impl Host {
+    /// A host of `gpus` healthy GPUs for `node`.
+    pub fn new(node: &str, gpus: usize) -> Result<Host> {
+        let dir = std::env::temp_dir().join(format!("gpuhealth-host-{node}"));
+        let _ = std::fs::remove_dir_all(&dir);
+        for sub in ["nvml/gpu", "nvml/dev", "state"] {
+            std::fs::create_dir_all(dir.join(sub)).map_err(io("the host's directories"))?;
+        }
+        std::fs::write(dir.join("nvml/dev/nvidiactl"), b"").map_err(io("nvidiactl"))?;
+        std::fs::write(dir.join("nvml/events"), b"").map_err(io("events"))?;
+        std::fs::write(dir.join("kmsg"), b"").map_err(io("kmsg"))?;
+        let host = Host {
+            node: node.to_owned(),
+            gpus,
+            dir,
+            tasks: Vec::new(),
+            device_plugin: Arc::default(),
+            reboots: Arc::default(),
+            bus: None,
+        };
+        for i in 0..gpus {
+            std::fs::write(host.nvml().join(format!("dev/nvidia{i}")), b"")
+                .map_err(io("a device node"))?;
+            let gpu = format!(
+                "uuid={}\npci={}\nname=NVIDIA H200\nminor={i}\nrecovery_action=0\nremap_pending=0\nremap_failure=0\necc_uncorrected=0\nreset=ok\n",
+                uuid(i),
+                pci(i)
+            );
+            std::fs::write(host.nvml().join(format!("gpu/{i}")), gpu).map_err(io("a GPU"))?;
+        }
+        Ok(host)
+    }
+
+    fn nvml(&self) -> PathBuf {
+        self.dir.join("nvml")
+    }
+
+    pub fn state_dir(&self) -> PathBuf {
+        self.dir.join("state")
+    }
+
+    pub fn kmsg(&self) -> PathBuf {
+        self.dir.join("kmsg")
+    }
+
+    fn socket(&self) -> PathBuf {
+        self.dir.join("kubelet.sock")
+    }
+
+    /// Sets `key` of GPU `gpu` (see `nvml-standin/README.md`).
+    pub fn set(&self, gpu: usize, key: &str, value: &str) -> Result<()> {
+        let path = self.nvml().join(format!("gpu/{gpu}"));
+        let text = std::fs::read_to_string(&path).map_err(io("a GPU"))?;
+        let mut lines: Vec<String> = text
+            .lines()
+            .filter(|l| !l.starts_with(&format!("{key}=")))
+            .map(String::from)
+            .collect();
+        lines.push(format!("{key}={value}"));
+        let tmp = path.with_extension("tmp");
+        std::fs::write(&tmp, lines.join("\n") + "\n").map_err(io("a GPU"))?;
+        std::fs::rename(&tmp, &path).map_err(io("a GPU"))
+    }
+
+    pub fn get(&self, gpu: usize, key: &str) -> Option<String> {
+        let text = std::fs::read_to_string(self.nvml().join(format!("gpu/{gpu}"))).ok()?;
+        text.lines()
+            .filter_map(|l| l.strip_prefix(&format!("{key}=")))
+            .next_back()
+            .map(String::from)
+    }
+
+    /// The driver reports Xid `code` on GPU `gpu`: an NVML event, and a
+    /// kernel log record stamped `ago` before now.
+    pub fn xid(&self, gpu: usize, code: u32, text: &str, ago: std::time::Duration) -> Result<()> {
+        let mut events = std::fs::OpenOptions::new()
+            .append(true)
+            .open(self.nvml().join("events"))
+            .map_err(io("events"))?;
+        writeln!(events, "{gpu} {code}").map_err(io("events"))?;
+        let since_boot = since_boot().saturating_sub(ago);
+        // `0000:1f:00`, as the driver logs it.
+        let bus = &pci(gpu)[4..14];
+        let mut kmsg = std::fs::OpenOptions::new()
+            .append(true)
+            .open(self.kmsg())
+            .map_err(io("kmsg"))?;
+        writeln!(
+            kmsg,
+            "4,{},{},-;NVRM: Xid (PCI:{}): {code}, {text}",
+            since_boot.as_micros(),
+            since_boot.as_micros(),
+            bus.to_lowercase()
+        )
+        .map_err(io("kmsg"))
+    }
+
+    /// The resets `nvidia-smi` attempted: `(uuid, ok|refused|failed)`.
+    pub fn resets(&self) -> Vec<(String, String)> {
+        std::fs::read_to_string(self.nvml().join("resets"))
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| l.split_once(' '))
+            .map(|(u, o)| (u.to_owned(), o.to_owned()))
+            .collect()
+    }
+
+    /// A process holding GPU `gpu`'s device node open, as a monitoring
+    /// daemon would; it stops when dropped.
+    pub fn hold(&self, gpu: usize) -> Result<Child> {
+        let device = self.nvml().join(format!("dev/nvidia{gpu}"));
+        hold(&[device])
+    }
+
+    /// The environment that puts the agent on this host.
+    pub fn environment(&self) -> Vec<(String, String)> {
+        let path = format!("{STANDIN}:{}", std::env::var("PATH").unwrap_or_default());
+        let mut env = vec![
+            ("NODE_NAME".into(), self.node.clone()),
+            (
+                "NVML_STANDIN_ROOT".into(),
+                self.nvml().display().to_string(),
+            ),
+            ("LD_LIBRARY_PATH".into(), STANDIN.into()),
+            ("PATH".into(), path),
+            (
+                "GPUHEALTH_DEV_DIR".into(),
+                self.nvml().join("dev").display().to_string(),
+            ),
+            (
+                "GPUHEALTH_STATE_DIR".into(),
+                self.state_dir().display().to_string(),
+            ),
+            (
+                "GPUHEALTH_KMSG_PATH".into(),
+                self.kmsg().display().to_string(),
+            ),
+            (
+                "GPUHEALTH_POD_RESOURCES_SOCKET".into(),
+                self.socket().display().to_string(),
+            ),
+            ("RUST_LOG".into(), "info,kube=warn".into()),
+        ];
+        if self.bus.is_some() {
+            let address = format!("unix:path={}", self.dir.join("system_bus_socket").display());
+            env.push(("DBUS_SYSTEM_BUS_ADDRESS".into(), address));
+        }
+        env
+    }
+
+    /// Starts the agent binary on this host with `args` and no flag of the
+    /// harness's own.
+    pub async fn start_agent(&self, name: &str, args: &[String]) -> Result<Process> {
+        let env = self.environment();
+        Process::launch_with_flags_of_its_own("gpuhealth-agent", name, |command| {
+            command.args(args).envs(env);
+        })
+        .await
+    }
+
+    /// The kubelet's PodResources: each pod the API server binds to the node
+    /// gets the lowest free GPU, until it goes.
+    pub fn kubelet(&mut self, client: &Client) -> Result<()> {
+        let _ = std::fs::remove_file(self.socket());
+        let listener =
+            tokio::net::UnixListener::bind(self.socket()).map_err(io("the kubelet socket"))?;
+        let kubelet = Kubelet {
+            client: client.clone(),
+            node: self.node.clone(),
+            gpus: self.gpus,
+            given: Arc::default(),
+        };
+        self.tasks.push(Background::spawn(async move {
+            let _ = tonic::transport::Server::builder()
+                .add_service(PodResourcesListerServer::new(kubelet))
+                .serve_with_incoming(tokio_stream::wrappers::UnixListenerStream::new(listener))
+                .await;
+        }));
+        Ok(())
+    }
+
+    /// The GPU Operator's device plugin on this node: runs while its label
+    /// is `true`, holding every GPU, and keeps the Node's allocatable
+    /// `nvidia.com/gpu` as the kubelet would from what it offers.
+    pub async fn device_plugin(&mut self, client: &Client) -> Result<()> {
+        let nodes: Api<Node> = Api::all(client.clone());
+        let patch = json!({"metadata": {"labels": {DEVICE_PLUGIN_LABEL: "true"}}});
+        nodes
+            .patch(&self.node, &PatchParams::default(), &Patch::Merge(patch))
+            .await?;
+        let devices: Vec<PathBuf> = (0..self.gpus)
+            .map(|i| self.nvml().join(format!("dev/nvidia{i}")))
+            .collect();
+        let plugin = DevicePlugin {
+            nodes,
+            node: self.node.clone(),
+            gpus: self.gpus,
+            devices,
+            events: self.nvml().join("events"),
+            running: self.device_plugin.clone(),
+        };
+        self.tasks.push(Background::spawn(plugin.run()));
+        Ok(())
+    }
+
+    /// Whether the simulated device plugin is running now.
+    pub fn device_plugin_running(&self) -> bool {
+        lock(&self.device_plugin).is_some()
+    }
+
+    /// A real `dbus-daemon` as the host's system bus, and systemd-logind on
+    /// it, counting Reboot calls.
+    pub async fn system_bus(&mut self) -> Result<()> {
+        let socket = self.dir.join("system_bus_socket");
+        let config = self.dir.join("system-bus.conf");
+        std::fs::write(
+            &config,
+            format!(
+                r#"<!DOCTYPE busconfig PUBLIC "-//freedesktop//DTD D-Bus Bus Configuration 1.0//EN"
+ "http://www.freedesktop.org/standards/dbus/1.0/busconfig.dtd">
+<busconfig>
+  <type>system</type>
+  <listen>unix:path={}</listen>
+  <auth>EXTERNAL</auth>
+  <policy context="default">
+    <allow own="*"/>
+    <allow send_destination="*"/>
+    <allow receive_sender="*"/>
+  </policy>
+</busconfig>
+"#,
+                socket.display()
+            ),
+        )
+        .map_err(io("the bus's configuration"))?;
+        let bus = Command::new("dbus-daemon")
+            .arg(format!("--config-file={}", config.display()))
+            .args(["--nofork", "--nopidfile"])
+            .stdout(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(io("starting dbus-daemon (Debian's dbus-daemon package)"))?;
+        self.bus = Some(bus);
+        let address = format!("unix:path={}", socket.display());
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(20);
+        let connection = loop {
+            match zbus::connection::Builder::address(address.as_str())
+                .build()
+                .await
+            {
+                Ok(c) => break c,
+                Err(e) if tokio::time::Instant::now() > deadline => {
+                    return Err(HarnessError::ClusterStart(format!("the system bus: {e}")));
+                }
+                Err(_) => tokio::time::sleep(std::time::Duration::from_millis(100)).await,
+            }
+        };
+        connection.request_name("org.freedesktop.login1").await?;
+        let reboots = self.reboots.clone();
+        self.tasks.push(Background::spawn(async move {
+            let mut calls = zbus::MessageStream::from(&connection);
+            while let Some(Ok(call)) = calls.next().await {
+                let header = call.header();
+                let is_reboot = header.message_type() == zbus::message::Type::MethodCall
+                    && header.interface().map(|i| i.as_str())
+                        == Some("org.freedesktop.login1.Manager")
+                    && header.member().map(|m| m.as_str()) == Some("Reboot");
+                if is_reboot && call.body().deserialize::<(bool,)>().is_ok() {
+                    *lock(&reboots) += 1;
+                    let _ = connection.reply(&header, &()).await;
+                }
+            }
+        }));
+        Ok(())
+    }
+}
+
+impl From<zbus::Error> for HarnessError {
+    fn from(e: zbus::Error) -> Self {
+        HarnessError::ClusterStart(format!("D-Bus: {e}"))
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// How long this machine has been up: what `/dev/kmsg` stamps records with.
+fn since_boot() -> std::time::Duration {
+    let up = std::fs::read_to_string("/proc/uptime").unwrap_or_default();
+    let secs: f64 = up
+        .split_whitespace()
+        .next()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0.0);
+    std::time::Duration::from_secs_f64(secs)
+}
+
+/// A `sleep` holding `devices` open.
+fn hold(devices: &[PathBuf]) -> Result<Child> {
+    let opens: String = devices
+        .iter()
+        .enumerate()
+        .map(|(i, d)| format!("exec {}<'{}'; ", i + 3, d.display()))
+        .collect();
+    Command::new("sh")
+        .arg("-c")
+        .arg(format!("{opens}exec sleep 3600"))
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(io("a process holding a GPU"))
+}
+
+struct Kubelet {
+    client: Client,
+    node: String,
+    gpus: usize,
+    /// Pod UID → (namespace, name, GPU).
+    given: Arc<Mutex<BTreeMap<String, (String, String, usize)>>>,
+}
+
+#[tonic::async_trait]
+impl PodResourcesLister for Kubelet {
+    async fn list(
+        &self,
+        _: tonic::Request<ListPodResourcesRequest>,
+    ) -> std::result::Result<tonic::Response<ListPodResourcesResponse>, tonic::Status> {
+        let pods: Api<Pod> = Api::all(self.client.clone());
+        let on_node = pods
+            .list(&ListParams::default().fields(&format!("spec.nodeName={}", self.node)))
+            .await
+            .map_err(|e| tonic::Status::unavailable(e.to_string()))?;
+        let mut given = lock(&self.given);
+        let live: BTreeMap<String, &Pod> = on_node
+            .iter()
+            .filter(|p| {
+                let phase = p.status.as_ref().and_then(|s| s.phase.as_deref());
+                !matches!(phase, Some("Succeeded" | "Failed"))
+            })
+            .map(|p| (p.uid().unwrap_or_default(), p))
+            .collect();
+        given.retain(|uid, _| live.contains_key(uid));
+        let mut answer = ListPodResourcesResponse::default();
+        for (uid, pod) in &live {
+            let wants_gpu = pod.spec.as_ref().is_some_and(|s| {
+                s.containers.iter().any(|c| {
+                    c.resources
+                        .as_ref()
+                        .and_then(|r| r.limits.as_ref())
+                        .is_some_and(|l| l.contains_key("nvidia.com/gpu"))
+                })
+            });
+            if !wants_gpu {
+                continue;
+            }
+            let gpu = match given.get(uid) {
+                Some((_, _, gpu)) => Some(*gpu),
+                None => {
+                    let taken: Vec<usize> = given.values().map(|(_, _, g)| *g).collect();
+                    let free = (0..self.gpus).find(|g| !taken.contains(g));
+                    if let Some(g) = free {
+                        given.insert(
+                            uid.clone(),
+                            (pod.namespace().unwrap_or_default(), pod.name_any(), g),
+                        );
+                    }
+                    free
+                }
+            };
+            let Some(gpu) = gpu else { continue };
+            let container = pod
+                .spec
+                .as_ref()
+                .and_then(|s| s.containers.first())
+                .map(|c| c.name.clone())
+                .unwrap_or_default();
+            answer.pod_resources.push(PodResources {
+                name: pod.name_any(),
+                namespace: pod.namespace().unwrap_or_default(),
+                containers: vec![ContainerResources {
+                    name: container,
+                    devices: vec![ContainerDevices {
+                        resource_name: "nvidia.com/gpu".into(),
+                        device_ids: vec![uuid(gpu)],
+                    }],
+                    dynamic_resources: Vec::new(),
+                }],
+            });
+        }
+        Ok(tonic::Response::new(answer))
+    }
+}
+
+struct DevicePlugin {
+    nodes: Api<Node>,
+    node: String,
+    gpus: usize,
+    devices: Vec<PathBuf>,
+    events: PathBuf,
+    running: Arc<Mutex<Option<Child>>>,
+}
+
+impl DevicePlugin {
+    async fn run(self) {
+        let config = watcher::Config::default().fields(&format!("metadata.name={}", self.node));
+        let mut changes = std::pin::pin!(applied(self.nodes.clone(), config));
+        let mut tick = tokio::time::interval(std::time::Duration::from_millis(200));
+        let mut scheduled = false;
+        // What the plugin has read of the XID events, and marked unhealthy.
+        let mut read = 0;
+        let mut unhealthy: Vec<usize> = Vec::new();
+        loop {
+            tokio::select! {
+                next = changes.next() => match next {
+                    Some(n) => scheduled = n.labels().get(DEVICE_PLUGIN_LABEL).map(String::as_str) == Some("true"),
+                    None => return,
+                },
+                _ = tick.tick() => {}
+            }
+            let running = lock(&self.running).is_some();
+            if scheduled && !running {
+                // A fresh plugin: every GPU healthy, events from now on.
+                match hold(&self.devices) {
+                    Ok(child) => *lock(&self.running) = Some(child),
+                    Err(e) => eprintln!("device plugin: {e}"),
+                }
+                read = std::fs::metadata(&self.events)
+                    .map(|m| m.len())
+                    .unwrap_or(0);
+                unhealthy.clear();
+                self.offer(self.gpus).await;
+            } else if !scheduled && running {
+                // The DaemonSet no longer matches the node: its pod goes.
+                *lock(&self.running) = None;
+                self.offer(0).await;
+            } else if running {
+                let text = std::fs::read_to_string(&self.events).unwrap_or_default();
+                let new = text.get(read as usize..).unwrap_or_default();
+                let complete = new.rfind('\n').map_or(0, |i| i + 1);
+                for line in new[..complete].lines() {
+                    let mut fields = line.split_whitespace().map(|f| f.parse::<u64>());
+                    if let (Some(Ok(gpu)), Some(Ok(code))) = (fields.next(), fields.next())
+                        // The plugin ignores application Xids (13, 31, 43, 45, 68, 109).
+                        && ![13, 31, 43, 45, 68, 109].contains(&code)
+                        && !unhealthy.contains(&(gpu as usize))
+                    {
+                        unhealthy.push(gpu as usize);
+                    }
+                }
+                if complete > 0 {
+                    read += complete as u64;
+                    self.offer(self.gpus - unhealthy.len()).await;
+                }
+            }
+        }
+    }
+
+    /// The kubelet's allocatable `nvidia.com/gpu`: what the plugin offers.
+    async fn offer(&self, gpus: usize) {
+        let patch = json!({"status": {"allocatable": {"nvidia.com/gpu": gpus.to_string()}}});
+        if let Err(e) = self
+            .nodes
+            .patch_status(&self.node, &PatchParams::default(), &Patch::Merge(patch))
+            .await
+        {
+            eprintln!("device plugin: allocatable: {e}");
+        }
+    }
+}
+
+/// The flags and literal environment of the agent container that the
+/// overlay `config/agent/<overlay>` ships, as `kubectl kustomize` builds it.
+pub async fn shipped(overlay: &str) -> Result<(Vec<String>, BTreeMap<String, String>)> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../config/agent")
+        .join(overlay);
+    let built = kubectl(&["kustomize", &dir.display().to_string()]).await?;
+    for doc in serde_yaml::Deserializer::from_str(&built) {
+        let value = serde_yaml::Value::deserialize(doc)
+            .map_err(|e| HarnessError::ClusterStart(format!("the built manifests: {e}")))?;
+        if value.get("kind").and_then(|k| k.as_str()) != Some("DaemonSet") {
+            continue;
+        }
+        let ds: DaemonSet = serde_yaml::from_value(value)
+            .map_err(|e| HarnessError::ClusterStart(format!("the DaemonSet: {e}")))?;
+        let container = ds
+            .spec
+            .and_then(|s| s.template.spec)
+            .and_then(|s| s.containers.into_iter().find(|c| c.name == "agent"))
+            .ok_or_else(|| HarnessError::ClusterStart("no agent container".into()))?;
+        let env = container
+            .env
+            .unwrap_or_default()
+            .into_iter()
+            .filter_map(|e| Some((e.name, e.value?)))
+            .collect();
+        return Ok((container.args.unwrap_or_default(), env));
+    }
+    Err(HarnessError::ClusterStart(format!(
+        "config/agent/{overlay} has no DaemonSet"
+    )))
+}
+
+use serde::Deserialize as _;

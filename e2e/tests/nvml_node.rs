@@ -1,0 +1,465 @@
+//! The real agent binary, NVML backend, on a simulated GPU node whose host
+//! is stood in for at its outermost boundaries (`gpuhealth_e2e::host`): the
+//! NVML library and nvidia-smi, the kernel log, the kubelet's PodResources,
+//! the GPU Operator's device plugin and the system bus. Every line of the
+//! agent runs as it would on a real node.
+
+use std::time::Duration;
+
+use gpuhealth_api::{
+    GpuHealth,
+    contract::{
+        AnnotationValue, GPU_HEALTHY_CONDITION, GPU_REPORT_ANNOTATION, GpuReport, Outcome,
+        REBOOT_REQUEST_ANNOTATION, REQUEST_RESULT_ANNOTATION, RESET_REQUEST_ANNOTATION,
+        RebootMethod, RebootRequest, RequestResult, ResetRequest,
+    },
+};
+use gpuhealth_e2e::{
+    client,
+    host::{DEVICE_PLUGIN_LABEL, Host, shipped, uuid},
+    operator,
+    process::Process,
+    scenario::{Scenario, WAIT},
+    sim::{GpuNodeSpec, gpu_node, is_cordoned, node_is_ready},
+    unique,
+    wait::until,
+};
+use k8s_openapi::{
+    api::core::v1::{Node, Pod},
+    apimachinery::pkg::apis::meta::v1::Time,
+    jiff::Timestamp,
+};
+use kube::{
+    Api, Client, ResourceExt,
+    api::{Patch, PatchParams, PostParams},
+};
+use serde_json::json;
+
+fn report(n: &Node) -> Option<GpuReport> {
+    GpuReport::parse(n.annotations().get(GPU_REPORT_ANNOTATION)?).ok()
+}
+
+fn result(n: &Node) -> Option<RequestResult> {
+    RequestResult::parse(n.annotations().get(REQUEST_RESULT_ANNOTATION)?).ok()
+}
+
+fn condition(n: &Node) -> Option<(String, String)> {
+    n.status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == GPU_HEALTHY_CONDITION)
+        .map(|c| (c.status.clone(), c.reason.clone().unwrap_or_default()))
+}
+
+fn allocatable_gpus(n: &Node) -> Option<String> {
+    n.status
+        .as_ref()?
+        .allocatable
+        .as_ref()?
+        .get("nvidia.com/gpu")
+        .map(|q| q.0.clone())
+}
+
+fn from_nvml(n: &Node) -> bool {
+    report(n).is_some_and(|r| {
+        r.source.as_deref() == Some("gpuhealth-agent/nvml") && r.unreadable.is_none()
+    })
+}
+
+/// A Ready simulated node of eight GPUs and its host; no pods.
+async fn bare_node(name: &str) -> (Client, String, Host) {
+    let client = client().await.expect("client");
+    let node = unique(name);
+    let api: Api<Node> = Api::all(client.clone());
+    api.create(
+        &PostParams::default(),
+        &gpu_node(&node, &node, &GpuNodeSpec::default()),
+    )
+    .await
+    .expect("node");
+    until(api, &node, WAIT, node_is_ready).await.expect("Ready");
+    let host = Host::new(&node, 8).expect("host");
+    (client, node, host)
+}
+
+async fn remove(client: &Client, node: &str) {
+    let _ = Api::<Node>::all(client.clone())
+        .delete(node, &Default::default())
+        .await;
+}
+
+async fn request_reset(client: &Client, node: &str, id: &str, gpu: &str) {
+    let request = ResetRequest {
+        id: id.parse().expect("id"),
+        gpus: vec![gpu.to_owned()],
+        requested_at: Time(Timestamp::now()),
+    };
+    annotate(
+        client,
+        node,
+        RESET_REQUEST_ANNOTATION,
+        &request.to_annotation(),
+    )
+    .await;
+}
+
+async fn annotate(client: &Client, node: &str, key: &str, value: &str) {
+    let patch = json!({"metadata": {"annotations": {key: value}}});
+    Api::<Node>::all(client.clone())
+        .patch(node, &PatchParams::default(), &Patch::Merge(patch))
+        .await
+        .expect("annotate");
+}
+
+async fn answered(client: &Client, node: &str, id: &str) -> RequestResult {
+    let n = until(Api::<Node>::all(client.clone()), node, WAIT, |n| {
+        result(n).is_some_and(|r| r.id.to_string() == id)
+    })
+    .await
+    .unwrap_or_else(|e| panic!("an answer to {id}: {e}"));
+    result(&n).expect("result")
+}
+
+/// The agent on `host` with `extra` flags after those `container-toolkit` ships.
+async fn agent(host: &Host, name: &str, extra: &[&str]) -> Process {
+    let (mut args, _) = shipped("container-toolkit")
+        .await
+        .expect("the shipped flags");
+    args.extend(extra.iter().map(|s| (*s).to_owned()));
+    host.start_agent(name, &args).await.expect("agent")
+}
+
+#[tokio::test]
+async fn the_shipped_agent_takes_a_gpu_from_its_xid_back_to_serving_beside_the_gpu_operator() {
+    let mut s = Scenario::new("nvml-e2e", 1, Scenario::quick_spec())
+        .await
+        .expect("scenario");
+    let node = s.nodes[0].clone();
+    let nodes: Api<Node> = Api::all(s.client.clone());
+    let mut host = Host::new(&node, 8).expect("host");
+    host.kubelet(&s.client).expect("the kubelet's PodResources");
+    host.device_plugin(&s.client)
+        .await
+        .expect("the device plugin");
+
+    // Exactly the flags the default install ships, and the environment its
+    // runtime gives the container.
+    let (args, env) = shipped("container-toolkit").await.expect("shipped");
+    assert_eq!(
+        env.get("NVIDIA_VISIBLE_DEVICES").map(String::as_str),
+        Some("all")
+    );
+    let _agent = host
+        .start_agent(&format!("{node}-agent"), &args)
+        .await
+        .expect("agent");
+    let n = until(nodes.clone(), &node, WAIT, |n| {
+        from_nvml(n)
+            && report(n).is_some_and(|r| r.gpus.iter().filter(|g| !g.pods.is_empty()).count() == 8)
+            && allocatable_gpus(n).as_deref() == Some("8")
+    })
+    .await
+    .expect("the agent's report, every GPU's pod named by the kubelet");
+    let r = report(&n).expect("report");
+    assert_eq!(r.gpus.len(), 8);
+    assert_eq!(
+        r.capabilities.map(|c| (c.reset, c.reboot)),
+        Some((true, RebootMethod::Logind))
+    );
+    let on_gpu7 = r.gpus[7].pods[0].name.clone();
+    let on_others: Vec<String> = r.gpus[..7].iter().map(|g| g.pods[0].name.clone()).collect();
+
+    s.operator = Some(
+        operator::start_with(&format!("operator-{}", s.group), s.operator_options.clone())
+            .await
+            .expect("operator"),
+    );
+    s.wait_taken_in().await.expect("taken in");
+
+    // GPU 7 as in the incident: Xid 119, then 154 asking for a reset.
+    host.set(7, "recovery_action", "1")
+        .expect("recovery action");
+    host.xid(
+        7,
+        119,
+        "Timeout after 45s of waiting for RPC response from GPU GSP",
+        Duration::ZERO,
+    )
+    .expect("Xid 119");
+    host.xid(
+        7,
+        154,
+        "GPU recovery action changed from 0x0 (None) to 0x1 (GPU Reset Required)",
+        Duration::ZERO,
+    )
+    .expect("Xid 154");
+    until(nodes.clone(), &node, WAIT, |n| {
+        allocatable_gpus(n).as_deref() == Some("7")
+    })
+    .await
+    .expect("the device plugin withdraws GPU 7");
+
+    let status = s.wait_recovered(&node).await.expect("back to Healthy");
+    let incident = status.history.first().expect("the incident");
+    assert_eq!(incident.gpus, [uuid(7)]);
+    let pods: Api<Pod> = Api::namespaced(s.client.clone(), &s.namespace);
+    assert!(
+        pods.get_opt(&on_gpu7).await.expect("pod").is_none(),
+        "GPU 7's pod moved"
+    );
+    for pod in &on_others {
+        let p = pods.get_opt(pod).await.expect("pod");
+        assert!(
+            p.is_some_and(|p| p.metadata.deletion_timestamp.is_none()),
+            "{pod}, on a healthy GPU, stayed"
+        );
+    }
+
+    // One reset, of GPU 7, carried out once; the operands back; every GPU
+    // offered again; the node serving.
+    assert_eq!(host.resets(), [(uuid(7), "ok".to_owned())]);
+    let n = nodes.get(&node).await.expect("node");
+    let r = result(&n).expect("the reset's result");
+    assert_eq!(r.outcome, Outcome::Succeeded, "{r:?}");
+    for said in [
+        "NVML reads it back with nothing more to do",
+        "paused and restored: nvidia.com/gpu.deploy.device-plugin",
+        "offers 8 of 8 nvidia.com/gpu",
+    ] {
+        assert!(r.message.contains(said), "{said:?} in {:?}", r.message);
+    }
+    assert_eq!(
+        n.labels().get(DEVICE_PLUGIN_LABEL).map(String::as_str),
+        Some("true")
+    );
+    assert!(host.device_plugin_running());
+    assert_eq!(allocatable_gpus(&n).as_deref(), Some("8"));
+    assert!(!is_cordoned(&n));
+    let r = report(&n).expect("report");
+    assert_eq!(r.gpus[7].health, GpuHealth::Healthy);
+    assert!(
+        r.gpus[7].xids.is_empty(),
+        "the answered Xids are gone: {:?}",
+        r.gpus[7].xids
+    );
+}
+
+#[tokio::test]
+async fn a_held_gpu_is_refused_naming_its_holder_and_a_hung_nvidia_smi_is_stopped() {
+    let (client, node, host) = bare_node("nvml-refusals").await;
+    let agent = agent(
+        &host,
+        &format!("{node}-agent"),
+        &["--let-go=2s", "--reset-timeout=3s"],
+    )
+    .await;
+    let nodes: Api<Node> = Api::all(client.clone());
+    until(nodes.clone(), &node, WAIT, from_nvml)
+        .await
+        .expect("a report");
+
+    // A process no one paused holds GPU 3: named, and nothing is tried.
+    let holder = host.hold(3).expect("a holder");
+    let pid = holder.id().expect("pid");
+    request_reset(&client, &node, "inc-1-reset-1", &uuid(3)).await;
+    let r = answered(&client, &node, "inc-1-reset-1").await;
+    assert_eq!(r.outcome, Outcome::Refused, "{r:?}");
+    assert!(
+        r.message.contains(&format!("sleep (pid {pid})")),
+        "{}",
+        r.message
+    );
+    assert!(r.message.contains("nothing tried"), "{}", r.message);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(host.resets(), [], "nvidia-smi never ran");
+    assert_eq!(
+        result(&nodes.get(&node).await.expect("node")).map(|r| r.id.to_string()),
+        Some("inc-1-reset-1".to_owned()),
+        "not retried"
+    );
+    drop(holder);
+
+    // nvidia-smi hangs on GPU 2: stopped at the deadline, and the agent
+    // goes on reading and reporting.
+    host.set(2, "reset", "hang").expect("hang");
+    request_reset(&client, &node, "inc-2-reset-1", &uuid(2)).await;
+    let r = answered(&client, &node, "inc-2-reset-1").await;
+    assert_eq!(r.outcome, Outcome::Failed, "{r:?}");
+    assert!(
+        r.message.contains("did not finish within 3s"),
+        "{}",
+        r.message
+    );
+    host.set(5, "recovery_action", "1").expect("GPU 5 breaks");
+    until(nodes, &node, WAIT, |n| {
+        report(n).is_some_and(|r| r.gpus[5].health == GpuHealth::ResetRequired)
+    })
+    .await
+    .expect("the agent keeps serving");
+    let (status, _) = agent.get("/livez", |s| s == 200).await.expect("alive");
+    assert_eq!(status, 200);
+    remove(&client, &node).await;
+}
+
+#[tokio::test]
+async fn xids_from_before_the_last_recovery_do_not_act_again_after_a_restart() {
+    let (client, node, host) = bare_node("nvml-fresh").await;
+    let nodes: Api<Node> = Api::all(client.clone());
+    // Logged a minute ago, before the agent started: the ring buffer replays it.
+    host.set(7, "recovery_action", "1")
+        .expect("recovery action");
+    host.xid(
+        7,
+        119,
+        "Timeout after 45s of waiting for RPC response from GPU GSP",
+        Duration::from_secs(60),
+    )
+    .expect("Xid");
+    let mut first = agent(&host, &format!("{node}-agent"), &[]).await;
+    until(nodes.clone(), &node, WAIT, |n| {
+        from_nvml(n)
+            && report(n).is_some_and(|r| {
+                r.gpus[7].health == GpuHealth::ResetRequired
+                    && r.gpus[7].xids.iter().any(|x| x.code == 119)
+            })
+    })
+    .await
+    .expect("GPU 7 reported with its Xid");
+    request_reset(&client, &node, "inc-1-reset-1", &uuid(7)).await;
+    let r = answered(&client, &node, "inc-1-reset-1").await;
+    assert_eq!(r.outcome, Outcome::Succeeded, "{r:?}");
+    until(nodes.clone(), &node, WAIT, |n| {
+        report(n)
+            .is_some_and(|r| r.gpus[7].health == GpuHealth::Healthy && r.gpus[7].xids.is_empty())
+    })
+    .await
+    .expect("healthy, the Xid answered");
+
+    // A new agent reads the whole kernel log again: the old Xid stays
+    // answered; a new one counts.
+    first.kill().await;
+    let _second = agent(&host, &format!("{node}-agent-2"), &[]).await;
+    annotate(&client, &node, "e2e.gpuhealth.io/touch", "after-restart").await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let n = until(nodes.clone(), &node, WAIT, from_nvml)
+        .await
+        .expect("report");
+    let r = report(&n).expect("report");
+    assert!(r.gpus[7].xids.is_empty(), "replayed: {:?}", r.gpus[7].xids);
+    host.xid(7, 48, "DBE (Double Bit Error) ECC Error", Duration::ZERO)
+        .expect("Xid 48");
+    until(nodes, &node, WAIT, |n| {
+        report(n).is_some_and(|r| r.gpus[7].xids.iter().map(|x| x.code).collect::<Vec<_>>() == [48])
+    })
+    .await
+    .expect("a fresh Xid counts");
+    remove(&client, &node).await;
+}
+
+#[tokio::test]
+async fn a_reboot_on_the_shipped_default_reaches_logind_once() {
+    let (client, node, mut host) = bare_node("nvml-reboot").await;
+    host.system_bus().await.expect("the system bus");
+    let (args, _) = shipped("container-toolkit").await.expect("shipped");
+    let nodes: Api<Node> = Api::all(client.clone());
+    let mut first = host
+        .start_agent(&format!("{node}-agent"), &args)
+        .await
+        .expect("agent");
+    until(nodes.clone(), &node, WAIT, from_nvml)
+        .await
+        .expect("a report");
+    let request = RebootRequest {
+        id: "inc-1-reboot-1".parse().expect("id"),
+        requested_at: Time(Timestamp::now()),
+    };
+    annotate(
+        &client,
+        &node,
+        REBOOT_REQUEST_ANNOTATION,
+        &request.to_annotation(),
+    )
+    .await;
+    let r = answered(&client, &node, "inc-1-reboot-1").await;
+    assert_eq!(r.outcome, Outcome::Succeeded, "{r:?}");
+    assert!(
+        r.message.contains("systemd-logind accepted"),
+        "{}",
+        r.message
+    );
+    assert_eq!(*host.reboots.lock().expect("count"), 1);
+
+    // The node would now go down; an agent starting again never asks twice.
+    first.kill().await;
+    let _second = host
+        .start_agent(&format!("{node}-agent-2"), &args)
+        .await
+        .expect("agent");
+    annotate(&client, &node, "e2e.gpuhealth.io/touch", "after-restart").await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(*host.reboots.lock().expect("count"), 1, "asked once");
+    remove(&client, &node).await;
+}
+
+#[tokio::test]
+async fn a_hung_nvml_and_an_overwritten_report_are_seen_and_mended() {
+    let (client, node, host) = bare_node("nvml-unreadable").await;
+    let agent = agent(&host, &format!("{node}-agent"), &["--nvml-deadline=2s"]).await;
+    let nodes: Api<Node> = Api::all(client.clone());
+    until(nodes.clone(), &node, WAIT, from_nvml)
+        .await
+        .expect("a report");
+
+    // Another writer overwrites the report: put back.
+    let mut foreign = report(&nodes.get(&node).await.expect("node")).expect("report");
+    foreign.source = Some("someone-else".into());
+    foreign.gpus.truncate(1);
+    annotate(
+        &client,
+        &node,
+        GPU_REPORT_ANNOTATION,
+        &foreign.to_annotation(),
+    )
+    .await;
+    until(nodes.clone(), &node, WAIT, |n| {
+        from_nvml(n) && report(n).is_some_and(|r| r.gpus.len() == 8)
+    })
+    .await
+    .expect("the agent's report put back");
+
+    // NVML hangs on GPU 4: the agent says the GPUs cannot be read, keeps
+    // the last ones it read, and is alive but not ready.
+    host.set(4, "hang", "1").expect("hang");
+    let n = until(nodes.clone(), &node, WAIT, |n| {
+        report(n).is_some_and(|r| r.unreadable.is_some())
+            && condition(n).is_some_and(|(s, _)| s == "Unknown")
+    })
+    .await
+    .expect("unreadable said");
+    let r = report(&n).expect("report");
+    assert!(
+        r.unreadable
+            .as_deref()
+            .unwrap_or_default()
+            .contains("did not answer within 2s"),
+        "{r:?}"
+    );
+    assert_eq!(r.gpus.len(), 8, "the last GPUs read stand");
+    assert_eq!(
+        condition(&n).map(|(_, reason)| reason).as_deref(),
+        Some("GpusUnreadable")
+    );
+    agent.get("/readyz", |s| s == 503).await.expect("not ready");
+    agent.get("/livez", |s| s == 200).await.expect("alive");
+
+    host.set(4, "hang", "0").expect("unhung");
+    until(nodes, &node, WAIT, |n| {
+        from_nvml(n) && condition(n).is_some_and(|(s, _)| s == "True")
+    })
+    .await
+    .expect("readable again");
+    agent.get("/readyz", |s| s == 200).await.expect("ready");
+    remove(&client, &node).await;
+}
