@@ -397,8 +397,8 @@ struct Kubelet {
     client: Client,
     node: String,
     gpus: usize,
-    /// Pod UID → (namespace, name, GPU).
-    given: Arc<Mutex<BTreeMap<String, (String, String, usize)>>>,
+    /// Pod UID → the GPU given to it.
+    given: Arc<Mutex<BTreeMap<String, usize>>>,
 }
 
 #[tonic::async_trait]
@@ -436,15 +436,11 @@ impl PodResourcesLister for Kubelet {
                 continue;
             }
             let gpu = match given.get(uid) {
-                Some((_, _, gpu)) => Some(*gpu),
+                Some(gpu) => Some(*gpu),
                 None => {
-                    let taken: Vec<usize> = given.values().map(|(_, _, g)| *g).collect();
-                    let free = (0..self.gpus).find(|g| !taken.contains(g));
+                    let free = (0..self.gpus).find(|g| !given.values().any(|t| t == g));
                     if let Some(g) = free {
-                        given.insert(
-                            uid.clone(),
-                            (pod.namespace().unwrap_or_default(), pod.name_any(), g),
-                        );
+                        given.insert(uid.clone(), g);
                     }
                     free
                 }

@@ -146,6 +146,11 @@ pub struct GpuNodeHealthStatus {
     /// In `DryRun` mode: what gpuhealth would do now.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub plan: Option<Plan>,
+    /// Why the node's GPU report cannot be trusted now, if it cannot: it is
+    /// stale, or its writer says it cannot read the GPUs. Nothing it says is
+    /// taken as a recovery while this holds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub report_problem: Option<ReportProblem>,
     /// What gpuhealth noticed that a person should know (a pod on a bad GPU,
     /// a startup probe shorter than the observed cold start, ...).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -219,6 +224,35 @@ pub struct Plan {
     /// What the PodDisruptionBudgets of those pods allow now.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub disruption_budgets: Vec<String>,
+    /// Why the drain takes more pods than those holding the GPUs, when it
+    /// does (who holds them is not known).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub widened: Option<String>,
+    /// Rungs of the ladder passed over because the node's agent cannot carry
+    /// them out, with why.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub skipped: Vec<String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ReportProblem {
+    pub kind: ReportProblemKind,
+    pub message: String,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum ReportProblemKind {
+    /// Not refreshed within `detection.gpuReport.staleAfter`: its writer may
+    /// have stopped.
+    Stale,
+    /// Its writer says it cannot read the GPUs (`unreadable`).
+    Unreadable,
+}
+
+impl ReportProblemKind {
+    pub const ALL: [ReportProblemKind; 2] =
+        [ReportProblemKind::Stale, ReportProblemKind::Unreadable];
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]

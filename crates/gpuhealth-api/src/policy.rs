@@ -367,6 +367,17 @@ pub struct GpuReportDetection {
     #[schemars(length(max = 4))]
     #[schemars(extend("x-kubernetes-list-type" = "set"))]
     pub unhealthy_states: Vec<GpuHealth>,
+
+    /// A report not refreshed for this long is stale: the node gets a
+    /// `StaleReport` finding (and the `gpuhealth_report_problems` metric),
+    /// and nothing is done because of it. gpuhealth's agent refreshes its
+    /// report every 5 minutes.
+    #[serde(default = "default_stale_after")]
+    #[schemars(extend("x-kubernetes-validations" = [{
+        "rule": "duration(self) >= duration('1m') && duration(self) <= duration('720h')",
+        "message": "detection.gpuReport.staleAfter must be between 1m and 720h"
+    }]))]
+    pub stale_after: Duration,
 }
 
 impl Default for GpuReportDetection {
@@ -374,6 +385,7 @@ impl Default for GpuReportDetection {
         GpuReportDetection {
             enabled: true,
             unhealthy_states: default_unhealthy_states(),
+            stale_after: default_stale_after(),
         }
     }
 }
@@ -672,6 +684,9 @@ fn default_unhealthy_states() -> Vec<GpuHealth> {
         GpuHealth::RebootRequired,
         GpuHealth::Lost,
     ]
+}
+fn default_stale_after() -> Duration {
+    Duration::from_mins(15)
 }
 fn default_condition_for() -> Duration {
     Duration::from_secs(30)

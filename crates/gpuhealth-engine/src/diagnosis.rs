@@ -4,6 +4,7 @@
 use gpuhealth_api::{
     GpuHealth, RecoveryAction,
     contract::{ContractError, GpuEntry, GpuReport},
+    node_health::{ReportProblem, ReportProblemKind},
     policy::{ConditionStatus, Detection},
     types::SignalAction,
 };
@@ -40,6 +41,11 @@ pub struct Diagnosis {
     pub report_error: Option<ContractError>,
     /// Xids seen that the table does not know: reported, never acted on.
     pub unknown_xids: Vec<u32>,
+    /// Why the report cannot be trusted now (stale, or its writer cannot
+    /// read the GPUs), if it cannot.
+    pub report_problem: Option<ReportProblem>,
+    /// When a report fresh now goes stale.
+    pub stale_at: Option<Timestamp>,
 }
 
 impl Diagnosis {
@@ -74,6 +80,9 @@ impl Diagnosis {
 pub struct Evidence<'a> {
     pub conditions: &'a [ObservedCondition],
     pub report: Option<&'a Result<GpuReport, ContractError>>,
+    /// When the report was last refreshed, by the operator's clock (else
+    /// its own `observedAt` is taken).
+    pub report_refreshed_at: Option<Timestamp>,
     /// Xids before this instant are history (a reset or reboot since has
     /// answered them).
     pub xids_since: Option<Timestamp>,
@@ -118,6 +127,8 @@ pub fn diagnose(now: Timestamp, detection: &Detection, evidence: &Evidence<'_>) 
                 for gpu in &report.gpus {
                     gpu_signals(now, detection, gpu, evidence.xids_since, &mut d);
                 }
+                let refreshed = evidence.report_refreshed_at.unwrap_or(report.observed_at.0);
+                report_problem(now, detection, report, refreshed, &mut d);
             }
             Some(Err(e)) => d.report_error = Some(e.clone()),
             None => {}
@@ -126,6 +137,38 @@ pub fn diagnose(now: Timestamp, detection: &Detection, evidence: &Evidence<'_>) 
     // Strongest first; stable, so equal actions keep the order found.
     d.signals.sort_by_key(|s| std::cmp::Reverse(s.action));
     d
+}
+
+/// A report whose writer cannot read the GPUs, or that has not been
+/// refreshed within `staleAfter`, is said so.
+fn report_problem(
+    now: Timestamp,
+    detection: &Detection,
+    report: &GpuReport,
+    refreshed: Timestamp,
+    d: &mut Diagnosis,
+) {
+    let stale_after = detection.gpu_report.stale_after;
+    let stale_at = after(refreshed, stale_after.as_std());
+    if let Some(why) = &report.unreadable {
+        d.report_problem = Some(ReportProblem {
+            kind: ReportProblemKind::Unreadable,
+            message: format!(
+                "the report's writer ({}) cannot read the GPUs: {why}",
+                report.source.as_deref().unwrap_or("unnamed")
+            ),
+        });
+    } else if stale_at <= now {
+        d.report_problem = Some(ReportProblem {
+            kind: ReportProblemKind::Stale,
+            message: format!(
+                "the GPU report was last refreshed at {refreshed}, longer ago than detection.gpuReport.staleAfter ({stale_after}): is its writer ({}) running?",
+                report.source.as_deref().unwrap_or("unnamed")
+            ),
+        });
+    } else {
+        d.stale_at = Some(stale_at);
+    }
 }
 
 fn gpu_signals(
@@ -242,6 +285,7 @@ mod tests {
         let evidence = Evidence {
             conditions: &[],
             report: Some(&report),
+            report_refreshed_at: None,
             xids_since: None,
         };
         let d = diagnose(ts("2026-05-29T08:25:00Z"), &detection(), &evidence);
@@ -260,6 +304,7 @@ mod tests {
         let evidence = Evidence {
             conditions: &[],
             report: Some(&report),
+            report_refreshed_at: None,
             xids_since: Some(ts("2026-05-29T09:00:00Z")),
         };
         let d = diagnose(ts("2026-05-29T09:10:00Z"), &detection(), &evidence);
@@ -281,6 +326,7 @@ mod tests {
             &Evidence {
                 conditions: &[],
                 report: Some(&report),
+                report_refreshed_at: None,
                 xids_since: None,
             },
         );
@@ -306,6 +352,7 @@ mod tests {
             &Evidence {
                 conditions: &[],
                 report: Some(&report),
+                report_refreshed_at: None,
                 xids_since: None,
             },
         );
@@ -330,6 +377,7 @@ mod tests {
         let ev = Evidence {
             conditions: &conditions,
             report: None,
+            report_refreshed_at: None,
             xids_since: None,
         };
         let early = diagnose(ts("2026-05-29T08:00:30Z"), &det, &ev);
@@ -349,6 +397,7 @@ mod tests {
             &Evidence {
                 conditions: &[],
                 report: Some(&report),
+                report_refreshed_at: None,
                 xids_since: None,
             },
         );
@@ -378,6 +427,7 @@ mod tests {
                 &Evidence {
                     conditions: &[],
                     report: Some(&two),
+                    report_refreshed_at: None,
                     xids_since: None
                 }
             )
@@ -396,6 +446,7 @@ mod tests {
             &Evidence {
                 conditions: &[],
                 report: Some(&three),
+                report_refreshed_at: None,
                 xids_since: None,
             },
         );

@@ -93,6 +93,8 @@ pub struct DrainPlan {
     pub waiting: Vec<String>,
     /// These hold the node back until they go away, with why.
     pub blocked: Vec<(String, String)>,
+    /// Why the drain takes more than the GPUs' holders, when it does.
+    pub widened: Option<String>,
 }
 
 impl DrainPlan {

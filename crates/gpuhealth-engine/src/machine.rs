@@ -13,12 +13,12 @@ use std::time::Duration;
 use gpuhealth_api::{
     RecoveryAction,
     contract::{
-        ContractError, GpuReport, MaintenanceNotice, NEEDS_REPLACEMENT_LABEL, Outcome,
-        REPLACE_LABEL, RequestResult,
+        Capabilities, ContractError, GpuReport, MaintenanceNotice, NEEDS_REPLACEMENT_LABEL,
+        Outcome, REPLACE_LABEL, RequestResult,
     },
     node_health::{
         ActionStatus, FINDINGS_LIMIT, Finding, GpuNodeHealthStatus, GpuStatus, HISTORY_LIMIT,
-        Incident, MaintenanceStatus, Phase, Plan, WORKLOADS_LIMIT,
+        Incident, MaintenanceStatus, Phase, Plan, ReportProblemKind, WORKLOADS_LIMIT,
     },
     policy::{DrainScope, DrainTimeoutAction, EscalationStep, GpuHealthPolicySpec, Mode},
 };
@@ -59,6 +59,10 @@ pub struct NodeView {
     pub disrupted_by: Vec<String>,
     /// The `gpuhealth.io/maintenance` notice, if any.
     pub maintenance: Option<Result<MaintenanceNotice, ContractError>>,
+    /// When the operator first saw the report as it is (a new `observedAt`),
+    /// by the operator's clock: a report's age is judged on it, whatever the
+    /// agent's clock says. None: the report's own time is taken.
+    pub report_refreshed_at: Option<Timestamp>,
 }
 
 /// The validation pod of the attempt in flight, as observed.
@@ -337,6 +341,7 @@ impl<'a> Stepper<'a> {
         let evidence = Evidence {
             conditions: &node.conditions,
             report: node.report.as_ref(),
+            report_refreshed_at: node.report_refreshed_at,
             xids_since: self.xids_since(),
         };
         self.diagnosis = diagnose(self.now(), &self.spec().detection, &evidence);
@@ -345,6 +350,23 @@ impl<'a> Stepper<'a> {
                 "MalformedGpuReport",
                 None,
                 format!("the GPU report was ignored: {error}"),
+            );
+        }
+        // Seen, never acted on: a stale or unreadable report only keeps what
+        // it says from counting as a recovery.
+        self.status.report_problem = self.diagnosis.report_problem.clone();
+        if let Some(problem) = self.diagnosis.report_problem.clone() {
+            let kind = match problem.kind {
+                ReportProblemKind::Stale => "StaleReport",
+                ReportProblemKind::Unreadable => "GpusUnreadable",
+            };
+            self.finding(kind, None, problem.message);
+        }
+        if let Some(at) = self.diagnosis.stale_at {
+            self.wait(
+                at.duration_since(self.now())
+                    .try_into()
+                    .unwrap_or(Duration::ZERO),
             );
         }
         if let Some(Ok(report)) = &node.report {
@@ -739,6 +761,29 @@ impl<'a> Stepper<'a> {
         self.start_attempt(rung, 1);
     }
 
+    /// What the node's agent says it can carry out, if it says.
+    fn capabilities(&self) -> Option<Capabilities> {
+        match &self.input.node.report {
+            Some(Ok(report)) => report.capabilities,
+            _ => None,
+        }
+    }
+
+    /// Why the node's agent cannot carry out `action`, if it cannot: that
+    /// rung is passed over rather than requested and refused.
+    fn unavailable(&self, action: RecoveryAction) -> Option<String> {
+        let can = self.capabilities()?;
+        if can.can(action) {
+            return None;
+        }
+        Some(match action {
+            RecoveryAction::GpuReset => {
+                "the node's agent cannot reset a GPU (its report says reset: false)".to_owned()
+            }
+            _ => "the node's agent does not reboot (its report says reboot: none)".to_owned(),
+        })
+    }
+
     /// Records the next attempt (intent first) and moves to draining for it.
     fn start_attempt(&mut self, rung: usize, attempt: u32) {
         let Some(step) = self.spec().escalation.get(rung).cloned() else {
@@ -754,6 +799,15 @@ impl<'a> Stepper<'a> {
             // No report lists a GPU: a reset could name none, and the agent
             // refuses a request that names none.
             self.record(&format!("GpuReset#{attempt} skipped: no GPU to name"));
+            return self.start_attempt(rung + 1, 1);
+        }
+        if let Some(why) = self.unavailable(step.action) {
+            self.record(&format!("{:?}#{attempt} skipped: {why}", step.action));
+            self.finding(
+                "RungUnavailable",
+                None,
+                format!("{:?} passed over: {why}", step.action),
+            );
             return self.start_attempt(rung + 1, 1);
         }
         let kind = match step.action {
@@ -817,21 +871,58 @@ impl<'a> Stepper<'a> {
     }
 
     fn drain_plan(&self, action: RecoveryAction, gpus: &[String]) -> DrainPlan {
-        drain::plan(
-            &self.spec().drain,
-            self.drain_scope(action),
-            gpus,
-            self.input.pods,
-        )
+        let mut scope = self.drain_scope(action);
+        let unknown = self.holders_unknown(gpus);
+        if scope == DrainScope::AffectedPods && unknown.is_some() {
+            scope = DrainScope::GpuPods;
+        }
+        let mut plan = drain::plan(&self.spec().drain, scope, gpus, self.input.pods);
+        if scope == DrainScope::GpuPods && self.spec().drain.scope == DrainScope::AffectedPods {
+            plan.widened = unknown.map(|why| {
+                format!("every GPU pod of the node is drained, not only the GPUs' holders: {why}")
+            });
+        }
+        plan
+    }
+
+    /// Why the pods holding `gpus` (every GPU when none is named) are not
+    /// known, if the report says they are not.
+    fn holders_unknown(&self, gpus: &[String]) -> Option<String> {
+        let Some(Ok(report)) = &self.input.node.report else {
+            return None;
+        };
+        report
+            .gpus
+            .iter()
+            .filter(|g| gpus.is_empty() || gpus.contains(&g.uuid))
+            .find_map(|g| {
+                g.pods_unknown
+                    .as_ref()
+                    .map(|why| format!("who holds GPU {} is not known ({why})", g.index))
+            })
     }
 
     fn dry_run_plan(&self, required: RecoveryAction) -> Plan {
         let ladder = &self.spec().escalation;
-        let action = ladder
+        // The rungs from the first strong enough (else the last), less
+        // those the agent cannot carry out.
+        let from = ladder
             .iter()
-            .map(|r| r.action)
-            .find(|a| *a >= required)
-            .or(ladder.last().map(|r| r.action));
+            .position(|r| r.action >= required)
+            .unwrap_or(ladder.len().saturating_sub(1));
+        let mut skipped = Vec::new();
+        let action =
+            ladder
+                .iter()
+                .skip(from)
+                .map(|r| r.action)
+                .find(|a| match self.unavailable(*a) {
+                    Some(why) => {
+                        skipped.push(format!("{a:?}: {why}"));
+                        false
+                    }
+                    None => true,
+                });
         let gpus = self.diagnosis.gpus();
         let drain = action
             .map(|a| self.drain_plan(a, &gpus))
@@ -854,6 +945,8 @@ impl<'a> Stepper<'a> {
                 .map(|(pod, why)| format!("{pod}: {why}"))
                 .collect(),
             disruption_budgets,
+            widened: drain.widened,
+            skipped,
         }
     }
 
@@ -921,11 +1014,14 @@ impl<'a> Stepper<'a> {
                 self.enter(Phase::Draining, "WaitingForPod", message);
             }
             None => {
-                let message = format!(
+                let mut message = format!(
                     "{} to evict, {} to finish",
                     plan.evict.len(),
                     plan.waiting.len()
                 );
+                if let Some(why) = &plan.widened {
+                    message.push_str(&format!("; {why}"));
+                }
                 self.enter(Phase::Draining, reason, message);
             }
         }
@@ -1151,6 +1247,24 @@ impl<'a> Stepper<'a> {
     }
 
     fn request(&mut self, mut action: ActionStatus) {
+        // The agent may have said otherwise since the attempt was recorded:
+        // a rung it cannot carry out is passed over, never requested.
+        if let Some(why) = self.unavailable(action.type_) {
+            self.record(&format!(
+                "{:?}#{} skipped: {why}",
+                action.type_, action.attempt
+            ));
+            self.finding(
+                "RungUnavailable",
+                None,
+                format!("{:?} passed over: {why}", action.type_),
+            );
+            let ladder = &self.spec().escalation;
+            return match ladder.iter().position(|r| r.action > action.type_) {
+                Some(i) => self.start_attempt(i, 1),
+                None => self.exhausted(),
+            };
+        }
         let timeout = self
             .rung(action.type_)
             .map_or(Duration::ZERO, |r| r.effective_timeout().as_std());
@@ -1284,7 +1398,8 @@ impl<'a> Stepper<'a> {
         let answered = self.answered_at();
         let fresh = match &self.input.node.report {
             Some(Ok(r)) => {
-                r.observed_at.0 >= requested || answered.is_some_and(|a| r.observed_at.0 >= a)
+                (r.observed_at.0 >= requested || answered.is_some_and(|a| r.observed_at.0 >= a))
+                    && self.diagnosis.report_problem.is_none()
             }
             _ => !self.spec().detection.gpu_report.enabled,
         };
@@ -1307,10 +1422,10 @@ impl<'a> Stepper<'a> {
         }
         self.status.clear_since = None;
         if self.phase_age() >= verification.timeout.as_std() {
-            let why = if fresh {
-                self.headline()
-            } else {
-                "no GPU report newer than the action".into()
+            let why = match (&self.diagnosis.report_problem, fresh) {
+                (Some(problem), _) => problem.message.clone(),
+                (None, true) => self.headline(),
+                (None, false) => "no GPU report newer than the action".into(),
             };
             return self.attempt_failed(format!(
                 "not healthy {} after {:?}: {why}",

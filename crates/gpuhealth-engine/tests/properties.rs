@@ -9,7 +9,7 @@ use std::time::Duration;
 use common::{Agent, World, gpu_pod};
 use gpuhealth_api::{
     GpuHealth,
-    contract::{DisruptionTolerance, XidEvent},
+    contract::{Capabilities, DisruptionTolerance, RebootMethod, XidEvent},
     node_health::Phase,
     policy::Mode,
 };
@@ -41,7 +41,20 @@ enum Event {
     RequestLost,
     /// The next uncordon is refused (a conflict with another writer).
     UncordonRefused,
+    /// The agent says what it can carry out (or says nothing).
+    Capabilities(Option<Capabilities>),
     Reconcile,
+}
+
+fn capabilities() -> impl Strategy<Value = Option<Capabilities>> {
+    let reboot = prop_oneof![
+        Just(RebootMethod::None),
+        Just(RebootMethod::Logind),
+        Just(RebootMethod::Kured)
+    ];
+    prop::option::of(
+        (any::<bool>(), reboot).prop_map(|(reset, reboot)| Capabilities { reset, reboot }),
+    )
 }
 
 fn health() -> impl Strategy<Value = GpuHealth> {
@@ -78,6 +91,7 @@ fn event() -> impl Strategy<Value = Event> {
         3 => Just(Event::AgentTurn),
         1 => Just(Event::RequestLost),
         1 => Just(Event::UncordonRefused),
+        1 => capabilities().prop_map(Event::Capabilities),
         6 => Just(Event::Reconcile),
     ]
 }
@@ -97,6 +111,9 @@ enum Rule {
     NoSideEffectsUnlessEnforced,
     /// No remediation starts beyond maxConcurrent or with the breaker open.
     StartOnlyWithinBudget,
+    /// No rung is started that the node's agent says it cannot carry out (a
+    /// request already made is written again as it was).
+    OnlyWhatTheAgentCanDo,
 }
 
 /// Applies a world event; returns the violations found by a reconcile.
@@ -169,6 +186,11 @@ fn apply(w: &mut World, e: &Event) -> Vec<(Rule, String)> {
             w.node.reboot_request = None;
         }
         Event::UncordonRefused => w.refused_uncordons += 1,
+        Event::Capabilities(c) => {
+            if let Some(Ok(r)) = &mut w.node.report {
+                r.capabilities = *c;
+            }
+        }
         Event::Reconcile => return reconcile_checked(w),
     }
     Vec::new()
@@ -184,7 +206,30 @@ fn reconcile_checked(w: &mut World) -> Vec<(Rule, String)> {
     let mode = w.spec.mode;
     let actions = w.reconcile();
     let after = &w.state;
+    let can = match &node.report {
+        Some(Ok(r)) => r.capabilities,
+        _ => None,
+    };
+    let made_before = |id: &String| {
+        before
+            .action
+            .as_ref()
+            .is_some_and(|x| &x.id == id && x.requested_at.is_some())
+    };
     for a in &actions {
+        let refused = match a {
+            Action::RequestReset { id, .. } if !made_before(id) => can.is_some_and(|c| !c.reset),
+            Action::RequestReboot { id, .. } if !made_before(id) => {
+                can.is_some_and(|c| c.reboot == RebootMethod::None)
+            }
+            _ => false,
+        };
+        if refused {
+            bad.push((
+                Rule::OnlyWhatTheAgentCanDo,
+                format!("requested {a:?} of an agent that says {can:?}"),
+            ));
+        }
         match a {
             Action::Uncordon { incident } if node.cordoned_by.as_ref() != Some(incident) => {
                 bad.push((
@@ -282,6 +327,11 @@ proptest! {
     #[test]
     fn never_evicts_a_never_pod(events in histories()) {
         holds(Rule::NeverPodsStay, &events)?;
+    }
+
+    #[test]
+    fn requests_only_what_the_agent_can_carry_out(events in histories()) {
+        holds(Rule::OnlyWhatTheAgentCanDo, &events)?;
     }
 
     #[test]

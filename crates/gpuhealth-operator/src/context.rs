@@ -9,7 +9,7 @@ use gpuhealth_api::{
     GpuHealthPolicy, GpuNodeHealth,
     node_health::{GpuNodeHealthStatus, Phase},
 };
-use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::{api::core::v1::Node, jiff::Timestamp};
 use kube::{Client, runtime::events::Recorder, runtime::reflector::Store};
 
 use crate::{leader::Leadership, metrics::Metrics};
@@ -36,6 +36,10 @@ pub struct Context {
     /// when that changes, the node's pods are listed once, to set a new
     /// holder's readiness gate.
     pub holders_seen: Mutex<HashMap<String, HoldersSeen>>,
+    /// Per node, its report's `observedAt` and when this process first saw
+    /// it, by its own clock: how old a report is, judged on one clock
+    /// whatever the agent's says.
+    pub report_seen: Mutex<HashMap<String, (Timestamp, Timestamp)>>,
     /// Other tools' locks that name nodes (kured, Medik8s), kept fresh by
     /// `locks::poll`.
     pub locks: Arc<crate::locks::Locks>,

@@ -241,6 +241,7 @@ async fn run(args: Args) -> Result<(), Fatal> {
         node_health,
         decisions: Default::default(),
         holders_seen: Default::default(),
+        report_seen: Default::default(),
         locks: locks.clone(),
         metrics: metrics.clone(),
         leadership: elector.leadership(),

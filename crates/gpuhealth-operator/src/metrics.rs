@@ -37,6 +37,13 @@ pub struct PhaseLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReportProblemLabels {
+    pub policy: String,
+    /// `Stale` or `Unreadable`.
+    pub problem: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct PolicyLabels {
     pub policy: String,
 }
@@ -78,6 +85,7 @@ pub struct Metrics {
     pub malformed_reports: Family<ReportLabels, Counter>,
     pub actions: Family<ActionLabels, Counter>,
     pub nodes: Family<PhaseLabels, Gauge>,
+    pub report_problems: Family<ReportProblemLabels, Gauge>,
     pub circuit_open: Family<PolicyLabels, Gauge>,
     pub incidents: Family<OutcomeLabels, Counter>,
     pub remediations: Family<RemediationLabels, Counter>,
@@ -105,6 +113,7 @@ impl Default for Metrics {
             malformed_reports: Family::default(),
             actions: Family::default(),
             nodes: Family::default(),
+            report_problems: Family::default(),
             circuit_open: Family::default(),
             incidents: Family::default(),
             remediations: Family::default(),
@@ -157,6 +166,11 @@ impl Default for Metrics {
             "nodes",
             "Managed nodes by policy and phase",
             m.nodes.clone(),
+        );
+        r.register(
+            "report_problems",
+            "Managed nodes whose GPU report cannot be trusted now, by policy and problem: Stale (not refreshed within detection.gpuReport.staleAfter) or Unreadable (its writer cannot read the GPUs)",
+            m.report_problems.clone(),
         );
         r.register(
             "circuit_open",

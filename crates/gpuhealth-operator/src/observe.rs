@@ -93,6 +93,7 @@ pub fn node_view(
         maintenance: annotations
             .get(MAINTENANCE_ANNOTATION)
             .map(|v| MaintenanceNotice::parse(v)),
+        report_refreshed_at: None,
     }
 }
 
@@ -127,15 +128,20 @@ pub fn disrupted_by(
 /// GPU UUIDs the node's report says it holds.
 pub fn pod_view(pod: &Pod, holders: &BTreeMap<String, Vec<String>>) -> PodView {
     let key = format!("{}/{}", pod.namespace().unwrap_or_default(), pod.name_any());
+    // NVIDIA's device plugin offers `nvidia.com/gpu`, shared GPUs and MIG
+    // slices (`nvidia.com/mig-…`), all under `nvidia.com/`; a pod with
+    // ResourceClaims may hold a GPU through DRA.
     let requests_gpu = pod.spec.as_ref().is_some_and(|s| {
-        s.containers.iter().any(|c| {
-            c.resources.as_ref().is_some_and(|r| {
-                let has = |m: &Option<BTreeMap<String, _>>| {
-                    m.as_ref().is_some_and(|m| m.contains_key("nvidia.com/gpu"))
-                };
-                has(&r.limits) || has(&r.requests)
+        s.resource_claims.as_ref().is_some_and(|c| !c.is_empty())
+            || s.containers.iter().any(|c| {
+                c.resources.as_ref().is_some_and(|r| {
+                    let has = |m: &Option<BTreeMap<String, _>>| {
+                        m.as_ref()
+                            .is_some_and(|m| m.keys().any(|k| k.starts_with("nvidia.com/")))
+                    };
+                    has(&r.limits) || has(&r.requests)
+                })
             })
-        })
     });
     let phase = pod
         .status

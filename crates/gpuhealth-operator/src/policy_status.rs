@@ -6,7 +6,7 @@ use std::{collections::BTreeMap, sync::Arc};
 
 use gpuhealth_api::{
     GpuHealthPolicy,
-    node_health::{GpuNodeHealthStatus, Phase},
+    node_health::{GpuNodeHealthStatus, Phase, ReportProblemKind},
     policy::GpuHealthPolicyStatus,
 };
 use gpuhealth_engine::budget::Budget;
@@ -25,7 +25,7 @@ use tracing::warn;
 use crate::{
     conditions,
     context::{Context, Error, MANAGER, latest},
-    metrics::{PhaseLabels, PolicyLabels},
+    metrics::{PhaseLabels, PolicyLabels, ReportProblemLabels},
     selection::Parsed,
 };
 
@@ -94,6 +94,19 @@ pub async fn reconcile(policy: Arc<GpuHealthPolicy>, ctx: Arc<Context>) -> Resul
                 .get_or_create(&PhaseLabels {
                     policy: name.clone(),
                     phase: format!("{phase:?}"),
+                })
+                .set(n as i64);
+        }
+        for problem in ReportProblemKind::ALL {
+            let n = statuses
+                .iter()
+                .filter(|s| s.report_problem.as_ref().is_some_and(|p| p.kind == problem))
+                .count();
+            ctx.metrics
+                .report_problems
+                .get_or_create(&ReportProblemLabels {
+                    policy: name.clone(),
+                    problem: format!("{problem:?}"),
                 })
                 .set(n as i64);
         }

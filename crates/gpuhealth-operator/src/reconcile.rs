@@ -67,7 +67,8 @@ async fn reconcile_node(node: &Node, ctx: &Context) -> Result<Requeue, Error> {
     };
     let name = node.name_any();
     let policy_name = policy.name_any();
-    let view = node_view(node, &policy.spec.other_actors, &ctx.locks.of(&name));
+    let mut view = node_view(node, &policy.spec.other_actors, &ctx.locks.of(&name));
+    view.report_refreshed_at = report_refreshed_at(ctx, &name, &view);
     if let Some(Err(e)) = &view.report {
         warn!(node = %name, error = %e, "malformed GPU report; ignoring it");
     }
@@ -330,6 +331,27 @@ async fn reconcile_node(node: &Node, ctx: &Context) -> Result<Requeue, Error> {
 
 /// What the decision ended or noticed, in the metrics: incidents by
 /// outcome, time to recovery, new findings, time from report to cordon.
+/// When this process first saw the node's report as it is now (its
+/// `observedAt`), by its own clock.
+fn report_refreshed_at(
+    ctx: &Context,
+    node: &str,
+    view: &gpuhealth_engine::machine::NodeView,
+) -> Option<k8s_openapi::jiff::Timestamp> {
+    let Some(Ok(report)) = &view.report else {
+        return None;
+    };
+    let observed = report.observed_at.0;
+    let mut seen = ctx.report_seen.lock().unwrap_or_else(|e| e.into_inner());
+    let entry = seen
+        .entry(node.to_owned())
+        .or_insert((observed, k8s_openapi::jiff::Timestamp::now()));
+    if entry.0 != observed {
+        *entry = (observed, k8s_openapi::jiff::Timestamp::now());
+    }
+    Some(entry.1)
+}
+
 fn record_outcomes(
     ctx: &Context,
     policy: &str,

@@ -6,7 +6,7 @@
 
 use std::hash::{DefaultHasher, Hash, Hasher};
 
-use gpuhealth_api::GpuNodeHealth;
+use gpuhealth_api::{GpuNodeHealth, contract::GPU_REPORT_ANNOTATION};
 use k8s_openapi::api::core::v1::{Node, NodeCondition, NodeStatus, NodeSystemInfo};
 
 /// Written by `kubectl apply` (client-side): a copy of the whole object.
@@ -52,10 +52,21 @@ pub fn node_health(health: &mut GpuNodeHealth) {
 /// borrows rather than clones.
 pub fn node_inputs(node: &Node) -> Option<u64> {
     let m = &node.metadata;
+    // The agent refreshes its report every few minutes with nothing new but
+    // the time: that alone is no change (a healthy node is looked at again
+    // when its report would go stale).
+    let annotations = m.annotations.as_ref().map(|a| {
+        a.iter()
+            .map(|(k, v)| match k.as_str() {
+                GPU_REPORT_ANNOTATION => (k, without_observed_at(v)),
+                _ => (k, std::borrow::Cow::Borrowed(v.as_str())),
+            })
+            .collect::<Vec<_>>()
+    });
     let read = (
         &m.uid,
         &m.labels,
-        &m.annotations,
+        &annotations,
         &m.owner_references,
         &m.deletion_timestamp,
         &node.spec,
@@ -64,6 +75,28 @@ pub fn node_inputs(node: &Node) -> Option<u64> {
     let mut hasher = DefaultHasher::new();
     serde_json::to_vec(&read).ok()?.hash(&mut hasher);
     Some(hasher.finish())
+}
+
+/// A report with its `"observedAt":"…"` member left out (as the agent
+/// writes it; another writer's spacing just keeps it in).
+fn without_observed_at(report: &str) -> std::borrow::Cow<'_, str> {
+    const KEY: &str = "\"observedAt\":\"";
+    let Some(start) = report.find(KEY) else {
+        return report.into();
+    };
+    let value = start + KEY.len();
+    match report[value..].find('"') {
+        Some(end) => {
+            let rest = &report[value + end + 1..];
+            format!(
+                "{}{}",
+                &report[..start],
+                rest.strip_prefix(',').unwrap_or(rest)
+            )
+            .into()
+        }
+        None => report.into(),
+    }
 }
 
 #[cfg(test)]
@@ -148,5 +181,30 @@ mod tests {
         sick.annotations_mut()
             .insert("gpuhealth.io/gpus".into(), "{\"version\":1}".into());
         assert_ne!(node_inputs(&before), node_inputs(&sick));
+    }
+
+    #[test]
+    fn a_report_refreshed_with_nothing_new_is_not_a_change() {
+        let with_report = |observed: &str, health: &str| {
+            let mut n = served("2026-11-30T00:00:00Z", "1");
+            node(&mut n);
+            let report = format!(
+                "{{\"version\":1,\"observedAt\":\"{observed}\",\"source\":\"gpuhealth-agent/nvml\",\"gpus\":[{{\"index\":0,\"uuid\":\"GPU-0a1b2c3d-0000-4000-8000-000000000000\",\"pciBusId\":\"00000000:01:00.0\",\"health\":\"{health}\"}}]}}"
+            );
+            n.annotations_mut()
+                .insert(GPU_REPORT_ANNOTATION.into(), report);
+            n
+        };
+        let first = with_report("2026-11-30T00:00:00Z", "Healthy");
+        let refreshed = with_report("2026-11-30T00:05:00Z", "Healthy");
+        let broken = with_report("2026-11-30T00:05:00Z", "ResetRequired");
+        assert_eq!(node_inputs(&first), node_inputs(&refreshed));
+        assert_ne!(node_inputs(&refreshed), node_inputs(&broken));
+        assert_eq!(
+            without_observed_at(
+                "{\"version\":1,\"observedAt\":\"2026-11-30T00:00:00Z\",\"gpus\":[]}"
+            ),
+            "{\"version\":1,\"gpus\":[]}"
+        );
     }
 }

@@ -90,6 +90,9 @@ pub struct World {
     /// How far the agent's clock is from the operator's (its reports and
     /// results are stamped by it).
     pub agent_clock: SignedDuration,
+    /// The report's `observedAt` as last seen, and when (by the operator's
+    /// clock), as the operator keeps it.
+    report_seen: Option<(Timestamp, Timestamp)>,
 }
 
 impl World {
@@ -119,6 +122,7 @@ impl World {
                 result: None,
                 disrupted_by: Vec::new(),
                 maintenance: None,
+                report_refreshed_at: None,
             },
             pods,
             disruption_budgets: Vec::new(),
@@ -135,6 +139,7 @@ impl World {
             refused_uncordons: 0,
             boots: 1,
             agent_clock: SignedDuration::ZERO,
+            report_seen: None,
         }
     }
 
@@ -144,6 +149,13 @@ impl World {
 
     /// One reconcile: step, persist the status, carry out the actions.
     pub fn reconcile(&mut self) -> Vec<Action> {
+        if let Some(Ok(report)) = &self.node.report {
+            let observed = report.observed_at.0;
+            if self.report_seen.is_none_or(|(o, _)| o != observed) {
+                self.report_seen = Some((observed, self.now));
+            }
+            self.node.report_refreshed_at = self.report_seen.map(|(_, at)| at);
+        }
         let decision = step(&Input {
             now: self.now,
             policy: "gpu-nodes",

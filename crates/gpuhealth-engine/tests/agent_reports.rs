@@ -1,0 +1,180 @@
+//! What the node's agent says of itself in its report: what it can carry
+//! out, whether it can read the GPUs, how fresh the report is, and whether
+//! it knows who holds each GPU. The engine walks the incident with each.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{BAD_GPU, World};
+use gpuhealth_api::{
+    contract::{Capabilities, RebootMethod},
+    node_health::{Phase, ReportProblemKind},
+    policy::Mode,
+};
+use gpuhealth_engine::machine::Action;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+const HOUR: Duration = Duration::from_secs(3600);
+
+fn say(w: &mut World, change: impl FnOnce(&mut gpuhealth_api::contract::GpuReport)) {
+    if let Some(Ok(report)) = &mut w.node.report {
+        change(report);
+    }
+}
+
+fn findings(w: &World, kind: &str) -> Vec<String> {
+    w.state
+        .findings
+        .iter()
+        .filter(|f| f.type_ == kind)
+        .map(|f| f.message.clone())
+        .collect()
+}
+
+#[test]
+fn a_rung_the_agent_cannot_carry_out_is_passed_over_not_requested() {
+    let mut w = World::incident();
+    say(&mut w, |r| {
+        r.capabilities = Some(Capabilities {
+            reset: false,
+            reboot: RebootMethod::Logind,
+        })
+    });
+    w.run_until(|w| w.state.phase == Phase::Healthy, HOUR);
+    assert_eq!(
+        w.reset_requests(),
+        Vec::<Vec<String>>::new(),
+        "no reset requested"
+    );
+    assert_eq!(w.node.boot_id, "boot-2", "rebooted instead");
+    assert_eq!(
+        w.state.history[0].actions,
+        [
+            "GpuReset#1 skipped: the node's agent cannot reset a GPU (its report says reset: false)",
+            "NodeReboot#1 Succeeded"
+        ]
+    );
+    let said = findings(&w, "RungUnavailable");
+    assert_eq!(said.len(), 1, "{said:?}");
+    assert!(said[0].starts_with("GpuReset passed over"), "{}", said[0]);
+}
+
+#[test]
+fn an_agent_that_can_do_nothing_gets_no_request_and_a_dry_run_says_so() {
+    let mut w = World::incident();
+    let cannot = Capabilities {
+        reset: false,
+        reboot: RebootMethod::None,
+    };
+    say(&mut w, |r| r.capabilities = Some(cannot));
+    w.spec.mode = Mode::DryRun;
+    w.reconcile();
+    let plan = w.state.plan.clone().expect("a plan");
+    assert_eq!(plan.action, None, "no rung it could take");
+    assert_eq!(plan.skipped.len(), 2, "{:?}", plan.skipped);
+    assert!(
+        plan.skipped[1].contains("does not reboot"),
+        "{:?}",
+        plan.skipped
+    );
+
+    w.spec.mode = Mode::Enforce;
+    w.run_until(|w| w.state.phase == Phase::Failed, HOUR);
+    assert_eq!(w.state.reason.as_deref(), Some("EscalationExhausted"));
+    assert!(w.reset_requests().is_empty());
+    assert!(
+        w.log
+            .iter()
+            .all(|a| !matches!(a, Action::RequestReboot { .. })),
+        "no reboot requested"
+    );
+    assert!(w.node.unschedulable, "left cordoned for a person");
+}
+
+#[test]
+fn a_stale_report_is_seen_and_never_acted_on() {
+    let mut w = World::incident();
+    w.clear();
+    w.reconcile();
+    assert_eq!(w.state.phase, Phase::Healthy);
+    assert!(w.state.report_problem.is_none());
+    // The agent stops: its report is not refreshed for the bound.
+    w.advance(Duration::from_secs(16 * 60));
+    let actions = w.reconcile();
+    assert!(
+        actions.iter().all(|a| matches!(a, Action::Event { .. })),
+        "{actions:?}"
+    );
+    assert_eq!(w.state.phase, Phase::Healthy);
+    let problem = w.state.report_problem.clone().expect("stale");
+    assert_eq!(problem.kind, ReportProblemKind::Stale);
+    assert!(
+        problem.message.contains("staleAfter (15m)"),
+        "{}",
+        problem.message
+    );
+    assert_eq!(findings(&w, "StaleReport").len(), 1);
+    // Refreshed again: seen.
+    w.clear();
+    w.reconcile();
+    assert!(w.state.report_problem.is_none());
+}
+
+#[test]
+fn a_report_the_agent_cannot_read_is_no_recovery() {
+    let mut w = World::incident();
+    w.run_until(|w| w.state.phase == Phase::Verifying, HOUR);
+    // The reset is answered, but the agent then cannot read the GPUs: the
+    // last GPUs it read look healthy, and must not count.
+    let now = w.agent_now();
+    say(&mut w, |r| {
+        r.unreadable = Some("NVML did not answer within 30s".into());
+        r.observed_at = Time(now);
+        r.gpus.iter_mut().for_each(|g| {
+            g.health = gpuhealth_api::GpuHealth::Healthy;
+            g.xids.clear();
+        });
+    });
+    for _ in 0..12 {
+        w.reconcile();
+        w.advance(Duration::from_secs(10));
+    }
+    assert_eq!(w.state.phase, Phase::Verifying, "not taken as recovered");
+    assert_eq!(
+        w.state.report_problem.as_ref().map(|p| p.kind),
+        Some(ReportProblemKind::Unreadable)
+    );
+    assert_eq!(findings(&w, "GpusUnreadable").len(), 1);
+    say(&mut w, |r| r.unreadable = None);
+    w.run_until(|w| w.state.phase == Phase::Healthy, HOUR);
+}
+
+#[test]
+fn unknown_holders_widen_the_drain_and_say_why() {
+    let mut w = World::incident();
+    say(&mut w, |r| {
+        for g in r.gpus.iter_mut().filter(|g| g.uuid == BAD_GPU) {
+            g.pods.clear();
+            g.pods_unknown = Some("the kubelet's PodResources: connection refused".into());
+        }
+    });
+    w.spec.mode = Mode::DryRun;
+    w.reconcile();
+    let plan = w.state.plan.clone().expect("a plan");
+    assert_eq!(plan.evict.len(), 8, "every GPU pod: {:?}", plan.evict);
+    let why = plan.widened.expect("said");
+    assert!(
+        why.contains("who holds GPU 7 is not known (the kubelet's PodResources"),
+        "{why}"
+    );
+
+    w.spec.mode = Mode::Enforce;
+    w.run_until(|w| w.state.phase == Phase::Healthy, HOUR);
+    assert_eq!(
+        w.evicted().len(),
+        8,
+        "drained wide, not left holding the GPU"
+    );
+    assert_eq!(w.reset_requests(), [vec![BAD_GPU.to_owned()]]);
+}
