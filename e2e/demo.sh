@@ -95,7 +95,10 @@ rm -rf "$logs/agent-state"
 target/debug/gpuhealth-agent --backend fake --node-name "$node" --state-dir "$logs/agent-state" \
   --metrics-addr 127.0.0.1:0 >"$logs/agent.log" 2>&1 &
 agent=$!
-trap 'kill $operator $agent 2>/dev/null || true' EXIT
+# The node's kubelet, as far as GPUs go: a pod that leaves frees its GPU.
+$sim kubelet --node "$node" --namespace ml-serving >"$logs/kubelet.log" 2>&1 &
+kubelet=$!
+trap 'kill $operator $agent $kubelet 2>/dev/null || true' EXIT
 # kubectl wait needs the object to exist: the operator creates it.
 for _ in $(seq 1 120); do k get "gnh/$node" >/dev/null 2>&1 && break; sleep 0.5; done
 k wait --for=jsonpath='{.status.phase}'=Healthy "gnh/$node" --timeout 60s >/dev/null

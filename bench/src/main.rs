@@ -50,12 +50,17 @@ pub struct Args {
     /// The policy's maxConcurrent during the storm.
     #[arg(long, default_value_t = 20)]
     pub max_concurrent: u32,
-    /// How long the quiet cluster is watched, in seconds.
-    #[arg(long, default_value_t = 300)]
+    /// How long the quiet cluster is watched, in seconds: two of the
+    /// agents' refreshes.
+    #[arg(long, default_value_t = 600)]
     pub quiet_secs: u64,
     /// Real agent binaries (fake backend) running during the quiet phase.
     #[arg(long, default_value_t = 3)]
     pub agents: usize,
+    /// Their `--refresh`: the agent's shipped default, so that the quiet
+    /// figure includes what it costs.
+    #[arg(long, default_value = "5m")]
+    pub agent_refresh: String,
     /// Pods on the node drained by gpuhealth and by `kubectl drain`.
     #[arg(long, default_value_t = 110)]
     pub drain_pods: usize,

@@ -327,7 +327,16 @@ async fn quiet(
         node_agent::set_hardware(client, node, &hardware).await?;
         let state = std::env::temp_dir().join(format!("gpuhealth-bench-agent-{node}"));
         let _ = std::fs::remove_dir_all(&state);
-        agents.push(node_agent::start(&format!("bench-agent-{node}"), node, &state, None).await?);
+        let refresh = [
+            "--backend",
+            "fake",
+            "--refresh",
+            args.agent_refresh.as_str(),
+        ];
+        agents.push(
+            node_agent::start_with(&format!("bench-agent-{node}"), node, &state, None, &refresh)
+                .await?,
+        );
         wait::until(node_api.clone(), node, STEP, |n| {
             n.annotations()
                 .get(GPU_REPORT_ANNOTATION)
@@ -364,6 +373,10 @@ async fn quiet(
         operator_writes_per_minute: writes(&before_operator, &after_operator, false),
         operator_lease_writes_per_minute: writes(&before_operator, &after_operator, true),
         agents: agents.len(),
+        agent_refresh_secs: args
+            .agent_refresh
+            .parse::<gpuhealth_api::Duration>()
+            .map_or(0, |d| d.as_std().as_secs()),
         agent_writes_per_minute: stats::median(&agent_writes),
     })
 }

@@ -50,6 +50,10 @@ pub struct Quiet {
     pub operator_writes_per_minute: f64,
     pub operator_lease_writes_per_minute: f64,
     pub agents: usize,
+    /// The agents' `--refresh`: each rewrites its report and its condition
+    /// that often with nothing new (two writes).
+    #[serde(default)]
+    pub agent_refresh_secs: u64,
     /// The median agent's writes.
     pub agent_writes_per_minute: f64,
 }
@@ -324,10 +328,19 @@ pub fn summary(r: &Results) -> String {
         q.operator_lease_writes_per_minute,
         verdict(q.operator_writes_per_minute == 0.0)
     );
+    // Two writes (report, condition) per refresh, and nothing else: at
+    // most one refresh more than fit in the window.
+    let most = match q.agent_refresh_secs {
+        0 => 0.0,
+        every => 2.0 * (q.seconds / every + 1) as f64 / (q.seconds.max(1) as f64 / 60.0),
+    };
     let _ = writeln!(
         s,
-        "| quiet cluster: agent writes/min (median of {}) | {:.2} | | |",
-        q.agents, q.agent_writes_per_minute
+        "| quiet cluster: agent writes/min (median of {}, refresh every {} s) | {:.2} | at most {most:.2} (two writes a refresh) | {} |",
+        q.agents,
+        q.agent_refresh_secs,
+        q.agent_writes_per_minute,
+        verdict(q.agent_writes_per_minute <= most + 1e-9)
     );
     let d = &r.drain;
     let _ = writeln!(

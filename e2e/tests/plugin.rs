@@ -48,9 +48,37 @@ async fn pods_on_gpu_answers_from_the_agents_report() {
     until(nodes.clone(), &node, WAIT, node_is_ready)
         .await
         .expect("Ready");
+    // vllm-7 runs on the node; the report also names vllm-7-old, evicted
+    // since, which the report has not caught up with.
+    let namespace = node.clone();
+    Api::<Namespace>::all(client.clone())
+        .create(
+            &PostParams::default(),
+            &Namespace {
+                metadata: ObjectMeta {
+                    name: Some(namespace.clone()),
+                    ..Default::default()
+                },
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("namespace");
+    let pod: Pod = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "vllm-7"},
+        "spec": {"nodeName": node, "containers": [{"name": "server", "image": "vllm"}]},
+    }))
+    .expect("pod");
+    Api::<Pod>::namespaced(client.clone(), &namespace)
+        .create(&PostParams::default(), &pod)
+        .await
+        .expect("pod");
     let pods: Vec<String> = (0..8).map(|i| format!("vllm-{i}")).collect();
-    let mut report = reports::healthy("ml-serving", &pods);
+    let mut report = reports::healthy(&namespace, &pods);
     reports::xid_119_and_154(&mut report, 7);
+    let mut old = report.gpus[7].pods[0].clone();
+    old.name = "vllm-7-old".into();
+    report.gpus[7].pods.push(old);
     let uuid = report.gpus[7].uuid.clone();
     write_report(&client, &node, report).await.expect("report");
 
@@ -58,19 +86,37 @@ async fn pods_on_gpu_answers_from_the_agents_report() {
     let (ok, out, err) = plugin(&["pods-on-gpu", &node, "0000:e1:00"]).await;
     assert!(ok, "{err}");
     assert!(out.contains("ResetRequired"), "{out}");
-    assert!(out.contains("ml-serving/vllm-7"), "{out}");
+    assert!(
+        out.contains(&format!("  {namespace}/vllm-7 (container server)")),
+        "{out}"
+    );
+    assert!(
+        out.contains(&format!(
+            "({namespace}/vllm-7-old is named by the report but no longer on the node)"
+        )),
+        "{out}"
+    );
     assert!(!out.contains("vllm-6"), "{out}");
 
     let (ok, out, err) = plugin(&["pods-on-gpu", &node, &uuid, "-o", "json"]).await;
     assert!(ok, "{err}");
     let json: serde_json::Value = serde_json::from_str(&out).expect("json");
+    assert_eq!(
+        json["gpu"]["pods"].as_array().map(Vec::len),
+        Some(1),
+        "{json}"
+    );
     assert_eq!(json["gpu"]["pods"][0]["name"], "vllm-7");
+    assert_eq!(json["gone"][0]["name"], "vllm-7-old");
 
     let (ok, _, err) = plugin(&["pods-on-gpu", &node, "GPU-nope"]).await;
     assert!(!ok);
     assert!(err.contains("no GPU"), "{err}");
 
     let _ = nodes.delete(&node, &Default::default()).await;
+    let _ = Api::<Namespace>::all(client)
+        .delete(&namespace, &Default::default())
+        .await;
 }
 
 /// Waits until the pods of `app` in `namespace` satisfy `done`.

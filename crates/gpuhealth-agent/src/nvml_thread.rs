@@ -260,3 +260,55 @@ fn hold(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::nvml::NVML_LIBRARY;
+
+    /// The `nvidia*` device nodes this process has open (under
+    /// `GPUHEALTH_DEV_DIR`, `/dev` unless a stand-in says otherwise).
+    fn devices_held() -> Vec<String> {
+        let dev = std::env::var("GPUHEALTH_DEV_DIR").unwrap_or_else(|_| "/dev".into());
+        let prefix = format!("{}/nvidia", dev.trim_end_matches('/'));
+        std::fs::read_dir("/proc/self/fd")
+            .map(|fds| {
+                fds.flatten()
+                    .filter_map(|fd| std::fs::read_link(fd.path()).ok())
+                    .map(|p| p.display().to_string())
+                    .filter(|p| p.starts_with(&prefix))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    #[tokio::test]
+    async fn the_thread_reads_lets_go_of_every_gpu_and_takes_them_again() {
+        let library = std::env::var_os("GPUHEALTH_NVML_LIBRARY").unwrap_or(NVML_LIBRARY.into());
+        let nvml = NvmlThread::start(library, Duration::from_secs(30), |_, _| {});
+        let first = match nvml.read().await {
+            Ok(r) => r,
+            // No driver here: every call says why, none blocks.
+            Err(e) => {
+                assert!(matches!(e, NvmlUnavailable::Init(_)), "{e}");
+                assert!(e.to_string().contains(NVML_LIBRARY), "{e}");
+                return;
+            }
+        };
+        // On a machine with GPUs (docs/device/): NVML and its events hold
+        // every GPU's device node until the thread lets go.
+        assert!(!first.is_empty(), "NVML lists no GPU");
+        assert!(!devices_held().is_empty(), "NVML holds no device node");
+        nvml.release().await.expect("let go");
+        assert_eq!(nvml.read().await, Err(NvmlUnavailable::Released));
+        assert_eq!(
+            devices_held(),
+            Vec::<String>::new(),
+            "a device node still held"
+        );
+        nvml.retake().await.expect("take again");
+        let again = nvml.read().await.expect("read again");
+        let uuids = |r: &[DeviceReading]| r.iter().map(|d| d.uuid.clone()).collect::<Vec<_>>();
+        assert_eq!(uuids(&again), uuids(&first));
+    }
+}

@@ -318,7 +318,7 @@ async fn probe_check(
 
 async fn pods_on_gpu(node: &str, gpu: &str, output: Output) -> Result<String, String> {
     let client = connect().await?;
-    let n = Api::<Node>::all(client)
+    let n = Api::<Node>::all(client.clone())
         .get(node)
         .await
         .map_err(|e| format!("node {node}: {e}"))?;
@@ -329,8 +329,16 @@ async fn pods_on_gpu(node: &str, gpu: &str, output: Output) -> Result<String, St
     })?;
     let report = GpuReport::parse(raw).map_err(|e| format!("node {node}: {e}"))?;
     let entry = pods_on_gpu::find(&report, gpu)?;
-    let answer = pods_on_gpu::Answer { node, gpu: entry };
-    emit(output, &answer, || pods_on_gpu::text(node, entry))
+    let on_node: Vec<String> = Api::<Pod>::all(client)
+        .list(&ListParams::default().fields(&format!("spec.nodeName={node}")))
+        .await
+        .map_err(|e| format!("the pods on {node}: {e}"))?
+        .iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .map(|p| format!("{}/{}", p.namespace().unwrap_or_default(), p.name_any()))
+        .collect();
+    let answer = pods_on_gpu::Answer::new(node, entry, &on_node);
+    emit(output, &answer, || pods_on_gpu::text(&answer))
 }
 
 #[cfg(test)]

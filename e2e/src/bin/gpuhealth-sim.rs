@@ -5,7 +5,8 @@
 use std::{process::ExitCode, time::Duration};
 
 use clap::{Parser, Subcommand};
-use gpuhealth_agent::backend::{SimHardware, SimOutcome};
+use gpuhealth_agent::backend::{SIM_HARDWARE_ANNOTATION, SimHardware, SimOutcome};
+use gpuhealth_api::contract::PodRef;
 use gpuhealth_e2e::{
     client,
     node_agent::{hardware, set_hardware},
@@ -63,6 +64,16 @@ enum Command {
     /// pod (by name) of a namespace that runs on it. `gpuhealth-agent
     /// --backend fake` reads it and reports it.
     Hardware {
+        #[arg(long)]
+        node: String,
+        #[arg(long)]
+        namespace: String,
+    },
+    /// The kubelet's device manager for a node's simulated hardware, until
+    /// stopped: a pod of `namespace` that leaves the node frees its GPU, a
+    /// new one takes the lowest free GPU, so the agent's report names only
+    /// pods that hold a GPU now.
+    Kubelet {
         #[arg(long)]
         node: String,
         #[arg(long)]
@@ -166,6 +177,36 @@ async fn run(command: Command) -> Result<(), Box<dyn std::error::Error>> {
                 hardware.gpus.len()
             );
         }
+        Command::Kubelet { node, namespace } => loop {
+            let nodes: Api<Node> = Api::all(client.clone());
+            let current = nodes.get(&node).await?;
+            if let (Some(mut hw), Some(was)) = (
+                hardware(&current),
+                current.annotations().get(SIM_HARDWARE_ANNOTATION),
+            ) {
+                let here = pods_on(&client, &node, &namespace).await?;
+                if give_gpus(&mut hw, &namespace, &here) {
+                    // Only over the hardware just read: the agent writes it
+                    // too (a reset heals it), and neither may undo the other.
+                    let path = format!(
+                        "/metadata/annotations/{}",
+                        SIM_HARDWARE_ANNOTATION.replace('/', "~1")
+                    );
+                    let patch: json_patch::Patch = serde_json::from_value(serde_json::json!([
+                        {"op": "test", "path": path, "value": was},
+                        {"op": "replace", "path": path, "value": serde_json::to_string(&hw)?},
+                    ]))?;
+                    match nodes
+                        .patch(&node, &PatchParams::default(), &Patch::Json::<()>(patch))
+                        .await
+                    {
+                        Ok(_) | Err(kube::Error::Api(_)) => {}
+                        Err(e) => return Err(e.into()),
+                    }
+                }
+            }
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        },
         Command::Xid {
             node,
             namespace,
@@ -190,13 +231,51 @@ async fn run(command: Command) -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
+/// Frees the GPUs of pods no longer `here` and gives free GPUs to new ones,
+/// lowest index first; whether anything changed.
+fn give_gpus(hardware: &mut SimHardware, namespace: &str, here: &[String]) -> bool {
+    let mut changed = false;
+    for gpu in &mut hardware.gpus {
+        let before = gpu.pods.len();
+        gpu.pods
+            .retain(|p| p.namespace != namespace || here.contains(&p.name));
+        changed |= gpu.pods.len() != before;
+    }
+    for pod in here {
+        let held = hardware.gpus.iter().any(|g| {
+            g.pods
+                .iter()
+                .any(|p| p.namespace == namespace && &p.name == pod)
+        });
+        if held {
+            continue;
+        }
+        if let Some(free) = hardware.gpus.iter_mut().find(|g| g.pods.is_empty()) {
+            free.pods.push(PodRef {
+                namespace: namespace.to_owned(),
+                name: pod.clone(),
+                container: Some("server".into()),
+            });
+            changed = true;
+        }
+    }
+    changed
+}
+
 /// Names of the pods of `namespace` on `node`, sorted.
 async fn pods_on(client: &kube::Client, node: &str, namespace: &str) -> kube::Result<Vec<String>> {
     let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
     let list = pods
         .list(&ListParams::default().fields(&format!("spec.nodeName={node}")))
         .await?;
-    let mut names: Vec<String> = list.iter().map(|p| p.name_any()).collect();
+    let mut names: Vec<String> = list
+        .iter()
+        .filter(|p| {
+            let phase = p.status.as_ref().and_then(|s| s.phase.as_deref());
+            !matches!(phase, Some("Succeeded" | "Failed"))
+        })
+        .map(|p| p.name_any())
+        .collect();
     names.sort();
     Ok(names)
 }

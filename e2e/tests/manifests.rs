@@ -1,0 +1,192 @@
+//! The agent's shipped overlays, built with `kubectl kustomize` as a user
+//! would: each has what its way of reaching the driver needs, and what the
+//! agent's defaults need on a real GPU node.
+
+use gpuhealth_e2e::kubectl;
+use k8s_openapi::api::{apps::v1::DaemonSet, core::v1::Container};
+use serde::Deserialize;
+
+const OVERLAYS: [&str; 2] = ["container-toolkit", "driver-root"];
+
+async fn daemonset(overlay: &str) -> DaemonSet {
+    let dir = format!("{}/../config/agent/{overlay}", env!("CARGO_MANIFEST_DIR"));
+    let built = kubectl(&["kustomize", &dir]).await.expect("kustomize");
+    serde_yaml::Deserializer::from_str(&built)
+        .map(|doc| serde_yaml::Value::deserialize(doc).expect("YAML"))
+        .find(|v| v.get("kind").and_then(|k| k.as_str()) == Some("DaemonSet"))
+        .map(|v| serde_yaml::from_value(v).expect("a DaemonSet"))
+        .unwrap_or_else(|| panic!("config/agent/{overlay} ships no DaemonSet"))
+}
+
+fn agent(ds: &DaemonSet) -> Container {
+    ds.spec
+        .as_ref()
+        .and_then(|s| s.template.spec.as_ref())
+        .and_then(|s| s.containers.iter().find(|c| c.name == "agent"))
+        .cloned()
+        .expect("the agent container")
+}
+
+fn env(c: &Container, name: &str) -> Option<String> {
+    c.env
+        .iter()
+        .flatten()
+        .find(|e| e.name == name)
+        .and_then(|e| e.value.clone())
+}
+
+/// The host path mounted at `mount_path`, and whether read-only.
+fn mounted(ds: &DaemonSet, mount_path: &str) -> Option<(String, bool)> {
+    let spec = ds.spec.as_ref()?.template.spec.as_ref()?;
+    let mount = agent(ds)
+        .volume_mounts
+        .into_iter()
+        .flatten()
+        .find(|m| m.mount_path == mount_path)?;
+    let volume = spec
+        .volumes
+        .iter()
+        .flatten()
+        .find(|v| v.name == mount.name)?;
+    Some((
+        volume.host_path.as_ref()?.path.clone(),
+        mount.read_only.unwrap_or(false),
+    ))
+}
+
+#[tokio::test]
+async fn each_overlay_has_what_a_real_gpu_node_needs() {
+    for overlay in OVERLAYS {
+        let ds = daemonset(overlay).await;
+        let c = agent(&ds);
+        let pod = ds
+            .spec
+            .as_ref()
+            .and_then(|s| s.template.spec.clone())
+            .expect("pod spec");
+        let args = c.args.clone().unwrap_or_default();
+        let at = |what: &str| format!("{overlay}: {what}");
+
+        // NVML, the reading the shipped agent requires.
+        assert!(
+            args.contains(&"--backend=nvml".to_owned()),
+            "{}",
+            at("nvml")
+        );
+        // Probes on the port the agent serves them on (its default, 8080).
+        let port = c
+            .ports
+            .iter()
+            .flatten()
+            .find(|p| p.name.as_deref() == Some("metrics"))
+            .map(|p| p.container_port);
+        assert_eq!(port, Some(8080), "{}", at("the metrics port"));
+        for (probe, path) in [
+            (&c.liveness_probe, "/livez"),
+            (&c.readiness_probe, "/readyz"),
+        ] {
+            let get = probe.as_ref().and_then(|p| p.http_get.as_ref());
+            assert_eq!(
+                get.and_then(|g| g.path.as_deref()),
+                Some(path),
+                "{}",
+                at(path)
+            );
+        }
+        // The host's processes, to name a GPU's holders; the kernel log; the
+        // kubelet's PodResources; the journal that outlives the pod.
+        assert_eq!(pod.host_pid, Some(true), "{}", at("hostPID"));
+        assert_eq!(
+            mounted(&ds, "/dev/kmsg"),
+            Some(("/dev/kmsg".into(), true)),
+            "{}",
+            at("kmsg")
+        );
+        assert_eq!(
+            mounted(&ds, "/var/lib/kubelet/pod-resources"),
+            Some(("/var/lib/kubelet/pod-resources".into(), true)),
+            "{}",
+            at("PodResources")
+        );
+        assert_eq!(
+            mounted(&ds, "/var/lib/gpuhealth-agent").map(|m| m.0),
+            Some("/var/lib/gpuhealth-agent".into()),
+            "{}",
+            at("state")
+        );
+        // Reboots through logind: the host's system bus, and CAP_SYS_BOOT.
+        assert!(
+            args.contains(&"--reboot-method=logind".to_owned()),
+            "{}",
+            at("logind")
+        );
+        assert_eq!(
+            mounted(&ds, "/run/dbus/system_bus_socket").map(|m| m.0),
+            Some("/run/dbus/system_bus_socket".into()),
+            "{}",
+            at("the system bus")
+        );
+        let security = c.security_context.clone().unwrap_or_default();
+        let sys_boot = security
+            .capabilities
+            .and_then(|c| c.add)
+            .is_some_and(|a| a.iter().any(|c| c == "SYS_BOOT"));
+        assert!(
+            security.privileged == Some(true) || sys_boot,
+            "{}",
+            at("CAP_SYS_BOOT")
+        );
+        // Every toleration: it must run on a sick, cordoned, tainted node.
+        assert!(
+            pod.tolerations
+                .iter()
+                .flatten()
+                .any(|t| t.operator.as_deref() == Some("Exists") && t.key.is_none()),
+            "{}",
+            at("tolerations")
+        );
+    }
+}
+
+#[tokio::test]
+async fn the_container_toolkit_overlay_asks_the_nvidia_runtime_for_nvml_and_nvidia_smi() {
+    let ds = daemonset("container-toolkit").await;
+    let c = agent(&ds);
+    let pod = ds.spec.and_then(|s| s.template.spec).expect("pod spec");
+    assert_eq!(pod.runtime_class_name.as_deref(), Some("nvidia"));
+    assert_eq!(env(&c, "NVIDIA_VISIBLE_DEVICES").as_deref(), Some("all"));
+    // `utility` is the capability that injects libnvidia-ml.so.1 and nvidia-smi.
+    let caps = env(&c, "NVIDIA_DRIVER_CAPABILITIES").unwrap_or_default();
+    assert!(
+        caps.split(',').any(|c| c == "utility" || c == "all"),
+        "{caps}"
+    );
+}
+
+#[tokio::test]
+async fn the_driver_root_overlay_mounts_the_driver_read_only_and_finds_it() {
+    let ds = daemonset("driver-root").await;
+    let c = agent(&ds);
+    assert_eq!(
+        mounted(&ds, "/driver-root"),
+        Some(("/run/nvidia/driver".into(), true))
+    );
+    let libraries = env(&c, "LD_LIBRARY_PATH").unwrap_or_default();
+    for dir in [
+        "/driver-root/usr/lib64",
+        "/driver-root/usr/lib/x86_64-linux-gnu",
+    ] {
+        assert!(
+            libraries.split(':').any(|d| d == dir),
+            "{dir} in {libraries}"
+        );
+    }
+    assert_eq!(
+        env(&c, "GPUHEALTH_NVIDIA_SMI").as_deref(),
+        Some("/driver-root/usr/bin/nvidia-smi")
+    );
+    let pod = ds.spec.and_then(|s| s.template.spec).expect("pod spec");
+    assert!(pod.runtime_class_name.is_none());
+    // Without the NVIDIA runtime, the device nodes come from the host's /dev.
+    assert_eq!(c.security_context.and_then(|s| s.privileged), Some(true));
+}
