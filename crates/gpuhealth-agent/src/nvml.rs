@@ -155,8 +155,6 @@ pub enum NvmlUnavailable {
     Count(String),
     #[error("NVML did not answer within {0:?}: the driver may be hung")]
     Hung(std::time::Duration),
-    #[error("NVML is still busy with an earlier call that has not returned")]
-    Busy,
     #[error("NVML is let go of for a GPU reset")]
     Released,
     #[error("the NVML thread stopped")]

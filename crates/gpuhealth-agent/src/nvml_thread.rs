@@ -70,7 +70,9 @@ impl NvmlThread {
         let (tx, rx) = oneshot::channel();
         match self.jobs.try_send(job(tx)) {
             Ok(()) => {}
-            Err(TrySendError::Full(_)) => return Err(NvmlUnavailable::Busy),
+            // The agent asks one thing at a time: a full queue is a call
+            // that has not returned past its deadline, and the one after it.
+            Err(TrySendError::Full(_)) => return Err(NvmlUnavailable::Hung(self.deadline)),
             Err(TrySendError::Disconnected(_)) => return Err(NvmlUnavailable::Stopped),
         }
         match tokio::time::timeout(self.deadline, rx).await {

@@ -41,6 +41,10 @@ pub const POLL: Duration = Duration::from_secs(10);
 /// capacity lost. One field-selected pod list per draining node.
 pub const DRAIN_POLL: Duration = Duration::from_secs(2);
 
+/// How long after a request the node may still not show it without the
+/// request being written again: the watch lags the write.
+pub const REISSUE_AFTER: Duration = Duration::from_secs(3);
+
 /// The node as observed.
 #[derive(Clone, Debug, PartialEq)]
 pub struct NodeView {
@@ -1349,13 +1353,15 @@ impl<'a> Stepper<'a> {
         // (an operator that crashed after recording intent). Same id and
         // time: the agent never carries it out twice, and a second write
         // while the watch lags is the same value, which the API server
-        // leaves alone.
+        // leaves alone. Not in the seconds right after the request: the
+        // watch may not show it yet (the e2e tests saw that, under load).
         let on_node = match action.type_ {
             RecoveryAction::GpuReset => node.reset_request.as_deref(),
             _ => node.reboot_request.as_deref(),
         };
-        if on_node != Some(action.id.as_str()) {
-            let requested_at = action.requested_at.as_ref().map_or(self.now(), |t| t.0);
+        let requested_at = action.requested_at.as_ref().map_or(self.now(), |t| t.0);
+        let settled = after(requested_at, REISSUE_AFTER) <= self.now();
+        if on_node != Some(action.id.as_str()) && settled {
             match action.type_ {
                 RecoveryAction::GpuReset => {
                     self.actions.push(Action::RequestReset {
@@ -1369,6 +1375,8 @@ impl<'a> Stepper<'a> {
                     requested_at,
                 }),
             }
+        } else if on_node != Some(action.id.as_str()) {
+            self.wait(REISSUE_AFTER);
         }
         self.wait(POLL);
     }
