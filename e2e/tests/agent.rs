@@ -224,6 +224,58 @@ async fn the_report_follows_the_hardware_and_is_written_only_on_change() {
 }
 
 #[tokio::test]
+async fn with_nothing_new_the_report_and_condition_are_refreshed_at_the_refresh_rate() {
+    let (client, node, state) = node("agent-refresh").await;
+    let agent = node_agent::start_with(
+        &format!("{node}-agent"),
+        &node,
+        &state,
+        None,
+        &["--backend", "fake", "--refresh", "3s"],
+    )
+    .await
+    .expect("agent");
+    let nodes: Api<Node> = Api::all(client.clone());
+    let first = until(nodes.clone(), &node, WAIT, |n| report(n).is_some())
+        .await
+        .expect("the first report");
+    let first = report(&first).expect("report").observed_at;
+    // Nothing changes; the report's time moves on, twice.
+    let seen: Arc<Mutex<BTreeSet<String>>> = Arc::default();
+    let moved = until(nodes, &node, WAIT, |n| {
+        let Some(r) = report(n) else { return false };
+        let mut seen = seen.lock().unwrap_or_else(|p| p.into_inner());
+        seen.insert(r.observed_at.0.to_string());
+        seen.len() >= 3
+    })
+    .await
+    .expect("refreshed twice");
+    let last = report(&moved).expect("report");
+    assert!(last.observed_at.0 > first.0);
+    assert_eq!(last.bad_gpus().count(), 0);
+    // Each refresh is two writes, the report and the condition, and only those.
+    let metrics = agent.scrape().await.expect("metrics");
+    let patches = |resource: &str| -> u64 {
+        metrics
+            .lines()
+            .find_map(|l| {
+                l.strip_prefix(&format!(
+                    "gpuhealth_agent_api_requests_total{{verb=\"patch\",resource=\"{resource}\",code=\"200\"}} "
+                ))
+            })
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0)
+    };
+    let (reports, conditions) = (patches("nodes"), patches("nodes/status"));
+    assert!(reports >= 3, "{metrics}");
+    assert!(
+        conditions.abs_diff(reports) <= 1,
+        "one condition write per report write: {reports} and {conditions}"
+    );
+    remove(&client, &node).await;
+}
+
+#[tokio::test]
 async fn a_request_is_carried_out_once_and_repeated_or_stale_ones_are_not() {
     let (client, node, gpu7, _agent) =
         served_with_gpu7_needing_reset("agent-requests", SimOutcome::Succeed).await;

@@ -148,6 +148,8 @@ impl<B: Backend> NodeAgent<B> {
                 _ = tick.tick() => {}
                 () = self.wake.notified() => {}
                 () = tokio::time::sleep(self.coalesced_for()), if self.deferred => {}
+                // The refresh goes out on time, not at the next poll after it.
+                () = tokio::time::sleep(self.refresh_in()), if self.last_write.is_some() => {}
             }
             let Some(current) = &node else { continue };
             let current = current.clone();
@@ -380,7 +382,7 @@ impl<B: Backend> NodeAgent<B> {
             .last_write
             .is_none_or(|t| t.elapsed() >= self.settings.refresh);
         if !changed && !overwritten && !refresh_due {
-            self.publish_condition(&report).await;
+            self.publish_condition(&report, false).await;
             return;
         }
         if overwritten && !changed {
@@ -422,8 +424,15 @@ impl<B: Backend> NodeAgent<B> {
         self.caught_up = false;
         self.last_write = Some(std::time::Instant::now());
         self.deferred = false;
-        self.publish_condition(&report).await;
+        self.publish_condition(&report, refresh_due).await;
         self.published = Some(report);
+    }
+
+    /// How long until the report is due for its refresh.
+    fn refresh_in(&self) -> Duration {
+        self.last_write.map_or(Duration::ZERO, |t| {
+            self.settings.refresh.saturating_sub(t.elapsed())
+        })
     }
 
     /// How long a report change that is no change of health must still wait.
@@ -432,7 +441,9 @@ impl<B: Backend> NodeAgent<B> {
             .map_or(Duration::ZERO, |t| COALESCE.saturating_sub(t.elapsed()))
     }
 
-    async fn publish_condition(&mut self, report: &GpuReport) {
+    /// Writes the `GpuHealthy` condition when its status changed, when its
+    /// heartbeat is due, or with the report's refresh (`refresh`).
+    async fn publish_condition(&mut self, report: &GpuReport, refresh: bool) {
         let (status, reason, message) = if let Some(why) = &report.unreadable {
             (
                 "Unknown",
@@ -456,6 +467,7 @@ impl<B: Backend> NodeAgent<B> {
         let due = match self.condition {
             Some((was, at)) => {
                 was != status
+                    || refresh
                     || now.duration_since(at)
                         >= SignedDuration::try_from(self.settings.refresh)
                             .unwrap_or(SignedDuration::MAX)
