@@ -54,13 +54,28 @@ fn answer(json: &str) -> Answer {
         return Answer::Unreadable;
     };
     if let Some(error) = v.get("Error").and_then(|e| e.as_str()) {
-        // The proxy's answer is on the error's last line.
-        return Answer::Refused(error.split_whitespace().collect::<Vec<_>>().join(" "));
+        return Answer::Refused(without_addresses(error));
     }
     match v.get("Version").and_then(|e| e.as_str()) {
         Some(version) => Answer::Served(version.to_owned()),
         None => Answer::Unreadable,
     }
+}
+
+/// The error on one line, less the address it was read from (`reading
+/// https://…:`): what the proxy said is the point, not where it is.
+fn without_addresses(error: &str) -> String {
+    let words: Vec<&str> = error.split_whitespace().collect();
+    let is_address = |w: &str| w.starts_with("https://") || w.starts_with("http://");
+    let dropped = |i: usize| {
+        is_address(words[i])
+            || (words[i] == "reading" && words.get(i + 1).is_some_and(|n| is_address(n)))
+    };
+    (0..words.len())
+        .filter(|i| !dropped(*i))
+        .map(|i| words[i])
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 #[cfg(test)]
@@ -71,10 +86,11 @@ mod tests {
     fn the_proxy_answer_is_read_from_go_json() {
         assert_eq!(
             answer(
-                r#"{"Path": "m", "Version": "latest", "Error": "m@latest: reading https://proxy.golang.org/m/@v/list: 403 Forbidden\n\tserver response: This module version is not available."}"#
+                r#"{"Path": "m", "Version": "latest", "Error": "m@latest: reading https://proxy.example/m/@v/list: 403 Forbidden\n\tserver response: This module version is not available."}"#
             ),
             Answer::Refused(
-                "m@latest: reading https://proxy.golang.org/m/@v/list: 403 Forbidden server response: This module version is not available.".into()
+                "m@latest: 403 Forbidden server response: This module version is not available."
+                    .into()
             )
         );
         assert_eq!(
