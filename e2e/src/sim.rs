@@ -286,3 +286,25 @@ pub async fn gpu_operator_runtime_class(client: &kube::Client) -> kube::Result<(
         Err(e) => Err(e),
     }
 }
+
+/// A Ready simulated eight-GPU node, named `unique(prefix)`, in a
+/// simulation group of its own.
+pub async fn ready_gpu_node(client: &kube::Client, prefix: &str) -> crate::Result<String> {
+    let node = crate::unique(prefix);
+    let api: kube::Api<Node> = kube::Api::all(client.clone());
+    api.create(
+        &kube::api::PostParams::default(),
+        &gpu_node(&node, &node, &GpuNodeSpec::default()),
+    )
+    .await?;
+    crate::wait::until(api, &node, crate::scenario::WAIT, node_is_ready).await?;
+    Ok(node)
+}
+
+/// Removes a test's node: one left with a broken GPU in its report would be
+/// remediated by the operators of later tests.
+pub async fn remove_node(client: &kube::Client, node: &str) {
+    let _ = kube::Api::<Node>::all(client.clone())
+        .delete(node, &Default::default())
+        .await;
+}

@@ -26,8 +26,7 @@ use gpuhealth_e2e::{
     process::Process,
     reports,
     scenario::WAIT,
-    sim::{GpuNodeSpec, gpu_node, node_is_ready},
-    unique,
+    sim::{ready_gpu_node, remove_node},
     wait::{Background, applied, until},
 };
 use k8s_openapi::{
@@ -37,7 +36,7 @@ use k8s_openapi::{
 };
 use kube::{
     Api, Client, ResourceExt,
-    api::{Patch, PatchParams, PostParams},
+    api::{Patch, PatchParams},
     runtime::watcher,
 };
 use serde_json::json;
@@ -45,29 +44,13 @@ use serde_json::json;
 /// A Ready simulated node with eight healthy GPUs, and a fresh state dir.
 async fn node(name: &str) -> (Client, String, PathBuf) {
     let client = client().await.expect("client");
-    let node = unique(name);
-    let api: Api<Node> = Api::all(client.clone());
-    api.create(
-        &PostParams::default(),
-        &gpu_node(&node, &node, &GpuNodeSpec::default()),
-    )
-    .await
-    .expect("node");
-    until(api, &node, WAIT, node_is_ready).await.expect("Ready");
+    let node = ready_gpu_node(&client, name).await.expect("a Ready node");
     set_hardware(&client, &node, &healthy())
         .await
         .expect("hardware");
     let state = std::env::temp_dir().join(format!("gpuhealth-agent-{node}"));
     let _ = std::fs::remove_dir_all(&state);
     (client, node, state)
-}
-
-/// Removes a test's node: one left with a broken GPU in its report would be
-/// remediated by the operators of later tests.
-async fn remove(client: &Client, node: &str) {
-    let _ = Api::<Node>::all(client.clone())
-        .delete(node, &Default::default())
-        .await;
 }
 
 /// A node whose GPU 7 needs a reset (a reboot would end in `reboot`),
@@ -220,7 +203,7 @@ async fn the_report_follows_the_hardware_and_is_written_only_on_change() {
     ] {
         assert!(metrics.contains(line), "{line} in:\n{metrics}");
     }
-    remove(&client, &node).await;
+    remove_node(&client, &node).await;
 }
 
 #[tokio::test]
@@ -272,7 +255,7 @@ async fn with_nothing_new_the_report_and_condition_are_refreshed_at_the_refresh_
         conditions.abs_diff(reports) <= 1,
         "one condition write per report write: {reports} and {conditions}"
     );
-    remove(&client, &node).await;
+    remove_node(&client, &node).await;
 }
 
 #[tokio::test]
@@ -306,7 +289,7 @@ async fn a_request_is_carried_out_once_and_repeated_or_stale_ones_are_not() {
         Some(vec!["inc-1-reset-1".to_owned()]),
         "nothing carried out twice, nothing stale carried out"
     );
-    remove(&client, &node).await;
+    remove_node(&client, &node).await;
 }
 
 /// Found by the chaos runs: a new incident's reset request made within the
@@ -340,7 +323,7 @@ async fn a_request_in_the_same_second_as_the_last_answered_one_is_carried_out() 
         ]),
         "each carried out once"
     );
-    remove(&client, &node).await;
+    remove_node(&client, &node).await;
 }
 
 #[tokio::test]
@@ -386,7 +369,7 @@ async fn an_agent_restarted_mid_request_never_carries_it_out_twice() {
         Some(vec!["inc-3-reset-1".to_owned()]),
         "the interrupted request was not carried out afterwards"
     );
-    remove(&client, &node).await;
+    remove_node(&client, &node).await;
 }
 
 #[tokio::test]
@@ -446,7 +429,7 @@ async fn the_kernel_log_backend_reports_what_the_driver_logged() {
     }
 
     drop(agent);
-    remove(&client, &node).await;
+    remove_node(&client, &node).await;
 }
 
 #[tokio::test]
@@ -489,7 +472,7 @@ async fn without_nvml_the_agent_says_so_and_acts_on_nothing() {
     assert!(body.contains("cannot be read"), "{body}");
     let (status, _) = agent.get("/livez", |s| s == 200).await.expect("alive");
     assert_eq!(status, 200);
-    remove(&client, &node).await;
+    remove_node(&client, &node).await;
 }
 
 /// Resident memory of process `pid`, in KiB.
@@ -633,5 +616,5 @@ async fn a_kernel_log_flood_leaves_the_agent_bounded() {
         "{writes} report writes in {since_start:?}: coalesced to one a second"
     );
     drop(agent);
-    remove(&client, &node).await;
+    remove_node(&client, &node).await;
 }

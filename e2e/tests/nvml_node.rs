@@ -20,8 +20,7 @@ use gpuhealth_e2e::{
     operator,
     process::Process,
     scenario::{Scenario, WAIT},
-    sim::{GpuNodeSpec, gpu_node, is_cordoned, node_is_ready},
-    unique,
+    sim::{is_cordoned, ready_gpu_node, remove_node},
     wait::until,
 };
 use k8s_openapi::{
@@ -31,7 +30,7 @@ use k8s_openapi::{
 };
 use kube::{
     Api, Client, ResourceExt,
-    api::{Patch, PatchParams, PostParams},
+    api::{Patch, PatchParams},
 };
 use serde_json::json;
 
@@ -71,23 +70,9 @@ fn from_nvml(n: &Node) -> bool {
 /// A Ready simulated node of eight GPUs and its host; no pods.
 async fn bare_node(name: &str) -> (Client, String, Host) {
     let client = client().await.expect("client");
-    let node = unique(name);
-    let api: Api<Node> = Api::all(client.clone());
-    api.create(
-        &PostParams::default(),
-        &gpu_node(&node, &node, &GpuNodeSpec::default()),
-    )
-    .await
-    .expect("node");
-    until(api, &node, WAIT, node_is_ready).await.expect("Ready");
+    let node = ready_gpu_node(&client, name).await.expect("a Ready node");
     let host = Host::new(&node, 8).expect("host");
     (client, node, host)
-}
-
-async fn remove(client: &Client, node: &str) {
-    let _ = Api::<Node>::all(client.clone())
-        .delete(node, &Default::default())
-        .await;
 }
 
 async fn request_reset(client: &Client, node: &str, id: &str, gpu: &str) {
@@ -300,7 +285,7 @@ async fn a_held_gpu_is_refused_naming_its_holder_and_a_hung_nvidia_smi_is_stoppe
     .expect("the agent keeps serving");
     let (status, _) = agent.get("/livez", |s| s == 200).await.expect("alive");
     assert_eq!(status, 200);
-    remove(&client, &node).await;
+    remove_node(&client, &node).await;
 }
 
 #[tokio::test]
@@ -340,12 +325,16 @@ async fn xids_from_before_the_last_recovery_do_not_act_again_after_a_restart() {
     // A new agent reads the whole kernel log again: the old Xid stays
     // answered; a new one counts.
     first.kill().await;
+    // A second later, so that the new agent's first report is told apart
+    // by its time (reports are stamped to the second).
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let restarted = Timestamp::now().as_second();
     let _second = agent(&host, &format!("{node}-agent-2"), &[]).await;
-    annotate(&client, &node, "e2e.gpuhealth.io/touch", "after-restart").await;
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    let n = until(nodes.clone(), &node, WAIT, from_nvml)
-        .await
-        .expect("report");
+    let n = until(nodes.clone(), &node, WAIT, |n| {
+        from_nvml(n) && report(n).is_some_and(|r| r.observed_at.0.as_second() >= restarted)
+    })
+    .await
+    .expect("the restarted agent's report, from the whole kernel log");
     let r = report(&n).expect("report");
     assert!(r.gpus[7].xids.is_empty(), "replayed: {:?}", r.gpus[7].xids);
     host.xid(7, 48, "DBE (Double Bit Error) ECC Error", Duration::ZERO)
@@ -355,7 +344,7 @@ async fn xids_from_before_the_last_recovery_do_not_act_again_after_a_restart() {
     })
     .await
     .expect("a fresh Xid counts");
-    remove(&client, &node).await;
+    remove_node(&client, &node).await;
 }
 
 #[tokio::test]
@@ -400,7 +389,7 @@ async fn a_reboot_on_the_shipped_default_reaches_logind_once() {
     annotate(&client, &node, "e2e.gpuhealth.io/touch", "after-restart").await;
     tokio::time::sleep(Duration::from_secs(3)).await;
     assert_eq!(*host.reboots.lock().expect("count"), 1, "asked once");
-    remove(&client, &node).await;
+    remove_node(&client, &node).await;
 }
 
 #[tokio::test]
@@ -461,5 +450,5 @@ async fn a_hung_nvml_and_an_overwritten_report_are_seen_and_mended() {
     .await
     .expect("readable again");
     agent.get("/readyz", |s| s == 200).await.expect("ready");
-    remove(&client, &node).await;
+    remove_node(&client, &node).await;
 }

@@ -64,9 +64,7 @@ pub fn holding(proc: &Path, device: &Path) -> std::io::Result<Vec<Holder>> {
         if holds {
             found.push(Holder {
                 pid,
-                command: fs::read_to_string(entry.path().join("comm"))
-                    .map(|c| c.trim().to_owned())
-                    .unwrap_or_else(|_| "?".into()),
+                command: command(proc, pid),
                 pod_uid: fs::read_to_string(entry.path().join("cgroup"))
                     .ok()
                     .and_then(|c| pod_uid(&c)),
@@ -75,6 +73,13 @@ pub fn holding(proc: &Path, device: &Path) -> std::io::Result<Vec<Holder>> {
     }
     found.sort_by_key(|h| h.pid);
     Ok(found)
+}
+
+/// A process's command name (`/proc/PID/comm`), `?` if it is gone.
+pub fn command(proc: &Path, pid: u32) -> String {
+    fs::read_to_string(proc.join(pid.to_string()).join("comm"))
+        .map(|c| c.trim().to_owned())
+        .unwrap_or_else(|_| "?".into())
 }
 
 /// The pod UID in a process's cgroup path: `…/kubepods/burstable/pod<UID>/…`

@@ -274,8 +274,5 @@ fn name(r: &DeviceReading) -> String {
 }
 
 fn describe_pid(s: &ResetSettings, pid: u32) -> String {
-    let comm = std::fs::read_to_string(s.proc_dir.join(pid.to_string()).join("comm"))
-        .map(|c| c.trim().to_owned())
-        .unwrap_or_else(|_| "?".into());
-    format!("{comm} (pid {pid})")
+    format!("{} (pid {pid})", holders::command(&s.proc_dir, pid))
 }
