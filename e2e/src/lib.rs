@@ -9,6 +9,8 @@ pub mod chaos;
 pub mod cluster;
 pub mod crds;
 pub mod host;
+pub mod identities;
+pub mod in_flight;
 pub mod invariants;
 pub mod kubelet;
 pub mod names;
@@ -42,6 +44,8 @@ pub enum HarnessError {
     Json(#[from] serde_json::Error),
     #[error("timed out after {secs}s waiting for {what}")]
     Timeout { what: String, secs: u64 },
+    #[error("{0}")]
+    Invalid(String),
     #[error("running kubectl {args}: {detail}")]
     Kubectl { args: String, detail: String },
 }

@@ -23,6 +23,8 @@ pub struct Options {
     pub kubeconfig: Option<std::path::PathBuf>,
     /// `POD_NAMESPACE`: where its Lease lives.
     pub namespace: Option<String>,
+    /// Where it runs validation pods (`GPUHEALTH_VALIDATION_NAMESPACE`).
+    pub validation_namespace: Option<String>,
     /// `--log-format=json`, as the Deployment runs it.
     pub json_logs: bool,
     /// `RUST_LOG`; by default info, with the operator's debug lines.
@@ -67,6 +69,9 @@ pub async fn start_with(name: &str, options: Options) -> Result<Process> {
         }
         if let Some(namespace) = &options.namespace {
             command.env("POD_NAMESPACE", namespace);
+        }
+        if let Some(namespace) = &options.validation_namespace {
+            command.env("GPUHEALTH_VALIDATION_NAMESPACE", namespace);
         }
     })
     .await

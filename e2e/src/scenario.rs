@@ -11,7 +11,7 @@ use gpuhealth_api::{
 use k8s_openapi::{
     api::{
         apps::v1::Deployment,
-        core::v1::{Event, Namespace, Node, Pod},
+        core::v1::{Namespace, Node, Pod},
         policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec},
     },
     apimachinery::pkg::{
@@ -397,21 +397,6 @@ impl Scenario {
 
     /// Waits until an Event with `reason` about `name` whose message contains `text` exists.
     pub async fn wait_event_saying(&self, name: &str, reason: &str, text: &str) -> Result<()> {
-        let config = watcher::Config::default().fields(&format!("involvedObject.name={name}"));
-        let what = format!("an Event {reason} about {name} saying {text:?}");
-        until_set(
-            Api::<Event>::all(self.client.clone()),
-            config,
-            &what,
-            WAIT,
-            |set| {
-                set.values().any(|e| {
-                    e.reason.as_deref() == Some(reason)
-                        && e.message.as_deref().unwrap_or_default().contains(text)
-                })
-            },
-        )
-        .await?;
-        Ok(())
+        crate::wait::event_saying(&self.client, name, reason, text).await
     }
 }

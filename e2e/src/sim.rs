@@ -301,10 +301,13 @@ pub async fn ready_gpu_node(client: &kube::Client, prefix: &str) -> crate::Resul
     Ok(node)
 }
 
-/// Removes a test's node: one left with a broken GPU in its report would be
-/// remediated by the operators of later tests.
+/// Removes a test's node (one left with a broken GPU in its report would be
+/// remediated by the operators of later tests) and its `GpuNodeHealth`.
 pub async fn remove_node(client: &kube::Client, node: &str) {
     let _ = kube::Api::<Node>::all(client.clone())
+        .delete(node, &Default::default())
+        .await;
+    let _ = kube::Api::<gpuhealth_api::GpuNodeHealth>::all(client.clone())
         .delete(node, &Default::default())
         .await;
 }

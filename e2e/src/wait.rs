@@ -145,3 +145,29 @@ fn apply<K: Resource + Clone>(objects: &mut BTreeMap<String, K>, event: watcher:
         watcher::Event::InitDone => {}
     }
 }
+
+/// Waits until an Event with `reason` about the object `name` whose message
+/// contains `text` exists.
+pub async fn event_saying(
+    client: &kube::Client,
+    name: &str,
+    reason: &str,
+    text: &str,
+) -> crate::Result<()> {
+    let config = watcher::Config::default().fields(&format!("involvedObject.name={name}"));
+    let what = format!("an Event {reason} about {name} saying {text:?}");
+    until_set(
+        Api::<k8s_openapi::api::core::v1::Event>::all(client.clone()),
+        config,
+        &what,
+        crate::scenario::WAIT,
+        |set| {
+            set.values().any(|e| {
+                e.reason.as_deref() == Some(reason)
+                    && e.message.as_deref().unwrap_or_default().contains(text)
+            })
+        },
+    )
+    .await?;
+    Ok(())
+}

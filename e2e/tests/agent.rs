@@ -13,7 +13,7 @@ use std::{
 use futures::StreamExt;
 use gpuhealth_agent::backend::{SimHardware, SimOutcome};
 use gpuhealth_api::{
-    GpuHealth,
+    GpuHealth, RecoveryAction,
     contract::{
         AnnotationValue, GPU_HEALTHY_CONDITION, GPU_REPORT_ANNOTATION, GpuReport, Outcome,
         REBOOT_REQUEST_ANNOTATION, REQUEST_RESULT_ANNOTATION, RESET_REQUEST_ANNOTATION,
@@ -21,13 +21,13 @@ use gpuhealth_api::{
     },
 };
 use gpuhealth_e2e::{
-    client,
+    client, in_flight,
     node_agent::{self, hardware, set_hardware},
     process::Process,
     reports,
     scenario::WAIT,
-    sim::{ready_gpu_node, remove_node},
-    wait::{Background, applied, until},
+    sim::{ready_gpu_node, remove_node, set_cordon},
+    wait::{Background, applied, event_saying, until},
 };
 use k8s_openapi::{
     api::core::v1::Node,
@@ -102,7 +102,17 @@ fn gpu_healthy_condition(n: &Node) -> Option<String> {
         .map(|c| c.status.clone())
 }
 
+/// A reset request as the operator makes it: recorded in flight first.
 async fn request_reset(client: &Client, node: &str, id: &str, gpu: &str, at: Timestamp) {
+    in_flight::record(
+        client,
+        node,
+        RecoveryAction::GpuReset,
+        id,
+        &[gpu.to_owned()],
+    )
+    .await
+    .expect("recorded in flight");
     let request = ResetRequest {
         id: id.parse().expect("id"),
         gpus: vec![gpu.to_owned()],
@@ -292,6 +302,88 @@ async fn a_request_is_carried_out_once_and_repeated_or_stale_ones_are_not() {
     remove_node(&client, &node).await;
 }
 
+/// A request written to the Node by anyone but the operator (here the
+/// cluster's admin, whom admission lets through) is not carried out: the
+/// agent refuses what the node's `GpuNodeHealth` does not record in flight
+/// on a node cordoned for it, and says why on the Node's Events.
+#[tokio::test]
+async fn a_request_the_operator_did_not_record_is_refused_on_the_nodes_events() {
+    let (client, node, gpu7, _agent) =
+        served_with_gpu7_needing_reset("agent-refuses", SimOutcome::Succeed).await;
+    gpuhealth_e2e::crds::install(&client).await.expect("CRDs");
+    let nodes: Api<Node> = Api::all(client.clone());
+    let write = |id: &'static str| {
+        let request = ResetRequest {
+            id: id.parse().expect("id"),
+            gpus: vec![gpu7.clone()],
+            requested_at: Time(Timestamp::now()),
+        };
+        json!({"metadata": {"annotations": {RESET_REQUEST_ANNOTATION: request.to_annotation()}}})
+    };
+    let params = PatchParams::default();
+
+    // No record at all.
+    nodes
+        .patch(&node, &params, &Patch::Merge(write("inc-8-reset-1")))
+        .await
+        .expect("a request by hand");
+    event_saying(
+        &client,
+        &node,
+        "RequestRefused",
+        "inc-8-reset-1 refused: the node's GpuNodeHealth records no request",
+    )
+    .await
+    .expect("the refusal on the Node's Events");
+
+    // Another request recorded in flight.
+    in_flight::record(
+        &client,
+        &node,
+        RecoveryAction::GpuReset,
+        "inc-9-reset-1",
+        std::slice::from_ref(&gpu7),
+    )
+    .await
+    .expect("recorded");
+    nodes
+        .patch(&node, &params, &Patch::Merge(write("inc-9-reset-2")))
+        .await
+        .expect("a request by hand");
+    event_saying(
+        &client,
+        &node,
+        "RequestRefused",
+        "records inc-9-reset-1 in flight, not this one",
+    )
+    .await
+    .expect("the refusal on the Node's Events");
+
+    // The recorded one, on a node uncordoned since.
+    set_cordon(&client, &node, false).await.expect("uncordon");
+    nodes
+        .patch(&node, &params, &Patch::Merge(write("inc-9-reset-1")))
+        .await
+        .expect("the recorded request");
+    event_saying(
+        &client,
+        &node,
+        "RequestRefused",
+        "inc-9-reset-1 refused: the node is not cordoned",
+    )
+    .await
+    .expect("the refusal on the Node's Events");
+
+    let n = nodes.get(&node).await.expect("node");
+    assert_eq!(
+        hardware(&n).map(|h| h.executed),
+        Some(vec![]),
+        "nothing carried out"
+    );
+    assert!(result(&n).is_none(), "nothing answered: {:?}", result(&n));
+    remove_node(&client, &node).await;
+}
+
 /// Found by the chaos runs: a new incident's reset request made within the
 /// second of the last incident's answered reboot was taken for an older
 /// request the reboot had superseded, and never carried out.
@@ -300,6 +392,15 @@ async fn a_request_in_the_same_second_as_the_last_answered_one_is_carried_out() 
     let (client, node, gpu7, _agent) =
         served_with_gpu7_needing_reset("agent-same-second", SimOutcome::Fail).await;
     let second = Timestamp::from_second(Timestamp::now().as_second()).expect("now");
+    in_flight::record(
+        &client,
+        &node,
+        RecoveryAction::NodeReboot,
+        "inc-1-reboot-1",
+        &[],
+    )
+    .await
+    .expect("recorded in flight");
     let reboot = RebootRequest {
         id: "inc-1-reboot-1".parse().expect("id"),
         requested_at: Time(second),

@@ -208,6 +208,104 @@ fn invalid_policies() -> Vec<(&'static str, Value, &'static str)> {
             "verification.validationPod.template",
         ),
         (
+            "validation pod in another namespace",
+            with(
+                json!({"verification": {"validationPod": {"template": {"metadata": {"namespace": "gpuhealth-system"}, "spec": {"containers": [{"name": "c"}]}}}}}),
+            ),
+            "verification.validationPod.template.metadata.namespace",
+        ),
+        (
+            "validation pod on the host's network",
+            with(
+                json!({"verification": {"validationPod": {"template": {"spec": {"hostNetwork": true, "containers": [{"name": "c"}]}}}}}),
+            ),
+            "verification.validationPod.template.spec.hostNetwork",
+        ),
+        (
+            "validation pod in the host's PIDs",
+            with(
+                json!({"verification": {"validationPod": {"template": {"spec": {"hostPID": true, "containers": [{"name": "c"}]}}}}}),
+            ),
+            "verification.validationPod.template.spec.hostPID",
+        ),
+        (
+            "validation pod in the host's IPC",
+            with(
+                json!({"verification": {"validationPod": {"template": {"spec": {"hostIPC": true, "containers": [{"name": "c"}]}}}}}),
+            ),
+            "verification.validationPod.template.spec.hostIPC",
+        ),
+        (
+            "validation pod as the agent",
+            with(
+                json!({"verification": {"validationPod": {"template": {"spec": {"serviceAccountName": "gpuhealth-agent", "containers": [{"name": "c"}]}}}}}),
+            ),
+            "verification.validationPod.template.spec.serviceAccountName",
+        ),
+        (
+            "validation pod as another account (old field)",
+            with(
+                json!({"verification": {"validationPod": {"template": {"spec": {"serviceAccount": "default", "containers": [{"name": "c"}]}}}}}),
+            ),
+            "verification.validationPod.template.spec.serviceAccount",
+        ),
+        (
+            "validation pod with a token",
+            with(
+                json!({"verification": {"validationPod": {"template": {"spec": {"automountServiceAccountToken": true, "containers": [{"name": "c"}]}}}}}),
+            ),
+            "verification.validationPod.template.spec.automountServiceAccountToken",
+        ),
+        (
+            "validation pod mounting the host",
+            with(
+                json!({"verification": {"validationPod": {"template": {"spec": {"volumes": [{"name": "root", "hostPath": {"path": "/"}}], "containers": [{"name": "c"}]}}}}}),
+            ),
+            "verification.validationPod.template.spec.volumes[0].hostPath",
+        ),
+        (
+            "privileged validation pod",
+            with(
+                json!({"verification": {"validationPod": {"template": {"spec": {"containers": [{"name": "c", "securityContext": {"privileged": true}}]}}}}}),
+            ),
+            "verification.validationPod.template.spec.containers[0].securityContext.privileged",
+        ),
+        (
+            "privileged init container",
+            with(
+                json!({"verification": {"validationPod": {"template": {"spec": {"initContainers": [{"name": "i", "securityContext": {"privileged": true}}], "containers": [{"name": "c"}]}}}}}),
+            ),
+            "verification.validationPod.template.spec.initContainers[0].securityContext.privileged",
+        ),
+        (
+            "validation pod escalating",
+            with(
+                json!({"verification": {"validationPod": {"template": {"spec": {"containers": [{"name": "c", "securityContext": {"allowPrivilegeEscalation": true}}]}}}}}),
+            ),
+            "verification.validationPod.template.spec.containers[0].securityContext.allowPrivilegeEscalation",
+        ),
+        (
+            "validation pod adding a capability",
+            with(
+                json!({"verification": {"validationPod": {"template": {"spec": {"containers": [{"name": "c", "securityContext": {"capabilities": {"add": ["SYS_ADMIN"]}}}]}}}}}),
+            ),
+            "verification.validationPod.template.spec.containers[0].securityContext.capabilities.add",
+        ),
+        (
+            "validation pod on a host port",
+            with(
+                json!({"verification": {"validationPod": {"template": {"spec": {"containers": [{"name": "c", "ports": [{"containerPort": 80, "hostPort": 80}]}]}}}}}),
+            ),
+            "verification.validationPod.template.spec.containers[0].ports[0].hostPort",
+        ),
+        (
+            "validation pod with an ephemeral container",
+            with(
+                json!({"verification": {"validationPod": {"template": {"spec": {"ephemeralContainers": [{"name": "e"}], "containers": [{"name": "c"}]}}}}}),
+            ),
+            "verification.validationPod.template.spec.ephemeralContainers",
+        ),
+        (
             "Healthy as an unhealthy state",
             with(json!({"detection": {"gpuReport": {"unhealthyStates": ["Healthy"]}}})),
             "detection.gpuReport.unhealthyStates",
@@ -497,15 +595,12 @@ async fn the_shipped_kustomizations_apply() {
     setup().await;
     let root = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
     // A server-side dry run cannot put objects in a namespace it only
-    // pretends to create: the namespace first, for real.
-    kubectl(&[
-        "apply",
-        "--server-side",
-        "-k",
-        &format!("{root}/config/namespace"),
-    ])
-    .await
-    .expect("kubectl apply -k config/namespace");
+    // pretends to create: the namespaces first, for real.
+    for dir in ["config/namespace", "config/validation"] {
+        kubectl(&["apply", "--server-side", "-k", &format!("{root}/{dir}")])
+            .await
+            .unwrap_or_else(|e| panic!("kubectl apply -k {dir}: {e}"));
+    }
     for dir in [
         "config/default",
         "config/rbac-force-delete",

@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use gpuhealth_api::{
-    GpuHealth,
+    GpuHealth, RecoveryAction,
     contract::{
         AnnotationValue, GPU_HEALTHY_CONDITION, GPU_REPORT_ANNOTATION, GpuReport, Outcome,
         REBOOT_REQUEST_ANNOTATION, REQUEST_RESULT_ANNOTATION, RESET_REQUEST_ANNOTATION,
@@ -17,7 +17,7 @@ use gpuhealth_api::{
 use gpuhealth_e2e::{
     client,
     host::{DEVICE_PLUGIN_LABEL, Host, shipped, uuid},
-    operator,
+    in_flight, operator,
     process::Process,
     scenario::{Scenario, WAIT},
     sim::{is_cordoned, ready_gpu_node, remove_node},
@@ -75,7 +75,17 @@ async fn bare_node(name: &str) -> (Client, String, Host) {
     (client, node, host)
 }
 
+/// A reset request as the operator makes it: recorded in flight first.
 async fn request_reset(client: &Client, node: &str, id: &str, gpu: &str) {
+    in_flight::record(
+        client,
+        node,
+        RecoveryAction::GpuReset,
+        id,
+        &[gpu.to_owned()],
+    )
+    .await
+    .expect("recorded in flight");
     let request = ResetRequest {
         id: id.parse().expect("id"),
         gpus: vec![gpu.to_owned()],
@@ -360,6 +370,15 @@ async fn a_reboot_on_the_shipped_default_reaches_logind_once() {
     until(nodes.clone(), &node, WAIT, from_nvml)
         .await
         .expect("a report");
+    in_flight::record(
+        &client,
+        &node,
+        RecoveryAction::NodeReboot,
+        "inc-1-reboot-1",
+        &[],
+    )
+    .await
+    .expect("recorded in flight");
     let request = RebootRequest {
         id: "inc-1-reboot-1".parse().expect("id"),
         requested_at: Time(Timestamp::now()),

@@ -26,12 +26,12 @@ use gpuhealth_e2e::{
 };
 use gpuhealth_engine::machine::is_disruptive;
 use k8s_openapi::{
-    api::core::v1::{Node, Pod},
+    api::core::v1::{Namespace, Node, Pod, ServiceAccount},
     apimachinery::pkg::{apis::meta::v1::Time, util::intstr::IntOrString},
     jiff::Timestamp,
 };
 use kube::{
-    Api, ResourceExt,
+    Api, Client, ResourceExt,
     api::{DeleteParams, Patch, PatchParams, PostParams},
     runtime::watcher,
 };
@@ -582,15 +582,43 @@ fn circuit(p: &GpuHealthPolicy) -> Option<&str> {
         .map(|c| c.status.as_str())
 }
 
+/// A namespace like `config/validation`'s: `restricted` Pod Security
+/// enforced, the validation ServiceAccount with no token.
+async fn validation_namespace(client: &Client, group: &str) -> String {
+    let name = format!("{group}-validation");
+    let namespace: Namespace = serde_json::from_value(json!({
+        "metadata": {"name": name, "labels": {"pod-security.kubernetes.io/enforce": "restricted"}},
+    }))
+    .expect("namespace");
+    Api::<Namespace>::all(client.clone())
+        .create(&PostParams::default(), &namespace)
+        .await
+        .expect("the validation namespace");
+    let account: ServiceAccount = serde_json::from_value(json!({
+        "metadata": {"name": "gpuhealth-validation", "namespace": name},
+        "automountServiceAccountToken": false,
+    }))
+    .expect("account");
+    Api::<ServiceAccount>::namespaced(client.clone(), &name)
+        .create(&PostParams::default(), &account)
+        .await
+        .expect("the validation ServiceAccount");
+    name
+}
+
 #[tokio::test]
 async fn a_validation_pod_gates_uncordon_and_a_failed_one_escalates() {
     let mut spec = Scenario::quick_spec();
     let mut s = Scenario::new("validate", 1, spec.clone())
         .await
         .expect("scenario");
+    // Validation pods run in a namespace of their own that enforces
+    // `restricted` Pod Security, as config/validation's, under an account
+    // with no token.
+    let validation_ns = validation_namespace(&s.client, &s.group).await;
+    s.operator_options.validation_namespace = Some(validation_ns.clone());
     spec.verification.validation_pod = Some(ValidationPod {
         template: json!({
-            "metadata": {"namespace": s.namespace},
             "spec": {"containers": [{"name": "dcgm-diag", "image": "nvcr.io/nvidia/dcgm"}]},
         }),
         timeout: gpuhealth_api::Duration::from_secs(120),
@@ -611,7 +639,7 @@ async fn a_validation_pod_gates_uncordon_and_a_failed_one_escalates() {
     let ran: Arc<Mutex<Vec<String>>> = Arc::default();
     let kubelet = {
         let ran = ran.clone();
-        let pods: Api<Pod> = Api::namespaced(s.client.clone(), &s.namespace);
+        let pods: Api<Pod> = Api::namespaced(s.client.clone(), &validation_ns);
         Background::spawn(async move {
             let mut stream = std::pin::pin!(applied(pods.clone(), watcher::Config::default()));
             while let Some(p) = stream.next().await {
@@ -660,11 +688,27 @@ async fn a_validation_pod_gates_uncordon_and_a_failed_one_escalates() {
             format!("validation pod {} Succeeded", ran[1]),
         ]
     );
-    let pods: Api<Pod> = Api::namespaced(s.client.clone(), &s.namespace);
+    let pods: Api<Pod> = Api::namespaced(s.client.clone(), &validation_ns);
     let failed = pods.get(&ran[0]).await.expect("the failed pod is kept");
+    let failed = failed.spec.expect("spec");
+    assert_eq!(failed.node_name.as_deref(), Some(node.as_str()));
+    // It ran without a token: none asked for, none mounted.
+    assert_eq!(failed.automount_service_account_token, Some(false));
     assert_eq!(
-        failed.spec.and_then(|s| s.node_name).as_deref(),
-        Some(node.as_str())
+        failed.service_account_name.as_deref(),
+        Some("gpuhealth-validation")
+    );
+    let mounts: Vec<String> = failed
+        .containers
+        .iter()
+        .flat_map(|c| c.volume_mounts.iter().flatten())
+        .map(|m| m.mount_path.clone())
+        .collect();
+    assert!(
+        !mounts
+            .iter()
+            .any(|m| m.starts_with("/var/run/secrets/kubernetes.io")),
+        "a token mounted: {mounts:?}"
     );
     let passed = ran[1].clone();
     until_set(

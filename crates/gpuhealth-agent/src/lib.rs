@@ -1,6 +1,7 @@
 //! The gpuhealth node agent's parts, each testable without a GPU or a
 //! cluster. The binary (`main.rs`) puts them together.
 
+pub mod authority;
 pub mod backend;
 pub mod fake;
 pub mod holders;

@@ -36,6 +36,12 @@ pub struct RequestLabels {
     pub outcome: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RefusalLabels {
+    pub kind: String,
+    pub reason: String,
+}
+
 pub struct AgentMetrics {
     registry: Registry,
     pub xids: Family<CodeLabels, Counter>,
@@ -43,6 +49,8 @@ pub struct AgentMetrics {
     pub reads: Family<ResultLabels, Counter>,
     pub report_writes: Counter,
     pub requests: Family<RequestLabels, Counter>,
+    /// Requests on the Node that are not the operator's, refused unread.
+    pub refused: Family<RefusalLabels, Counter>,
     /// Requests to the Kubernetes API, by verb, resource and code.
     pub api_requests: gpuhealth_http::api_requests::ApiRequests,
     /// Whether the GPUs were read at the last try, or why not.
@@ -73,6 +81,7 @@ impl Default for AgentMetrics {
             reads: Family::default(),
             report_writes: Counter::default(),
             requests: Family::default(),
+            refused: Family::default(),
             api_requests: Default::default(),
             readiness: Mutex::new(Err("the GPUs have not been read yet".into())),
             started: Instant::now(),
@@ -106,6 +115,11 @@ impl Default for AgentMetrics {
             "requests",
             "Reset and reboot requests answered, by kind and outcome",
             m.requests.clone(),
+        );
+        r.register(
+            "requests_refused",
+            "Requests on the Node that are not the one its GpuNodeHealth records in flight, by kind and reason",
+            m.refused.clone(),
         );
         m
     }

@@ -5,34 +5,35 @@
 //! the report. GPUs that cannot be read are said so, in the report, the
 //! condition and the agent's readiness.
 
-use std::{sync::Arc, time::Duration};
+use std::{collections::HashSet, sync::Arc, time::Duration};
 
 use tokio::sync::Notify;
 
 use futures::{StreamExt, TryStreamExt};
-use gpuhealth_api::GpuHealth;
 use gpuhealth_api::contract::{
     AnnotationValue, GPU_HEALTHY_CONDITION, GPU_REPORT_ANNOTATION, GpuEntry, GpuReport, Outcome,
     REBOOT_REQUEST_ANNOTATION, REQUEST_RESULT_ANNOTATION, RESET_REQUEST_ANNOTATION, RebootRequest,
     RequestId, RequestResult, ResetRequest,
 };
+use gpuhealth_api::{GpuHealth, GpuNodeHealth};
 use k8s_openapi::{
-    api::core::v1::Node,
-    apimachinery::pkg::apis::meta::v1::Time,
+    api::{core::v1::Node, events::v1 as events},
+    apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, Time},
     jiff::{SignedDuration, Timestamp},
 };
 use kube::{
-    Api, Client, ResourceExt,
-    api::{Patch, PatchParams},
+    Api, Client, Resource, ResourceExt,
+    api::{Patch, PatchParams, PostParams},
     runtime::{WatchStreamExt, watcher},
 };
 use serde_json::json;
 use tracing::{error, info, warn};
 
 use crate::{
+    authority::{self, Asked},
     backend::Backend,
     journal::{self, Journal, JournalError, Seen},
-    metrics::{AgentMetrics, RequestLabels, ResultLabels},
+    metrics::{AgentMetrics, RefusalLabels, RequestLabels, ResultLabels},
 };
 
 /// Test hook (`GPUHEALTH_TEST_CRASH_AFTER`): exit at a step of carrying out a
@@ -87,6 +88,9 @@ pub struct NodeAgent<B> {
     /// need not wait for its next poll.
     wake: Arc<Notify>,
     metrics: Arc<AgentMetrics>,
+    /// Requests refused by this process: said once each (log, metric,
+    /// Event), then passed over.
+    refused: HashSet<String>,
 }
 
 /// A request on the node, either kind.
@@ -94,6 +98,37 @@ struct Request {
     id: RequestId,
     requested_at: Timestamp,
     reset_gpus: Option<Vec<String>>,
+}
+
+/// A Warning Event about the Node: `RequestRefused`, saying why; one per
+/// request, named after it.
+fn refusal_event(node: &Node, request: &str, instance: &str, message: String) -> events::Event {
+    events::Event {
+        metadata: ObjectMeta {
+            name: Some(format!("{}.refused-{request}", node.name_any())),
+            namespace: Some("default".into()),
+            ..Default::default()
+        },
+        event_time: Some(MicroTime(Timestamp::now())),
+        type_: Some("Warning".into()),
+        reason: Some("RequestRefused".into()),
+        action: Some("CarryOutRequest".into()),
+        note: Some(message.chars().take(1000).collect()),
+        regarding: Some(node.object_ref(&())),
+        reporting_controller: Some("gpuhealth.io/agent".into()),
+        reporting_instance: Some(instance.chars().take(128).collect()),
+        ..Default::default()
+    }
+}
+
+impl Request {
+    fn kind(&self) -> &'static str {
+        if self.reset_gpus.is_some() {
+            "reset"
+        } else {
+            "reboot"
+        }
+    }
 }
 
 impl<B: Backend> NodeAgent<B> {
@@ -110,6 +145,7 @@ impl<B: Backend> NodeAgent<B> {
             condition: None,
             wake: Arc::default(),
             metrics: Arc::default(),
+            refused: HashSet::new(),
         }
     }
 
@@ -226,12 +262,62 @@ impl<B: Backend> NodeAgent<B> {
                     self.journal.finish(&r)?;
                     r
                 }
-                Seen::New => self.carry_out(node, request).await?,
+                Seen::New if self.is_the_operators(node, request).await => {
+                    self.carry_out(node, request).await?
+                }
+                Seen::New => continue,
             };
             self.write_result(&answer).await;
             result = Some(answer);
         }
         Ok(())
+    }
+
+    /// Whether `request` is the one the node's `GpuNodeHealth` records in
+    /// flight, on a node cordoned for it (see `authority`). A refusal is
+    /// logged, counted and put on the Node's Events once; a failed read of
+    /// the record is neither, and is tried again on the next round.
+    async fn is_the_operators(&mut self, node: &Node, request: &Request) -> bool {
+        let id = request.id.to_string();
+        if self.refused.contains(&id) {
+            return false;
+        }
+        let records: Api<GpuNodeHealth> = Api::all(self.client.clone());
+        let health = match records.get_opt(&self.settings.node).await {
+            Ok(h) => h.and_then(|h| h.status),
+            Err(e) => {
+                warn!(request = %id, error = %e, "reading the node's GpuNodeHealth; not carried out yet");
+                return false;
+            }
+        };
+        let asked = match &request.reset_gpus {
+            Some(gpus) => Asked::Reset { gpus },
+            None => Asked::Reboot,
+        };
+        let Err(refusal) = authority::check(&request.id, asked, node, health.as_ref()) else {
+            return true;
+        };
+        let message = refusal.message(&request.id);
+        warn!(request = %id, reason = refusal.reason(), "{message}");
+        self.metrics
+            .refused
+            .get_or_create(&RefusalLabels {
+                kind: request.kind().into(),
+                reason: refusal.reason().into(),
+            })
+            .inc();
+        // An Event of its own for each request (a recorder would fold a
+        // second refusal into the first's series, and its words with it).
+        let event = refusal_event(node, &id, &self.settings.node, message);
+        let events: Api<events::Event> = Api::namespaced(self.client.clone(), "default");
+        match events.create(&PostParams::default(), &event).await {
+            // Said before this process started.
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.code == 409 => {}
+            Err(e) => warn!(error = %e, "could not publish the refusal's Event"),
+        }
+        self.refused.insert(id);
+        false
     }
 
     async fn carry_out(
@@ -266,12 +352,7 @@ impl<B: Backend> NodeAgent<B> {
         self.metrics
             .requests
             .get_or_create(&RequestLabels {
-                kind: if request.reset_gpus.is_some() {
-                    "reset"
-                } else {
-                    "reboot"
-                }
-                .into(),
+                kind: request.kind().into(),
                 outcome: format!("{outcome:?}"),
             })
             .inc();

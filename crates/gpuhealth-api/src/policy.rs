@@ -632,21 +632,95 @@ fn max_unhealthy_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
 
 /// A loose schema for the validation pod template: embedding the full PodSpec
 /// schema would make the CRD hundreds of kilobytes; the API server still
-/// checks the shape we rely on.
+/// checks the shape we rely on. What would give the pod the node (host
+/// namespaces, host paths, privilege, added capabilities, host ports) or
+/// another identity (a ServiceAccount, a token, a namespace) is refused
+/// here, by field; the operator checks again before it creates the pod.
 fn pod_template_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
     let open_object =
         serde_json::json!({"type": "object", "x-kubernetes-preserve-unknown-fields": true});
+    let never_true = serde_json::json!({"type": "boolean", "enum": [false]});
+    let container = serde_json::json!({
+        "type": "object",
+        "x-kubernetes-preserve-unknown-fields": true,
+        "properties": {
+            "securityContext": {
+                "type": "object",
+                "x-kubernetes-preserve-unknown-fields": true,
+                "properties": {
+                    "privileged": never_true,
+                    "allowPrivilegeEscalation": never_true,
+                    "capabilities": {
+                        "type": "object",
+                        "x-kubernetes-preserve-unknown-fields": true,
+                        "properties": {
+                            "add": {"type": "array", "maxItems": 0, "items": {"type": "string"}}
+                        }
+                    }
+                }
+            },
+            "ports": {
+                "type": "array",
+                "maxItems": 64,
+                "items": {
+                    "type": "object",
+                    "x-kubernetes-preserve-unknown-fields": true,
+                    "properties": {"hostPort": {"type": "integer", "enum": [0]}}
+                }
+            }
+        }
+    });
     schemars::json_schema!({
         "type": "object",
         "required": ["spec"],
         "properties": {
-            "metadata": open_object,
+            "metadata": {
+                "type": "object",
+                "x-kubernetes-preserve-unknown-fields": true,
+                "properties": {"namespace": {"type": "string"}},
+                "x-kubernetes-validations": [{
+                    "rule": "!has(self.__namespace__)",
+                    "fieldPath": ".namespace",
+                    "message": "may not be set: validation pods run in gpuhealth's validation namespace"
+                }]
+            },
             "spec": {
                 "type": "object",
                 "x-kubernetes-preserve-unknown-fields": true,
                 "required": ["containers"],
+                "x-kubernetes-validations": [{
+                    "rule": "!has(self.serviceAccountName)",
+                    "fieldPath": ".serviceAccountName",
+                    "message": "may not be set: validation pods run as gpuhealth's validation ServiceAccount, with no token"
+                }, {
+                    "rule": "!has(self.serviceAccount)",
+                    "fieldPath": ".serviceAccount",
+                    "message": "may not be set: validation pods run as gpuhealth's validation ServiceAccount, with no token"
+                }],
                 "properties": {
-                    "containers": {"type": "array", "minItems": 1, "maxItems": 16, "items": open_object}
+                    "serviceAccountName": {"type": "string"},
+                    "serviceAccount": {"type": "string"},
+                    "hostNetwork": never_true,
+                    "hostPID": never_true,
+                    "hostIPC": never_true,
+                    "automountServiceAccountToken": never_true,
+                    "volumes": {
+                        "type": "array",
+                        "maxItems": 64,
+                        "items": {
+                            "type": "object",
+                            "x-kubernetes-preserve-unknown-fields": true,
+                            "properties": {"hostPath": open_object},
+                            "x-kubernetes-validations": [{
+                                "rule": "!has(self.hostPath)",
+                                "fieldPath": ".hostPath",
+                                "message": "may not be set: a validation pod may not mount a host path"
+                            }]
+                        }
+                    },
+                    "initContainers": {"type": "array", "maxItems": 16, "items": container},
+                    "containers": {"type": "array", "minItems": 1, "maxItems": 16, "items": container},
+                    "ephemeralContainers": {"type": "array", "maxItems": 0, "items": open_object}
                 }
             }
         }

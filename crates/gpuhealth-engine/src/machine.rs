@@ -67,6 +67,9 @@ pub struct NodeView {
     /// by the operator's clock: a report's age is judged on it, whatever the
     /// agent's clock says. None: the report's own time is taken.
     pub report_refreshed_at: Option<Timestamp>,
+    /// The reason an administrator gave in `gpuhealth.io/break-glass` when
+    /// clearing a request or the cordon record by hand.
+    pub break_glass: Option<String>,
 }
 
 /// The validation pod of the attempt in flight, as observed.
@@ -161,6 +164,8 @@ pub enum Action {
         healthy: bool,
         message: String,
     },
+    /// Remove `gpuhealth.io/break-glass` once its use is recorded.
+    ClearBreakGlass,
     /// Label the node (for replacement); it stays cordoned.
     LabelNode {
         key: String,
@@ -232,6 +237,11 @@ pub fn step(input: &Input<'_>) -> Decision {
     s.status.disrupted_by = input.node.disrupted_by.clone();
     s.observe();
     s.readiness_gates();
+    if let Some(reason) = &input.node.break_glass {
+        // Nothing else this round: the next starts from what it left.
+        s.break_glass(reason);
+        return s.decision();
+    }
     let mode = input.spec.mode;
     if mode != Mode::Enforce
         && !matches!(
@@ -276,19 +286,7 @@ pub fn step(input: &Input<'_>) -> Decision {
         Phase::Verifying => s.verifying(),
         Phase::Failed => s.failed(),
     }
-    // The cordon first: it is what keeps new pods off a bad GPU. Events
-    // last: they inform and must never delay an action (a finding's Event
-    // ahead of the cordon cost a round trip in the benchmark).
-    s.actions.sort_by_key(|a| match a {
-        Action::Cordon { .. } => 0,
-        Action::Event { .. } => 2,
-        _ => 1,
-    });
-    Decision {
-        status: s.status,
-        actions: s.actions,
-        requeue_after: s.requeue,
-    }
+    s.decision()
 }
 
 struct Stepper<'a> {
@@ -300,6 +298,61 @@ struct Stepper<'a> {
 }
 
 impl<'a> Stepper<'a> {
+    fn decision(mut self) -> Decision {
+        // The cordon first: it is what keeps new pods off a bad GPU. Events
+        // last: they inform and must never delay an action (a finding's Event
+        // ahead of the cordon cost a round trip in the benchmark).
+        self.actions.sort_by_key(|a| match a {
+            Action::Cordon { .. } => 0,
+            Action::Event { .. } => 2,
+            _ => 1,
+        });
+        Decision {
+            status: self.status,
+            actions: self.actions,
+            requeue_after: self.requeue,
+        }
+    }
+
+    /// An administrator cleared a request or gpuhealth's cordon record by
+    /// hand (admission lets them only with a reason): a request in flight is
+    /// abandoned, never re-issued, and the node is left to them, cordoned,
+    /// as after any failure. Their reason is a finding (an Event, and
+    /// `gpuhealth_findings_total{type="BreakGlass"}`) either way.
+    fn break_glass(&mut self, reason: &str) {
+        self.actions.push(Action::ClearBreakGlass);
+        let in_flight = self
+            .status
+            .action
+            .clone()
+            .filter(|a| self.status.phase == Phase::Remediating && a.requested_at.is_some());
+        let what = match &in_flight {
+            Some(a) => format!(
+                "{:?} attempt {} ({}) abandoned, never re-issued; the node stays cordoned for you: repair it, then uncordon",
+                a.type_, a.attempt, a.id
+            ),
+            None => format!(
+                "no request was in flight ({:?}); nothing else changed",
+                self.status.phase
+            ),
+        };
+        self.finding(
+            "BreakGlass",
+            None,
+            format!("cleared by hand, gpuhealth.io/break-glass: {reason:?}: {what}"),
+        );
+        if let Some(a) = in_flight {
+            self.record(&format!("{:?}#{} Cancelled by hand", a.type_, a.attempt));
+            self.fail(
+                "BreakGlass",
+                format!(
+                    "an administrator cleared {} by hand ({reason:?}); {what}",
+                    a.id
+                ),
+            );
+        }
+    }
+
     /// Now, in whole seconds: Kubernetes stores times to the second, and a
     /// time compared with one read back from the cluster must be too.
     fn now(&self) -> Timestamp {

@@ -3,9 +3,9 @@
 
 use gpuhealth_api::{
     contract::{
-        AnnotationValue, CORDONED_BY_ANNOTATION, CordonRecord, GPU_HEALTHY_READINESS_GATE,
-        REBOOT_REQUEST_ANNOTATION, RESET_REQUEST_ANNOTATION, RebootRequest, RequestId,
-        ResetRequest,
+        AnnotationValue, BREAK_GLASS_ANNOTATION, CORDONED_BY_ANNOTATION, CordonRecord,
+        GPU_HEALTHY_READINESS_GATE, REBOOT_REQUEST_ANNOTATION, RESET_REQUEST_ANNOTATION,
+        RebootRequest, RequestId, ResetRequest,
     },
     policy::GpuHealthPolicySpec,
 };
@@ -43,6 +43,7 @@ pub async fn run(
         Action::RequestReset { .. } => "request_reset",
         Action::RequestReboot { .. } => "request_reboot",
         Action::LabelNode { .. } => "label_node",
+        Action::ClearBreakGlass => "clear_break_glass",
         Action::CreateValidationPod { .. } => "create_validation_pod",
         Action::DeleteValidationPod { .. } => "delete_validation_pod",
         Action::SetGpuHealthy { .. } => "set_gpu_healthy",
@@ -188,6 +189,13 @@ async fn carry_out(
                 Err(e) => return Err(e.into()),
             }
         }
+        Action::ClearBreakGlass => {
+            let patch = json!({"metadata": {"annotations": {BREAK_GLASS_ANNOTATION: null}}});
+            nodes
+                .patch(&name, &PatchParams::default(), &Patch::Merge(patch))
+                .await?;
+            warn!(node = %name, "break glass recorded and cleared");
+        }
         Action::LabelNode { key, value } => {
             let patch = json!({"metadata": {"labels": {key: value}}});
             nodes
@@ -199,10 +207,10 @@ async fn carry_out(
             let Some(template) = &spec.verification.validation_pod else {
                 return Ok("gone");
             };
-            let ns = validation::namespace(template, &ctx.namespace);
-            let refused = match validation::build(template, pod, &ns, &name) {
+            let ns = &ctx.validation.namespace;
+            let refused = match validation::build(template, pod, &ctx.validation, &name) {
                 Ok(p) => {
-                    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
+                    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
                     match pods.create(&PostParams::default(), &p).await {
                         Ok(_) => {
                             info!(node = %name, namespace = %ns, %pod, "validation pod created");
@@ -234,11 +242,10 @@ async fn carry_out(
             }
         }
         Action::DeleteValidationPod { name: pod } => {
-            let Some(template) = &spec.verification.validation_pod else {
+            if spec.verification.validation_pod.is_none() {
                 return Ok("gone");
-            };
-            let ns = validation::namespace(template, &ctx.namespace);
-            let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
+            }
+            let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &ctx.validation.namespace);
             match pods.delete(pod, &DeleteParams::default()).await {
                 Ok(_) => {}
                 Err(kube::Error::Api(s)) if s.code == 404 => return Ok("gone"),

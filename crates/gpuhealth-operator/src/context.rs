@@ -51,9 +51,8 @@ pub struct Context {
     /// and before carrying out its actions, as a crash at the worst moment
     /// would. Only for the named node, if one is named.
     pub crash_after: Option<(Phase, Option<String>)>,
-    /// The operator's own namespace: its Lease, and validation pods whose
-    /// template names none.
-    pub namespace: String,
+    /// Where validation pods run, and as whom.
+    pub validation: crate::validation::Target,
 }
 
 impl Context {

@@ -61,10 +61,20 @@ struct Args {
     /// Where to serve /metrics, /livez and /readyz.
     #[arg(long, env = "GPUHEALTH_METRICS_ADDR", default_value = "0.0.0.0:8080")]
     metrics_addr: SocketAddr,
-    /// The operator's namespace (from the downward API): its leader Lease,
-    /// and validation pods whose template names no namespace.
+    /// The operator's namespace (from the downward API): its leader Lease.
     #[arg(long, env = "POD_NAMESPACE", default_value = "default")]
     namespace: String,
+    /// Where validation pods run: a namespace of their own that enforces
+    /// `restricted` Pod Security (config/validation).
+    #[arg(
+        long,
+        env = "GPUHEALTH_VALIDATION_NAMESPACE",
+        default_value = "gpuhealth-validation"
+    )]
+    validation_namespace: String,
+    /// The ServiceAccount validation pods run as: no token, no permissions.
+    #[arg(long, default_value = "gpuhealth-validation")]
+    validation_service_account: String,
     /// The leader Lease's name: replicas with the same one elect one leader.
     #[arg(long, default_value = "gpuhealth-operator")]
     lease_name: String,
@@ -246,7 +256,10 @@ async fn run(args: Args) -> Result<(), Fatal> {
         metrics: metrics.clone(),
         leadership: elector.leadership(),
         crash_after,
-        namespace: args.namespace,
+        validation: validation::Target {
+            namespace: args.validation_namespace,
+            service_account: args.validation_service_account,
+        },
         recorder: Recorder::new(
             client.clone(),
             Reporter {

@@ -6,11 +6,11 @@ use std::{
 };
 
 use gpuhealth_api::contract::{
-    AnnotationValue, CORDONED_BY_ANNOTATION, CordonRecord, DISRUPTION_TOLERANCE_ANNOTATION,
-    DisruptionTolerance, GPU_HEALTHY_READINESS_GATE, GPU_REPORT_ANNOTATION, GpuReport,
-    MAINTENANCE_ANNOTATION, MaintenanceNotice, REBOOT_REQUEST_ANNOTATION,
-    REQUEST_RESULT_ANNOTATION, RESET_REQUEST_ANNOTATION, RebootRequest, RequestResult,
-    ResetRequest,
+    AnnotationValue, BREAK_GLASS_ANNOTATION, CORDONED_BY_ANNOTATION, CordonRecord,
+    DISRUPTION_TOLERANCE_ANNOTATION, DisruptionTolerance, GPU_HEALTHY_READINESS_GATE,
+    GPU_REPORT_ANNOTATION, GpuReport, MAINTENANCE_ANNOTATION, MaintenanceNotice,
+    REBOOT_REQUEST_ANNOTATION, REQUEST_RESULT_ANNOTATION, RESET_REQUEST_ANNOTATION, RebootRequest,
+    RequestResult, ResetRequest,
 };
 use gpuhealth_api::policy::OtherActor;
 use gpuhealth_engine::{
@@ -94,6 +94,7 @@ pub fn node_view(
             .get(MAINTENANCE_ANNOTATION)
             .map(|v| MaintenanceNotice::parse(v)),
         report_refreshed_at: None,
+        break_glass: annotations.get(BREAK_GLASS_ANNOTATION).cloned(),
     }
 }
 

@@ -134,9 +134,8 @@ async fn reconcile_node(node: &Node, ctx: &Context) -> Result<Requeue, Error> {
         workloads::watched(ctx, &watched).await?
     };
     let validation = match (&policy.spec.verification.validation_pod, &stored.action) {
-        (Some(template), Some(action)) if stored.phase == Phase::Verifying => {
-            let ns = validation::namespace(template, &ctx.namespace);
-            let api: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
+        (Some(_), Some(action)) if stored.phase == Phase::Verifying => {
+            let api: Api<Pod> = Api::namespaced(ctx.client.clone(), &ctx.validation.namespace);
             api.get_opt(&validation_pod_name(&name, &action.id))
                 .await?
                 .map(|p| validation::view(&p))

@@ -9,35 +9,121 @@ use serde_json::{Value, json};
 /// Marks the pods gpuhealth runs, and names the node each validates.
 pub const VALIDATES_ANNOTATION: &str = "gpuhealth.io/validates";
 
-/// Where the pod runs: the template's namespace, else the operator's.
-pub fn namespace(template: &ValidationPod, operator_namespace: &str) -> String {
-    template
-        .template
-        .pointer("/metadata/namespace")
-        .and_then(Value::as_str)
-        .unwrap_or(operator_namespace)
-        .to_owned()
+/// Where validation pods run and as whom: a namespace of their own that
+/// enforces `restricted` Pod Security, under a ServiceAccount with no
+/// token and no permissions (`config/validation`).
+#[derive(Clone, Debug)]
+pub struct Target {
+    pub namespace: String,
+    pub service_account: String,
+}
+
+/// What a template may not ask for, by field: the pod would run as root
+/// on the node, or as someone other than the validation ServiceAccount.
+/// The CRD refuses these too; this covers policies stored before it did.
+pub fn refused_fields(template: &Value) -> Vec<String> {
+    let mut refused = Vec::new();
+    let set = |v: Option<&Value>| v.is_some_and(|v| !v.is_null());
+    let yes = |v: Option<&Value>| v.and_then(Value::as_bool) == Some(true);
+    if set(template.pointer("/metadata/namespace")) {
+        refused.push("metadata.namespace".to_owned());
+    }
+    let Some(spec) = template.get("spec") else {
+        return refused;
+    };
+    for field in ["hostNetwork", "hostPID", "hostIPC"] {
+        if yes(spec.get(field)) {
+            refused.push(format!("spec.{field}"));
+        }
+    }
+    for field in ["serviceAccountName", "serviceAccount"] {
+        if set(spec.get(field)) {
+            refused.push(format!("spec.{field}"));
+        }
+    }
+    if yes(spec.get("automountServiceAccountToken")) {
+        refused.push("spec.automountServiceAccountToken".to_owned());
+    }
+    let items = |key: &str| {
+        spec.get(key)
+            .and_then(Value::as_array)
+            .cloned()
+            .unwrap_or_default()
+    };
+    for (i, volume) in items("volumes").iter().enumerate() {
+        if set(volume.get("hostPath")) {
+            refused.push(format!("spec.volumes[{i}].hostPath"));
+        }
+    }
+    for list in ["initContainers", "containers", "ephemeralContainers"] {
+        for (i, c) in items(list).iter().enumerate() {
+            let at = format!("spec.{list}[{i}]");
+            let context = c.get("securityContext");
+            let context = |f: &str| context.and_then(|c| c.get(f));
+            if yes(context("privileged")) {
+                refused.push(format!("{at}.securityContext.privileged"));
+            }
+            if yes(context("allowPrivilegeEscalation")) {
+                refused.push(format!("{at}.securityContext.allowPrivilegeEscalation"));
+            }
+            let added = context("capabilities").and_then(|c| c.get("add"));
+            if added
+                .and_then(Value::as_array)
+                .is_some_and(|a| !a.is_empty())
+            {
+                refused.push(format!("{at}.securityContext.capabilities.add"));
+            }
+            let ports = c.get("ports").and_then(Value::as_array);
+            for (j, port) in ports.into_iter().flatten().enumerate() {
+                if port
+                    .get("hostPort")
+                    .and_then(Value::as_i64)
+                    .is_some_and(|p| p != 0)
+                {
+                    refused.push(format!("{at}.ports[{j}].hostPort"));
+                }
+            }
+        }
+    }
+    refused
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum TemplateError {
+    #[error(
+        "the template sets {}: validation pods run in gpuhealth's validation namespace under its ServiceAccount, with no host access or privilege",
+        .0.join(", ")
+    )]
+    Refused(Vec<String>),
+    #[error("{0}")]
+    Shape(#[from] serde_json::Error),
 }
 
 /// The pod for `node`, from the template: pinned by `spec.nodeName` (the
 /// node is cordoned, so the scheduler would not place it), tolerating every
-/// taint, and not restarted: one run is the verdict.
+/// taint, not restarted (one run is the verdict), and meeting `restricted`
+/// Pod Security where the template says nothing: no token, no privilege
+/// escalation, no capabilities, the runtime's seccomp profile, not root.
 pub fn build(
     template: &ValidationPod,
     name: &str,
-    namespace: &str,
+    target: &Target,
     node: &str,
-) -> Result<Pod, serde_json::Error> {
+) -> Result<Pod, TemplateError> {
+    let refused = refused_fields(&template.template);
+    if !refused.is_empty() {
+        return Err(TemplateError::Refused(refused));
+    }
     let mut pod = template.template.clone();
     let Some(object) = pod.as_object_mut() else {
-        return serde_json::from_value(pod);
+        return Ok(serde_json::from_value(pod)?);
     };
     object.insert("apiVersion".into(), json!("v1"));
     object.insert("kind".into(), json!("Pod"));
     let metadata = object.entry("metadata").or_insert_with(|| json!({}));
     if let Some(m) = metadata.as_object_mut() {
         m.insert("name".into(), json!(name));
-        m.insert("namespace".into(), json!(namespace));
+        m.insert("namespace".into(), json!(target.namespace));
         m.remove("generateName");
         let labels = m.entry("labels").or_insert_with(|| json!({}));
         if let Some(l) = labels.as_object_mut() {
@@ -51,13 +137,35 @@ pub fn build(
     let spec = object.entry("spec").or_insert_with(|| json!({}));
     if let Some(s) = spec.as_object_mut() {
         s.insert("nodeName".into(), json!(node));
+        s.insert("serviceAccountName".into(), json!(target.service_account));
+        s.insert("automountServiceAccountToken".into(), json!(false));
         s.entry("restartPolicy").or_insert_with(|| json!("Never"));
         let tolerations = s.entry("tolerations").or_insert_with(|| json!([]));
         if let Some(t) = tolerations.as_array_mut() {
             t.push(json!({"operator": "Exists"}));
         }
+        let context = s.entry("securityContext").or_insert_with(|| json!({}));
+        if let Some(c) = context.as_object_mut() {
+            c.entry("runAsNonRoot").or_insert(json!(true));
+            c.entry("seccompProfile")
+                .or_insert(json!({"type": "RuntimeDefault"}));
+        }
+        for list in ["initContainers", "containers"] {
+            let containers = s.get_mut(list).and_then(Value::as_array_mut);
+            for c in containers
+                .into_iter()
+                .flatten()
+                .filter_map(Value::as_object_mut)
+            {
+                let context = c.entry("securityContext").or_insert_with(|| json!({}));
+                if let Some(c) = context.as_object_mut() {
+                    c.entry("allowPrivilegeEscalation").or_insert(json!(false));
+                    c.entry("capabilities").or_insert(json!({"drop": ["ALL"]}));
+                }
+            }
+        }
     }
-    serde_json::from_value(pod)
+    Ok(serde_json::from_value(pod)?)
 }
 
 /// The pod as the engine sees it.
@@ -118,7 +226,7 @@ mod tests {
             "metadata": {"labels": {"team": "ml"}},
             "spec": {"containers": [{"name": "dcgm", "image": "nvcr.io/nvidia/dcgm"}]},
         }));
-        let pod = build(&t, "v-1", "gpuhealth-system", "node-a").expect("a pod");
+        let pod = build(&t, "v-1", &target(), "node-a").expect("a pod");
         let spec = pod.spec.expect("spec");
         assert_eq!(spec.node_name.as_deref(), Some("node-a"));
         assert_eq!(spec.restart_policy.as_deref(), Some("Never"));
@@ -129,7 +237,26 @@ mod tests {
                 .any(|t| t.operator.as_deref() == Some("Exists") && t.key.is_none())
         );
         assert_eq!(pod.metadata.name.as_deref(), Some("v-1"));
-        assert_eq!(pod.metadata.namespace.as_deref(), Some("gpuhealth-system"));
+        assert_eq!(
+            pod.metadata.namespace.as_deref(),
+            Some("gpuhealth-validation")
+        );
+        assert_eq!(
+            spec.service_account_name.as_deref(),
+            Some("gpuhealth-validation")
+        );
+        assert_eq!(spec.automount_service_account_token, Some(false));
+        let context = spec.security_context.expect("pod security context");
+        assert_eq!(context.run_as_non_root, Some(true));
+        let container = spec.containers[0]
+            .security_context
+            .clone()
+            .expect("context");
+        assert_eq!(container.allow_privilege_escalation, Some(false));
+        assert_eq!(
+            container.capabilities.and_then(|c| c.drop),
+            Some(vec!["ALL".to_owned()])
+        );
         let labels = pod.metadata.labels.unwrap_or_default();
         assert_eq!(labels.get("team").map(String::as_str), Some("ml"));
         assert_eq!(
@@ -142,17 +269,71 @@ mod tests {
         );
     }
 
+    fn target() -> Target {
+        Target {
+            namespace: "gpuhealth-validation".into(),
+            service_account: "gpuhealth-validation".into(),
+        }
+    }
+
     #[test]
-    fn the_template_namespace_wins() {
-        let t = template(json!({"metadata": {"namespace": "diag"}, "spec": {}}));
-        assert_eq!(namespace(&t, "gpuhealth-system"), "diag");
-        let t = template(json!({"spec": {}}));
-        assert_eq!(namespace(&t, "gpuhealth-system"), "gpuhealth-system");
+    fn every_privileged_field_is_refused_by_name() {
+        let t = template(json!({
+            "metadata": {"namespace": "gpuhealth-system"},
+            "spec": {
+                "hostNetwork": true, "hostPID": true, "hostIPC": true,
+                "serviceAccountName": "gpuhealth-agent", "automountServiceAccountToken": true,
+                "volumes": [{"name": "ok", "emptyDir": {}}, {"name": "root", "hostPath": {"path": "/"}}],
+                "initContainers": [{"name": "i", "securityContext": {"capabilities": {"add": ["SYS_ADMIN"]}}}],
+                "containers": [{
+                    "name": "c",
+                    "securityContext": {"privileged": true, "allowPrivilegeEscalation": true},
+                    "ports": [{"containerPort": 80, "hostPort": 80}],
+                }],
+            },
+        }));
+        let Err(TemplateError::Refused(fields)) = build(&t, "v", &target(), "node") else {
+            panic!("refused");
+        };
+        assert_eq!(
+            fields,
+            [
+                "metadata.namespace",
+                "spec.hostNetwork",
+                "spec.hostPID",
+                "spec.hostIPC",
+                "spec.serviceAccountName",
+                "spec.automountServiceAccountToken",
+                "spec.volumes[1].hostPath",
+                "spec.initContainers[0].securityContext.capabilities.add",
+                "spec.containers[0].securityContext.privileged",
+                "spec.containers[0].securityContext.allowPrivilegeEscalation",
+                "spec.containers[0].ports[0].hostPort",
+            ]
+        );
+        let message = build(&t, "v", &target(), "node")
+            .expect_err("refused")
+            .to_string();
+        assert!(message.contains("spec.hostPID"), "{message}");
+    }
+
+    #[test]
+    fn what_the_template_says_of_itself_within_restricted_is_kept() {
+        let t = template(json!({"spec": {
+            "securityContext": {"runAsUser": 1000, "runAsNonRoot": true},
+            "containers": [{"name": "c", "securityContext": {"capabilities": {"drop": ["ALL"], "add": []}}}],
+        }}));
+        let pod = build(&t, "v", &target(), "node").expect("a pod");
+        let spec = pod.spec.expect("spec");
+        assert_eq!(
+            spec.security_context.and_then(|c| c.run_as_user),
+            Some(1000)
+        );
     }
 
     #[test]
     fn a_template_of_the_wrong_shape_is_an_error_not_a_panic() {
         let t = template(json!({"spec": {"containers": "not a list"}}));
-        assert!(build(&t, "v", "ns", "node").is_err());
+        assert!(build(&t, "v", &target(), "node").is_err());
     }
 }

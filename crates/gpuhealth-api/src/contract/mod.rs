@@ -32,6 +32,9 @@ pub const MAINTENANCE_ANNOTATION: &str = "gpuhealth.io/maintenance";
 /// Node annotation: set in the same write as a cordon by gpuhealth, so that
 /// only a node gpuhealth cordoned is ever uncordoned by it ([`CordonRecord`]).
 pub const CORDONED_BY_ANNOTATION: &str = "gpuhealth.io/cordoned-by";
+/// Break glass: set (to the reason) by an administrator who removed a
+/// request or the cordon record by hand; the operator says so and clears it.
+pub const BREAK_GLASS_ANNOTATION: &str = "gpuhealth.io/break-glass";
 /// Pod annotation: how a pod may be disrupted ([`DisruptionTolerance`]).
 pub const DISRUPTION_TOLERANCE_ANNOTATION: &str = "gpuhealth.io/disruption-tolerance";
 /// Node label: set when a node is handed off for replacement.

@@ -123,6 +123,7 @@ impl World {
                 disrupted_by: Vec::new(),
                 maintenance: None,
                 report_refreshed_at: None,
+                break_glass: None,
             },
             pods,
             disruption_budgets: Vec::new(),
@@ -252,6 +253,7 @@ impl World {
             Action::LabelNode { key, value } => {
                 self.labels.insert(key.clone(), value.clone());
             }
+            Action::ClearBreakGlass => self.node.break_glass = None,
             Action::Event { .. } => {}
         }
     }

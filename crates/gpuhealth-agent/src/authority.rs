@@ -1,0 +1,260 @@
+//! Whether a request on the Node is the operator's: the one the node's
+//! `GpuNodeHealth` records in flight, on a node cordoned for it. Many
+//! identities may patch a Node; only the operator may write a
+//! `GpuNodeHealth`'s status (RBAC), and it records each request there before
+//! writing it to the Node. A request that does not match is refused: a
+//! write by anyone else would bypass drains, budgets and the breaker.
+
+use gpuhealth_api::{
+    GpuNodeHealthStatus, RecoveryAction,
+    contract::{AnnotationValue, CordonRecord, RequestId},
+    node_health::Phase,
+};
+use k8s_openapi::api::core::v1::Node;
+use kube::ResourceExt;
+
+/// Why a request is not carried out.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Refusal {
+    /// No `GpuNodeHealth` for the node, or no status yet.
+    NoRecord,
+    /// The record has no request in flight, or another one.
+    NotInFlight { recorded: Option<String> },
+    /// The record's request is of the other kind, or for other GPUs.
+    Differs(String),
+    /// The node is schedulable: nothing was drained for this request.
+    NotCordoned,
+    /// gpuhealth's cordon record names another incident.
+    CordonedForAnother(String),
+}
+
+impl Refusal {
+    /// A short, stable label for the metric.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Refusal::NoRecord => "NoRecord",
+            Refusal::NotInFlight { .. } => "NotInFlight",
+            Refusal::Differs(_) => "Differs",
+            Refusal::NotCordoned => "NotCordoned",
+            Refusal::CordonedForAnother(_) => "CordonedForAnother",
+        }
+    }
+
+    pub fn message(&self, id: &RequestId) -> String {
+        let why = match self {
+            Refusal::NoRecord => "the node's GpuNodeHealth records no request".to_owned(),
+            Refusal::NotInFlight { recorded: None } => {
+                "the node's GpuNodeHealth records no request in flight".to_owned()
+            }
+            Refusal::NotInFlight {
+                recorded: Some(other),
+            } => format!("the node's GpuNodeHealth records {other} in flight, not this one"),
+            Refusal::Differs(what) => what.clone(),
+            Refusal::NotCordoned => "the node is not cordoned".to_owned(),
+            Refusal::CordonedForAnother(incident) => {
+                format!("gpuhealth cordoned the node for incident {incident}, not this request's")
+            }
+        };
+        format!(
+            "request {id} refused: {why}; only the gpuhealth operator's requests are carried out"
+        )
+    }
+}
+
+/// What the request asks for.
+#[derive(Clone, Copy, Debug)]
+pub enum Asked<'a> {
+    Reset { gpus: &'a [String] },
+    Reboot,
+}
+
+/// `Ok` when `id` is the request `health` records in flight on a node
+/// cordoned for its incident (by gpuhealth, or by someone else before it:
+/// gpuhealth then takes that cordon as its quarantine and writes no record).
+pub fn check(
+    id: &RequestId,
+    asked: Asked<'_>,
+    node: &Node,
+    health: Option<&GpuNodeHealthStatus>,
+) -> Result<(), Refusal> {
+    let health = health.ok_or(Refusal::NoRecord)?;
+    let action = health
+        .action
+        .as_ref()
+        .filter(|a| a.requested_at.is_some() && health.phase == Phase::Remediating);
+    let Some(action) = action.filter(|a| a.id == id.as_str()) else {
+        return Err(Refusal::NotInFlight {
+            recorded: action.map(|a| a.id.clone()),
+        });
+    };
+    match (asked, action.type_) {
+        (Asked::Reset { gpus }, RecoveryAction::GpuReset) if gpus != action.gpus.as_slice() => {
+            return Err(Refusal::Differs(format!(
+                "it names GPUs {gpus:?}, the record {:?}",
+                action.gpus
+            )));
+        }
+        (Asked::Reset { .. }, RecoveryAction::GpuReset)
+        | (Asked::Reboot, RecoveryAction::NodeReboot) => {}
+        (_, recorded) => {
+            return Err(Refusal::Differs(format!(
+                "the record's request in flight is a {recorded:?}"
+            )));
+        }
+    }
+    if !node
+        .spec
+        .as_ref()
+        .and_then(|s| s.unschedulable)
+        .unwrap_or(false)
+    {
+        return Err(Refusal::NotCordoned);
+    }
+    let record = node
+        .annotations()
+        .get(CordonRecord::ANNOTATION)
+        .and_then(|v| CordonRecord::parse(v).ok());
+    match (record, &health.incident) {
+        (Some(r), Some(incident)) if r.incident.as_str() != incident => {
+            Err(Refusal::CordonedForAnother(r.incident.to_string()))
+        }
+        _ => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gpuhealth_api::node_health::ActionStatus;
+    use k8s_openapi::{apimachinery::pkg::apis::meta::v1::Time, jiff::Timestamp};
+    use serde_json::json;
+
+    fn id(s: &str) -> RequestId {
+        s.parse().expect("id")
+    }
+
+    fn node(cordoned: bool, record: Option<&str>) -> Node {
+        let mut annotations = serde_json::Map::new();
+        if let Some(incident) = record {
+            annotations.insert(
+                CordonRecord::ANNOTATION.into(),
+                json!(format!(
+                    r#"{{"incident":"{incident}","at":"2026-12-01T00:00:00Z"}}"#
+                )),
+            );
+        }
+        serde_json::from_value(json!({
+            "metadata": {"name": "n", "annotations": annotations},
+            "spec": {"unschedulable": cordoned},
+        }))
+        .expect("node")
+    }
+
+    fn in_flight(action: RecoveryAction, request: &str) -> GpuNodeHealthStatus {
+        GpuNodeHealthStatus {
+            phase: Phase::Remediating,
+            incident: Some("inc-1".into()),
+            action: Some(ActionStatus {
+                id: request.into(),
+                type_: action,
+                attempt: 1,
+                gpus: vec!["GPU-7".into()],
+                started_at: Time(Timestamp::UNIX_EPOCH),
+                requested_at: Some(Time(Timestamp::UNIX_EPOCH)),
+                deadline: None,
+            }),
+            ..Default::default()
+        }
+    }
+
+    const GPU7: &[String] = &[];
+
+    #[test]
+    fn the_recorded_request_on_a_node_cordoned_for_it_is_carried_out() {
+        let gpus = vec!["GPU-7".to_owned()];
+        let health = in_flight(RecoveryAction::GpuReset, "inc-1-reset-1");
+        let asked = Asked::Reset { gpus: &gpus };
+        for n in [node(true, Some("inc-1")), node(true, None)] {
+            assert_eq!(
+                check(&id("inc-1-reset-1"), asked, &n, Some(&health)),
+                Ok(())
+            );
+        }
+        let health = in_flight(RecoveryAction::NodeReboot, "inc-1-reboot-1");
+        let n = node(true, Some("inc-1"));
+        assert_eq!(
+            check(&id("inc-1-reboot-1"), Asked::Reboot, &n, Some(&health)),
+            Ok(())
+        );
+    }
+
+    #[test]
+    fn anything_else_is_refused_with_its_reason() {
+        let gpus = vec!["GPU-7".to_owned()];
+        let reset = Asked::Reset { gpus: &gpus };
+        let health = in_flight(RecoveryAction::GpuReset, "inc-1-reset-1");
+        let cordoned = node(true, Some("inc-1"));
+        let request = id("inc-1-reset-1");
+        let reason = |r: Result<(), Refusal>| r.expect_err("refused").reason();
+
+        assert_eq!(reason(check(&request, reset, &cordoned, None)), "NoRecord");
+        assert_eq!(
+            reason(check(&id("inc-1-reset-2"), reset, &cordoned, Some(&health))),
+            "NotInFlight"
+        );
+        let mut verifying = health.clone();
+        verifying.phase = Phase::Verifying;
+        assert_eq!(
+            reason(check(&request, reset, &cordoned, Some(&verifying))),
+            "NotInFlight"
+        );
+        assert_eq!(
+            reason(check(&request, Asked::Reboot, &cordoned, Some(&health))),
+            "Differs"
+        );
+        let other = vec!["GPU-0".to_owned()];
+        assert_eq!(
+            reason(check(
+                &request,
+                Asked::Reset { gpus: &other },
+                &cordoned,
+                Some(&health)
+            )),
+            "Differs"
+        );
+        assert_eq!(
+            reason(check(
+                &request,
+                Asked::Reset { gpus: GPU7 },
+                &cordoned,
+                Some(&health)
+            )),
+            "Differs"
+        );
+        assert_eq!(
+            reason(check(
+                &request,
+                reset,
+                &node(false, Some("inc-1")),
+                Some(&health)
+            )),
+            "NotCordoned"
+        );
+        assert_eq!(
+            reason(check(
+                &request,
+                reset,
+                &node(true, Some("inc-0")),
+                Some(&health)
+            )),
+            "CordonedForAnother"
+        );
+        let message = check(&request, reset, &node(false, None), Some(&health))
+            .expect_err("refused")
+            .message(&request);
+        assert!(
+            message.contains("inc-1-reset-1 refused: the node is not cordoned"),
+            "{message}"
+        );
+    }
+}

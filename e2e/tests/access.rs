@@ -1,0 +1,350 @@
+//! Who may write gpuhealth's keys on a Node, with real tokens against the
+//! admission policies and RBAC that `config/` ships: an identity that may
+//! patch Nodes (as many controllers may) cannot ask for a reset or reboot,
+//! touch gpuhealth's cordon record, or write a node's report; the operator
+//! can write its keys and not the agent's; break glass only removes, and
+//! says so. And all of it still holds when kustomize moves the install to
+//! another namespace and renames it.
+
+use std::time::{Duration, Instant};
+
+use gpuhealth_e2e::{
+    client,
+    cluster::client_with_token,
+    identities::{account_with, bind, rule, token},
+    kubectl,
+    scenario::WAIT,
+    sim::{GpuNodeSpec, gpu_node, node_is_ready, remove_node},
+    unique,
+    wait::{until, until_set},
+};
+use k8s_openapi::api::{
+    core::v1::{Node, Pod},
+    rbac::v1::ClusterRoleBinding,
+};
+use kube::{
+    Api, Client,
+    api::{DeleteParams, Patch, PatchParams, PostParams},
+    runtime::watcher,
+};
+use serde_json::{Value, json};
+
+fn annotate(key: &str, value: Option<&str>) -> Value {
+    json!({"metadata": {"annotations": {key: value}}})
+}
+
+/// `Err` with the API server's message when refused.
+async fn patch(client: &Client, node: &str, body: Value) -> Result<(), String> {
+    Api::<Node>::all(client.clone())
+        .patch(node, &PatchParams::default(), &Patch::Merge(body))
+        .await
+        .map(|_| ())
+        .map_err(|e| e.to_string())
+}
+
+async fn patch_status(client: &Client, node: &str, body: Value) -> Result<(), String> {
+    Api::<Node>::all(client.clone())
+        .patch_status(node, &PatchParams::default(), &Patch::Strategic(body))
+        .await
+        .map(|_| ())
+        .map_err(|e| e.to_string())
+}
+
+fn gpu_healthy() -> Value {
+    json!({"status": {"conditions": [{
+        "type": "GpuHealthy", "status": "False", "reason": "Test", "message": "not from an agent",
+        "lastHeartbeatTime": "2026-12-01T00:00:00Z", "lastTransitionTime": "2026-12-01T00:00:00Z",
+    }]}})
+}
+
+/// Admission policies load a moment after they are applied: waits until
+/// `write` is refused.
+async fn refused_once_in_force(client: &Client, node: &str, write: Value) -> String {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        match patch(client, node, write.clone()).await {
+            Err(e) => return e,
+            Ok(()) => {
+                assert!(Instant::now() < deadline, "the policy never took effect");
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+        }
+    }
+}
+
+async fn apply(dir: &str) {
+    let config = format!("{}/../config/{dir}", env!("CARGO_MANIFEST_DIR"));
+    kubectl(&["apply", "--server-side", "-k", &config])
+        .await
+        .unwrap_or_else(|e| panic!("kubectl apply -k config/{dir}: {e}"));
+}
+
+async fn ready_node(admin: &Client, name: &str, labels: &[(&str, &str)]) {
+    let nodes: Api<Node> = Api::all(admin.clone());
+    let mut spec = GpuNodeSpec::default();
+    for (k, v) in labels {
+        spec.labels.insert((*k).into(), (*v).into());
+    }
+    nodes
+        .create(&PostParams::default(), &gpu_node(name, name, &spec))
+        .await
+        .expect("node");
+    until(nodes, name, WAIT, node_is_ready)
+        .await
+        .expect("Ready");
+}
+
+#[tokio::test]
+async fn only_the_operator_asks_and_only_an_agent_reports_whoever_may_patch_nodes() {
+    let admin = client().await.expect("client");
+    let node = unique("keys");
+    ready_node(&admin, &node, &[]).await;
+    for dir in ["namespace", "rbac", "admission"] {
+        apply(dir).await;
+    }
+    let (reset, reboot, cordon) = (
+        "gpuhealth.io/reset-request",
+        "gpuhealth.io/reboot-request",
+        "gpuhealth.io/cordoned-by",
+    );
+
+    // A controller's identity that may patch Nodes and their status.
+    let patcher_name = unique("node-patcher");
+    let patcher = account_with(
+        &admin,
+        "default",
+        &patcher_name,
+        vec![rule("", &["nodes", "nodes/status"], &["get", "patch"])],
+    )
+    .await
+    .expect("a node patcher");
+    let e = refused_once_in_force(&patcher, &node, annotate(reset, Some("{}"))).await;
+    assert!(
+        e.contains("only the gpuhealth operator may write gpuhealth.io/reset-request"),
+        "{e}"
+    );
+    patch(
+        &patcher,
+        &node,
+        json!({"metadata": {"labels": {"team": "ml"}}}),
+    )
+    .await
+    .expect("it may patch Nodes");
+    for key in [reboot, cordon] {
+        let e = patch(&patcher, &node, annotate(key, Some("{}")))
+            .await
+            .expect_err(key);
+        assert!(
+            e.contains(&format!("only the gpuhealth operator may write {key}")),
+            "{e}"
+        );
+    }
+    let e = refused_once_in_force(&patcher, &node, annotate("gpuhealth.io/gpus", Some("{}"))).await;
+    assert!(
+        e.contains("only a node's gpuhealth agent may write gpuhealth.io/gpus"),
+        "{e}"
+    );
+    let e = patch(
+        &patcher,
+        &node,
+        annotate("gpuhealth.io/request-result", Some("{}")),
+    )
+    .await
+    .expect_err("a request result");
+    assert!(e.contains("may write gpuhealth.io/request-result"), "{e}");
+    let e = patch_status(&patcher, &node, gpu_healthy())
+        .await
+        .expect_err("the GpuHealthy condition");
+    assert!(e.contains("may write the GpuHealthy condition"), "{e}");
+    let e = patch(
+        &patcher,
+        &node,
+        annotate("gpuhealth.io/break-glass", Some("why not")),
+    )
+    .await
+    .expect_err("break glass");
+    assert!(e.contains("may write gpuhealth.io/break-glass"), "{e}");
+
+    // The operator's ServiceAccount: its keys, not the agent's.
+    let operator = client_with_token(
+        &token(&admin, "gpuhealth-system", "gpuhealth-operator", None)
+            .await
+            .expect("the operator's token"),
+    )
+    .await
+    .expect("operator client");
+    patch(
+        &operator,
+        &node,
+        json!({"metadata": {"annotations": {reset: "{}", cordon: "{}"}}}),
+    )
+    .await
+    .expect("the operator writes a request and its cordon record");
+    let e = patch(&operator, &node, annotate("gpuhealth.io/gpus", Some("{}")))
+        .await
+        .expect_err("the operator writes a report");
+    assert!(e.contains("only a node's gpuhealth agent"), "{e}");
+    // Nor may the patcher take the operator's away.
+    let e = patch(&patcher, &node, annotate(reset, None))
+        .await
+        .expect_err("removing a request");
+    assert!(e.contains("only the gpuhealth operator may write"), "{e}");
+
+    // Break glass: the shipped role bound to an on-call identity.
+    let on_call_name = unique("on-call");
+    let on_call = account_with(&admin, "default", &on_call_name, vec![])
+        .await
+        .expect("an on-call identity");
+    let glass_binding = format!("{on_call_name}-break-glass");
+    bind(
+        &admin,
+        "default",
+        &on_call_name,
+        "gpuhealth-break-glass",
+        &glass_binding,
+    )
+    .await
+    .expect("break glass bound");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let e = loop {
+        let e = patch(&on_call, &node, annotate(reset, None))
+            .await
+            .expect_err("removing without saying why");
+        if e.contains("break glass may only remove") || Instant::now() > deadline {
+            break e;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
+    assert!(
+        e.contains("with gpuhealth.io/break-glass set to the reason"),
+        "{e}"
+    );
+    let e = patch(&on_call, &node, annotate(reboot, Some("{}")))
+        .await
+        .expect_err("break glass adding a request");
+    assert!(e.contains("break glass may only remove"), "{e}");
+    patch(
+        &on_call,
+        &node,
+        json!({"metadata": {"annotations": {reset: null, "gpuhealth.io/break-glass": "stuck: agent gone"}}}),
+    )
+    .await
+    .expect("break glass clears the request, saying why");
+    // The reason stays until the operator has said so; another write of the
+    // node's requests needs a reason of its own.
+    let e = patch(&on_call, &node, annotate(cordon, None))
+        .await
+        .expect_err("a second removal on the first reason");
+    assert!(e.contains("break glass may only remove"), "{e}");
+    patch(&operator, &node, annotate("gpuhealth.io/break-glass", None))
+        .await
+        .expect("the operator clears the reason");
+
+    let bindings: Api<ClusterRoleBinding> = Api::all(admin.clone());
+    for b in [&patcher_name, &on_call_name, &glass_binding] {
+        let _ = bindings.delete(b, &DeleteParams::default()).await;
+    }
+    remove_node(&admin, &node).await;
+}
+
+/// kustomize's `namespace:` and `nameSuffix:` over the shipped install: the
+/// policies know the operator and the agent by their RBAC, which moves with
+/// them, so a rename neither lets others in nor locks gpuhealth out.
+#[tokio::test]
+async fn the_policies_follow_the_install_into_another_namespace() {
+    let admin = client().await.expect("client");
+    let group = unique("elsewhere");
+    let (own, other) = (format!("{group}-own"), format!("{group}-other"));
+    ready_node(&admin, &own, &[("e2e.gpuhealth.io/elsewhere", &group)]).await;
+    ready_node(&admin, &other, &[]).await;
+    gpuhealth_e2e::sim::gpu_operator_runtime_class(&admin)
+        .await
+        .expect("the nvidia RuntimeClass");
+
+    // The overlay a user would write, with the agent kept to this test's node.
+    let namespace = group.clone();
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../target/e2e-overlays")
+        .join(&group);
+    std::fs::create_dir_all(&dir).expect("overlay dir");
+    let overlay = format!(
+        r#"namespace: {namespace}
+nameSuffix: -moved
+resources:
+  - ../../../config/namespace
+  - ../../../config/rbac
+  - ../../../config/admission
+  - ../../../config/agent/container-toolkit
+patches:
+  - target: {{kind: DaemonSet}}
+    patch: |-
+      - op: replace
+        path: /spec/template/spec/nodeSelector
+        value: {{e2e.gpuhealth.io/elsewhere: "{group}"}}
+"#
+    );
+    std::fs::write(dir.join("kustomization.yaml"), overlay).expect("overlay");
+    let dir = dir.to_string_lossy().into_owned();
+    kubectl(&["apply", "--server-side", "-k", &dir])
+        .await
+        .expect("the moved install");
+
+    // The moved agent's pod on its node, and a token bound to it.
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), &namespace);
+    let on_own = until_set(
+        pods,
+        watcher::Config::default().fields(&format!("spec.nodeName={own}")),
+        "the moved agent's pod on its node",
+        WAIT,
+        |set| !set.is_empty(),
+    )
+    .await
+    .expect("agent pod");
+    let pod = on_own.values().next().expect("pod").clone();
+    let agent = client_with_token(
+        &token(&admin, &namespace, "gpuhealth-agent-moved", Some(&pod))
+            .await
+            .expect("the moved agent's token"),
+    )
+    .await
+    .expect("agent client");
+    let report = annotate("gpuhealth.io/gpus", Some("{\"version\":1}"));
+    let e = refused_once_in_force(&agent, &other, report.clone()).await;
+    assert!(e.contains("only the Node it runs on"), "{e}");
+    patch(&agent, &own, report).await.expect("its own report");
+    let e = patch(
+        &agent,
+        &own,
+        annotate("gpuhealth.io/reset-request", Some("{}")),
+    )
+    .await
+    .expect_err("the moved agent asks for a reset");
+    // Refused by both policies; either may answer first.
+    assert!(
+        e.contains("only the gpuhealth operator may write")
+            || e.contains("the gpuhealth agent may change only"),
+        "{e}"
+    );
+
+    let operator = client_with_token(
+        &token(&admin, &namespace, "gpuhealth-operator-moved", None)
+            .await
+            .expect("the moved operator's token"),
+    )
+    .await
+    .expect("operator client");
+    patch(
+        &operator,
+        &own,
+        annotate("gpuhealth.io/reset-request", Some("{}")),
+    )
+    .await
+    .expect("the moved operator asks for a reset");
+
+    kubectl(&["delete", "-k", &dir, "--wait=false"])
+        .await
+        .expect("remove the moved install");
+    for n in [&own, &other] {
+        remove_node(&admin, n).await;
+    }
+}
