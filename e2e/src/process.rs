@@ -79,7 +79,10 @@ impl Process {
             listener.local_addr().map_err(io)?
         };
         let bin = built(binary);
-        let mut command = Command::new(&bin);
+        let mut command = match binary {
+            "gpuhealth-agent" => confined(&bin).await?,
+            _ => Command::new(&bin),
+        };
         command.env("KUBECONFIG", kubeconfig_path().await?);
         if metrics_flag {
             command.args(["--metrics-addr", &metrics.to_string()]);
@@ -103,6 +106,11 @@ impl Process {
             log,
             metrics,
         })
+    }
+
+    /// What it has logged so far.
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
     /// Its process id, while it runs.
@@ -170,4 +178,31 @@ async fn http_get(addr: SocketAddr, path: &str) -> std::io::Result<(u16, String)
         .and_then(|code| code.parse().ok())
         .ok_or_else(|| std::io::Error::other(format!("no status: {head}")))?;
     Ok((status, body.to_owned()))
+}
+
+/// The agent as its shipped container runs it: root, with only the
+/// capabilities `config/agent/container-toolkit` adds (the bounding set
+/// holds the rest out of reach), and no new privileges. Every e2e test of
+/// the agent runs it so.
+async fn confined(bin: &std::path::Path) -> Result<Command> {
+    static CAPABILITIES: tokio::sync::OnceCell<Vec<String>> = tokio::sync::OnceCell::const_new();
+    let capabilities = CAPABILITIES
+        .get_or_try_init(|| crate::host::shipped_capabilities("container-toolkit"))
+        .await?;
+    let bounding: String = std::iter::once("-all".to_owned())
+        .chain(capabilities.iter().map(|c| format!("+{c}")))
+        .collect::<Vec<_>>()
+        .join(",");
+    let mut command = Command::new("setpriv");
+    command
+        .args([
+            "--no-new-privs",
+            "--inh-caps",
+            "-all",
+            "--bounding-set",
+            &bounding,
+            "--",
+        ])
+        .arg(bin);
+    Ok(command)
 }

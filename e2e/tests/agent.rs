@@ -302,6 +302,54 @@ async fn a_request_is_carried_out_once_and_repeated_or_stale_ones_are_not() {
     remove_node(&client, &node).await;
 }
 
+/// Every agent these tests start runs as the shipped container would: with
+/// exactly the capabilities `config/agent/container-toolkit` adds, and no
+/// way to gain more.
+#[tokio::test]
+async fn the_agent_runs_with_only_the_capabilities_its_manifest_adds() {
+    let (client, node, state) = node("agent-caps").await;
+    let agent = node_agent::start(&format!("{node}-agent"), &node, &state, None)
+        .await
+        .expect("agent");
+    // Past setpriv's exec: serving the node.
+    until(Api::<Node>::all(client.clone()), &node, WAIT, |n| {
+        report(n).is_some()
+    })
+    .await
+    .expect("a report");
+    let pid = agent.pid().expect("running");
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("its status");
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .map(|v| v.trim().to_owned())
+            .unwrap_or_default()
+    };
+    let shipped = gpuhealth_e2e::host::shipped_capabilities("container-toolkit")
+        .await
+        .expect("the shipped capabilities");
+    // Their numbers in linux/capability.h.
+    let number = |name: &str| match name {
+        "sys_ptrace" => 19,
+        "sys_admin" => 21,
+        "sys_boot" => 22,
+        "syslog" => 34,
+        other => panic!("a capability this test does not know: {other}"),
+    };
+    let expected: u64 = shipped.iter().map(|c| 1u64 << number(c)).sum();
+    for set in ["CapEff:", "CapPrm:", "CapBnd:"] {
+        let have = u64::from_str_radix(&field(set), 16).expect("a capability set");
+        assert_eq!(
+            have, expected,
+            "{set} {have:x}, shipped {shipped:?} = {expected:x}"
+        );
+    }
+    assert_eq!(field("NoNewPrivs:"), "1");
+    drop(agent);
+    remove_node(&client, &node).await;
+}
+
 /// A request written to the Node by anyone but the operator (here the
 /// cluster's admin, whom admission lets through) is not carried out: the
 /// agent refuses what the node's `GpuNodeHealth` does not record in flight
@@ -470,6 +518,46 @@ async fn an_agent_restarted_mid_request_never_carries_it_out_twice() {
         Some(vec!["inc-3-reset-1".to_owned()]),
         "the interrupted request was not carried out afterwards"
     );
+    remove_node(&client, &node).await;
+}
+
+/// Where the kernel log cannot be opened (as `/dev/kmsg` cannot in a
+/// container that is not privileged), the agent reads the kernel's ring
+/// buffer through syslog(2) with the CAP_SYSLOG its manifest gives it.
+#[tokio::test]
+async fn a_kernel_log_it_may_not_open_is_read_through_syslog() {
+    use std::os::unix::fs::PermissionsExt;
+    let (client, node, state) = node("agent-syslog").await;
+    let kmsg = state.with_extension("kmsg");
+    std::fs::write(&kmsg, "").expect("kernel log");
+    // No one may open it: not even root without CAP_DAC_OVERRIDE, which
+    // the agent does not have.
+    std::fs::set_permissions(&kmsg, std::fs::Permissions::from_mode(0o000)).expect("chmod");
+    let kmsg_arg = kmsg.display().to_string();
+    let args = ["--backend", "kmsg", "--kmsg-path", kmsg_arg.as_str()];
+    let mut agent = node_agent::start_with(&format!("{node}-agent"), &node, &state, None, &args)
+        .await
+        .expect("agent");
+    if gpuhealth_klog::read_all(&mut Vec::new()).is_ok() {
+        until(Api::<Node>::all(client.clone()), &node, WAIT, |n| {
+            report(n).is_some_and(|r| r.source.as_deref() == Some("gpuhealth-agent/kmsg"))
+        })
+        .await
+        .expect("a report from the ring buffer");
+        let log = agent.log_text();
+        assert!(
+            log.contains("following the kernel log through=\"syslog(2)\""),
+            "{log}"
+        );
+    } else {
+        // This machine forbids syslog(2) even to root: the agent says both.
+        agent.exited(WAIT).await.expect("it stops");
+        let log = agent.log_text();
+        assert!(
+            log.contains("syslog(2)") && log.contains("ermission denied"),
+            "{log}"
+        );
+    }
     remove_node(&client, &node).await;
 }
 

@@ -191,3 +191,116 @@ async fn the_driver_root_overlay_mounts_the_driver_read_only_and_finds_it() {
     // Without the NVIDIA runtime, the device nodes come from the host's /dev.
     assert_eq!(c.security_context.and_then(|s| s.privileged), Some(true));
 }
+
+#[tokio::test]
+async fn the_default_agent_is_not_privileged_and_adds_back_only_what_it_needs() {
+    let ds = daemonset("container-toolkit").await;
+    let context = agent(&ds).security_context.expect("a security context");
+    assert_eq!(context.privileged, Some(false));
+    assert_eq!(context.allow_privilege_escalation, Some(false));
+    assert_eq!(context.read_only_root_filesystem, Some(true));
+    let capabilities = context.capabilities.expect("capabilities");
+    assert_eq!(capabilities.drop, Some(vec!["ALL".to_owned()]));
+    let mut added = capabilities.add.unwrap_or_default();
+    added.sort();
+    assert_eq!(added, ["SYSLOG", "SYS_ADMIN", "SYS_BOOT", "SYS_PTRACE"]);
+    // The table of what each is for.
+    let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/security.md"))
+        .expect("docs/security.md");
+    for c in &added {
+        assert!(
+            doc.contains(&format!("`CAP_{c}`")),
+            "docs/security.md says what {c} is for"
+        );
+    }
+}
+
+/// Every object `config/default` installs, as `kubectl kustomize` builds them.
+async fn default_install() -> Vec<serde_json::Value> {
+    let dir = format!("{}/../config/default", env!("CARGO_MANIFEST_DIR"));
+    let built = kubectl(&["kustomize", &dir]).await.expect("kustomize");
+    serde_yaml::Deserializer::from_str(&built)
+        .map(|doc| serde_json::Value::deserialize(doc).expect("YAML"))
+        .collect()
+}
+
+fn find<'a>(all: &'a [serde_json::Value], kind: &str, name: &str) -> &'a serde_json::Value {
+    all.iter()
+        .find(|o| o["kind"] == kind && o["metadata"]["name"] == name)
+        .unwrap_or_else(|| panic!("config/default installs no {kind} {name}"))
+}
+
+#[tokio::test]
+async fn the_default_install_holds_the_policies_and_a_restricted_place_for_validation_pods() {
+    let all = default_install().await;
+    for policy in [
+        "gpuhealth-operator-keys",
+        "gpuhealth-agent-keys",
+        "gpuhealth-agent-own-node",
+    ] {
+        find(&all, "ValidatingAdmissionPolicy", policy);
+        let binding = find(&all, "ValidatingAdmissionPolicyBinding", policy);
+        assert_eq!(binding["spec"]["policyName"], policy);
+        assert_eq!(
+            binding["spec"]["validationActions"],
+            serde_json::json!(["Deny"])
+        );
+    }
+    // Break glass is shipped, and bound to no one.
+    find(&all, "ClusterRole", "gpuhealth-break-glass");
+    assert!(
+        !all.iter()
+            .any(|o| o["roleRef"]["name"] == "gpuhealth-break-glass"),
+        "the break-glass role is bound"
+    );
+
+    let namespace = find(&all, "Namespace", "gpuhealth-validation");
+    assert_eq!(
+        namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"],
+        "restricted"
+    );
+    let account = find(&all, "ServiceAccount", "gpuhealth-validation");
+    assert_eq!(account["automountServiceAccountToken"], false);
+    assert!(
+        !all.iter().any(|o| o["kind"] == "RoleBinding"
+            && o["roleRef"]["name"].as_str().is_some()
+            && o["subjects"][0]["name"] == "gpuhealth-validation"),
+        "the validation ServiceAccount has no permissions"
+    );
+    // The operator may create pods there and nowhere else.
+    let creators: Vec<String> = all
+        .iter()
+        .filter(|o| o["kind"] == "Role" || o["kind"] == "ClusterRole")
+        .filter(|o| {
+            o["rules"].as_array().into_iter().flatten().any(|r| {
+                r["resources"]
+                    .as_array()
+                    .is_some_and(|rs| rs.iter().any(|x| x == "pods"))
+                    && r["verbs"]
+                        .as_array()
+                        .is_some_and(|vs| vs.iter().any(|v| v == "create"))
+            })
+        })
+        .map(|o| {
+            let m = &o["metadata"];
+            format!(
+                "{}/{}",
+                m["namespace"].as_str().unwrap_or(""),
+                m["name"].as_str().unwrap_or("")
+            )
+        })
+        .collect();
+    assert_eq!(
+        creators,
+        ["gpuhealth-validation/gpuhealth-operator-validation"],
+        "who may create pods"
+    );
+    let operator = find(&all, "Deployment", "gpuhealth-operator");
+    let args = &operator["spec"]["template"]["spec"]["containers"][0]["args"];
+    assert!(
+        args.as_array().is_some_and(|a| a
+            .iter()
+            .any(|x| x == "--validation-namespace=gpuhealth-validation")),
+        "{args}"
+    );
+}

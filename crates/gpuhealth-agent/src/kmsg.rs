@@ -411,6 +411,95 @@ pub fn follow(
     Ok(())
 }
 
+/// Where in the ring buffer [`follow_syslog`] has read to: the last
+/// timestamp taken, and how many lines with it.
+#[derive(Debug, Default)]
+struct Cursor {
+    last: Option<u64>,
+    at_last: usize,
+}
+
+/// One `syslog(2)` line, `<PRIORITY>[SECONDS.MICROS] MESSAGE`, as the
+/// `/dev/kmsg` record the rest of this module reads; `None` without a
+/// timestamp (`printk.time=0`), which could not be told from a repeat.
+fn syslog_record(line: &str) -> Option<(u64, String)> {
+    let (priority, rest) = line.strip_prefix('<')?.split_once('>')?;
+    let (stamp, message) = rest.strip_prefix('[')?.split_once(']')?;
+    let (secs, micros) = stamp.trim().split_once('.')?;
+    let us = secs.parse::<u64>().ok()?.checked_mul(1_000_000)? + micros.parse::<u64>().ok()?;
+    let priority: u32 = priority.parse().ok()?;
+    let message = message.strip_prefix(' ').unwrap_or(message);
+    Some((us, format!("{priority},0,{us},-;{message}")))
+}
+
+/// The records in a read of the whole buffer that `cursor` has not taken
+/// yet, oldest first; moves the cursor past them.
+fn unread(buffer: &str, cursor: &mut Cursor) -> Vec<(u64, String)> {
+    let mut out = Vec::new();
+    let mut same = 0;
+    let mut last = cursor.last;
+    for (us, record) in buffer.lines().filter_map(syslog_record) {
+        same = if Some(us) == last { same + 1 } else { 1 };
+        last = Some(us);
+        let new = match cursor.last {
+            None => true,
+            Some(seen) => us > seen || (us == seen && same > cursor.at_last),
+        };
+        if new {
+            out.push((us, record));
+        }
+    }
+    if let Some((us, _)) = out.last() {
+        let taken_at_last = out.iter().filter(|(u, _)| u == us).count();
+        cursor.at_last = if cursor.last == Some(*us) {
+            cursor.at_last + taken_at_last
+        } else {
+            taken_at_last
+        };
+        cursor.last = Some(*us);
+    }
+    out
+}
+
+/// Follows the kernel log through `syslog(2)`, for where `/dev/kmsg` cannot
+/// be opened: a container that is not privileged may not open the device
+/// (its device cgroup says no), but with CAP_SYSLOG it may read the ring
+/// buffer. Read whole each second; each line goes to `lines` once, the
+/// buffer's earlier lines first, as `/dev/kmsg` replays them.
+pub fn follow_syslog(
+    lines: std::sync::mpsc::SyncSender<(String, Timestamp)>,
+) -> std::io::Result<()> {
+    let mut buffer = Vec::new();
+    // Fails here, not in the thread, without CAP_SYSLOG.
+    let first = gpuhealth_klog::read_all(&mut buffer)?;
+    let boot = boot_time();
+    std::thread::spawn(move || {
+        let mut cursor = Cursor::default();
+        let mut text = first;
+        loop {
+            for (us, record) in unread(&text, &mut cursor) {
+                let at = boot
+                    .and_then(|b| b.checked_add(SignedDuration::from_micros(us as i64)).ok())
+                    .unwrap_or_else(Timestamp::now);
+                let mut record = record;
+                record.truncate(MAX_LINE);
+                if lines.send((record, at)).is_err() {
+                    return;
+                }
+            }
+            std::thread::sleep(std::time::Duration::from_secs(1));
+            text = match gpuhealth_klog::read_all(&mut buffer) {
+                Ok(t) => t,
+                Err(e) => {
+                    tracing::warn!(error = %e, "reading the kernel log through syslog(2) stopped");
+                    return;
+                }
+            };
+        }
+    });
+    Ok(())
+}
+
 /// The Xids as they arrive, from the kernel log and NVML's events, and a
 /// signal each time one does, so the agent publishes at once rather than at
 /// its next poll.
@@ -431,10 +520,21 @@ impl Feed {
         }
     }
 
-    /// Follows the kernel log at `path`.
-    pub fn follow(&self, path: PathBuf) -> std::io::Result<()> {
+    /// Follows the kernel log at `path`, or, where that may not be opened
+    /// (`/dev/kmsg` in a container that is not privileged), through
+    /// `syslog(2)`; says which.
+    pub fn follow(&self, path: PathBuf) -> std::io::Result<&'static str> {
         let (tx, rx) = std::sync::mpsc::sync_channel::<(String, Timestamp)>(LINES_QUEUED);
-        follow(path, tx)?;
+        let how = match follow(path.clone(), tx.clone()) {
+            Ok(()) => "the file",
+            Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
+                follow_syslog(tx).map_err(|s| {
+                    std::io::Error::other(format!("{}: {e}; syslog(2): {s}", path.display()))
+                })?;
+                "syslog(2)"
+            }
+            Err(e) => return Err(e),
+        };
         let feed = self.clone();
         std::thread::spawn(move || {
             for (line, at) in rx {
@@ -444,7 +544,7 @@ impl Feed {
                 }
             }
         });
-        Ok(())
+        Ok(how)
     }
 
     /// An Xid from NVML's event set, for the GPU at `pci_bus_id`.
@@ -498,6 +598,38 @@ mod tests {
         bus: 0xe1,
         device: 0,
     };
+
+    #[test]
+    fn syslog_lines_are_read_as_kmsg_records_each_once() {
+        let first = "<6>[    5.000001] boot\n<4>[  100.250000] NVRM: Xid (PCI:0000:e1:00): 154, GPU recovery action changed from 0x0 (None) to 0x1 (GPU Reset Required)\n<6>[  100.250000] twin\n";
+        let mut cursor = Cursor::default();
+        let read = unread(first, &mut cursor);
+        assert_eq!(read.len(), 3);
+        assert_eq!(read[1].0, 100_250_000);
+        assert!(
+            read[1]
+                .1
+                .starts_with("4,0,100250000,-;NVRM: Xid (PCI:0000:e1:00): 154")
+        );
+        assert!(matches!(parse_line(&read[1].1), Some(KernelEvent::Xid(x)) if x.code == 154));
+        // Read again with one more line: only that one, though it shares
+        // the last one's time.
+        let second = format!(
+            "{first}<6>[  100.250000] third at that time\n<6>[  101.000000] later\nno time\n"
+        );
+        let read = unread(&second, &mut cursor);
+        let said: Vec<&str> = read
+            .iter()
+            .map(|(_, r)| r.split_once(';').map_or("", |(_, m)| m))
+            .collect();
+        assert_eq!(said, ["third at that time", "later"]);
+        assert!(unread(&second, &mut cursor).is_empty(), "nothing twice");
+        // The buffer wrapped: its oldest lines are gone, the rest are known.
+        let wrapped = "<6>[  101.000000] later\n<6>[  102.000000] newest\n";
+        let read = unread(wrapped, &mut cursor);
+        assert_eq!(read.len(), 1);
+        assert!(read[0].1.ends_with(";newest"));
+    }
 
     #[test]
     fn the_incident_lines_from_dmesg() {

@@ -34,7 +34,7 @@ use gpuhealth_agent::{
 use gpuhealth_api::contract::{AnnotationValue, GpuReport};
 use gpuhealth_http::api_requests::CountRequests;
 use k8s_openapi::{apimachinery::pkg::apis::meta::v1::Time, jiff::Timestamp};
-use tracing::{error, warn};
+use tracing::{error, info, warn};
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
 enum Backend {
@@ -247,8 +247,10 @@ async fn serve(args: Args) -> Result<(), String> {
         }
         Backend::Kmsg => {
             let feed = Feed::new(metrics.xids.clone());
-            feed.follow(args.kmsg_path.clone())
+            let how = feed
+                .follow(args.kmsg_path.clone())
                 .map_err(|e| format!("following {}: {e}", args.kmsg_path.display()))?;
+            info!(through = how, "following the kernel log");
             let wake = feed.wake.clone();
             let backend = KmsgBackend {
                 kernel_log: feed,
@@ -263,8 +265,11 @@ async fn serve(args: Args) -> Result<(), String> {
         }
         Backend::Nvml => {
             let feed = Feed::new(metrics.xids.clone());
-            if let Err(e) = feed.follow(args.kmsg_path.clone()) {
-                warn!(path = %args.kmsg_path.display(), error = %e, "cannot follow the kernel log: Xids from before NVML's events are missed");
+            match feed.follow(args.kmsg_path.clone()) {
+                Ok(how) => info!(through = how, "following the kernel log"),
+                Err(e) => {
+                    warn!(path = %args.kmsg_path.display(), error = %e, "cannot follow the kernel log: Xids from before NVML's events are missed")
+                }
             }
             let wake = feed.wake.clone();
             let events = feed.clone();
