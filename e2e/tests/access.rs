@@ -348,3 +348,123 @@ patches:
         remove_node(&admin, n).await;
     }
 }
+
+/// Break glass with the real operator: a reset request nobody answers is
+/// removed by an on-call identity holding the shipped role, with a reason.
+/// The operator abandons the attempt (never re-issued), leaves the node
+/// Failed and cordoned, and makes the use visible: an Event with the reason,
+/// and `gpuhealth_findings_total{finding="BreakGlass"}`.
+#[tokio::test]
+async fn break_glass_clears_a_stuck_request_and_is_seen() {
+    use gpuhealth_api::node_health::Phase;
+    use gpuhealth_e2e::{operator, scenario::Scenario};
+
+    let admin = client().await.expect("client");
+    apply("admission").await;
+    let mut s = Scenario::new("glass", 1, Scenario::quick_spec())
+        .await
+        .expect("scenario");
+    let node = s.nodes[0].clone();
+    // No agent: the request stays unanswered.
+    s.operator = Some(
+        operator::start_with(&format!("operator-{}", s.group), s.operator_options.clone())
+            .await
+            .expect("operator"),
+    );
+    s.wait_taken_in().await.expect("taken in");
+    s.break_gpu(&node, 7).await.expect("break");
+    let nodes: Api<Node> = Api::all(admin.clone());
+    let reset = "gpuhealth.io/reset-request";
+    until(nodes.clone(), &node, WAIT, |n| {
+        n.metadata
+            .annotations
+            .as_ref()
+            .is_some_and(|a| a.contains_key(reset))
+    })
+    .await
+    .expect("a reset request on the node");
+
+    let on_call_name = unique("on-call");
+    let on_call = account_with(&admin, "default", &on_call_name, vec![])
+        .await
+        .expect("an on-call identity");
+    let glass_binding = format!("{on_call_name}-break-glass");
+    bind(
+        &admin,
+        "default",
+        &on_call_name,
+        "gpuhealth-break-glass",
+        &glass_binding,
+    )
+    .await
+    .expect("break glass bound");
+    let clear = json!({"metadata": {"annotations": {
+        reset: null, "gpuhealth.io/break-glass": "agent gone, node to be reimaged",
+    }}});
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while let Err(e) = patch(&on_call, &node, clear.clone()).await {
+        assert!(Instant::now() < deadline, "break glass refused: {e}");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+
+    let status = s
+        .wait_status(&node, "Failed by break glass", |st| {
+            st.phase == Phase::Failed && st.reason.as_deref() == Some("BreakGlass")
+        })
+        .await
+        .expect("Failed, BreakGlass");
+    assert!(
+        status
+            .message
+            .as_deref()
+            .unwrap_or_default()
+            .contains("agent gone"),
+        "{status:?}"
+    );
+    s.wait_event_saying(&node, "BreakGlass", "agent gone, node to be reimaged")
+        .await
+        .expect("the Event");
+    let n = until(nodes.clone(), &node, WAIT, |n| {
+        !n.metadata
+            .annotations
+            .as_ref()
+            .is_some_and(|a| a.contains_key("gpuhealth.io/break-glass"))
+    })
+    .await
+    .expect("the reason removed once recorded");
+    assert!(
+        n.spec.as_ref().and_then(|s| s.unschedulable) == Some(true),
+        "left cordoned"
+    );
+    let metrics = s
+        .operator
+        .as_ref()
+        .expect("operator")
+        .scrape()
+        .await
+        .expect("metrics");
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("gpuhealth_findings_total")
+                && l.contains("finding=\"BreakGlass\"")
+                && !l.ends_with(" 0")),
+        "{metrics}"
+    );
+    // Past the time a missing request would be written again: it is not.
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    let n = nodes.get(&node).await.expect("node");
+    assert!(
+        !n.metadata
+            .annotations
+            .unwrap_or_default()
+            .contains_key(reset),
+        "the abandoned request was written again"
+    );
+    let _ = Api::<ClusterRoleBinding>::all(admin.clone())
+        .delete(&glass_binding, &DeleteParams::default())
+        .await;
+    let _ = Api::<ClusterRoleBinding>::all(admin.clone())
+        .delete(&on_call_name, &DeleteParams::default())
+        .await;
+}

@@ -280,19 +280,24 @@ async fn install_run_the_incident_on_the_operators_own_rights_and_uninstall() {
             .delete(&pods[0], &DeleteParams::default())
             .await,
     );
-    refused(
-        "creating a pod outside its namespace",
-        Api::<Pod>::namespaced(sa.clone(), &s.namespace)
-            .create(
-                &PostParams::default(),
-                &serde_json::from_value(json!({
-                    "metadata": {"name": "not-allowed"},
-                    "spec": {"containers": [{"name": "c", "image": "x"}]},
-                }))
-                .expect("pod"),
-            )
-            .await,
-    );
+    // Pods only where validation pods run: not a workload's namespace, not
+    // its own (where the agent's ServiceAccount is).
+    for namespace in [s.namespace.as_str(), NAMESPACE] {
+        refused(
+            &format!("creating a pod in {namespace}"),
+            Api::<Pod>::namespaced(sa.clone(), namespace)
+                .create(
+                    &PostParams::default(),
+                    &serde_json::from_value(json!({
+                        "metadata": {"name": "not-allowed"},
+                        "spec": {"serviceAccountName": "gpuhealth-agent",
+                                 "containers": [{"name": "c", "image": "x"}]},
+                    }))
+                    .expect("pod"),
+                )
+                .await,
+        );
+    }
 
     // Uninstall: stop the operator process, then delete what was applied.
     if let Some(mut operator) = s.operator.take() {
@@ -306,4 +311,111 @@ async fn install_run_the_incident_on_the_operators_own_rights_and_uninstall() {
         .expect("kubectl get -k config/default");
     assert!(left.trim().is_empty(), "left behind:\n{left}");
     let _ = nodes.delete(&cpu, &DeleteParams::default()).await;
+}
+
+/// The same install moved by kustomize (`namespace:` and `nameSuffix:` over
+/// the shipped bases, as a user's overlay would): the operator, on its moved
+/// ServiceAccount's own token, takes a node through the incident with the
+/// admission policies in force, refused nothing; then it all goes.
+#[tokio::test]
+async fn the_install_moved_to_another_namespace_still_remediates() {
+    let admin = client().await.expect("client");
+    let mut s = Scenario::new("moved", 1, Scenario::quick_spec())
+        .await
+        .expect("scenario");
+    let node = s.nodes[0].clone();
+    gpu_operator_runtime_class(&admin)
+        .await
+        .expect("the nvidia RuntimeClass");
+    let namespace = format!("{}-system", s.group);
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../target/e2e-overlays")
+        .join(&s.group);
+    std::fs::create_dir_all(&dir).expect("overlay dir");
+    // The agent's DaemonSet kept to this scenario's node; the operator's
+    // Deployment scaled to none (its process runs below, as in the test above).
+    let overlay = format!(
+        r#"namespace: {namespace}
+nameSuffix: -moved
+resources:
+  - ../../../config/namespace
+  - ../../../config/rbac
+  - ../../../config/admission
+  - ../../../config/operator
+  - ../../../config/agent/container-toolkit
+patches:
+  - target: {{kind: DaemonSet}}
+    patch: |-
+      - op: replace
+        path: /spec/template/spec/nodeSelector
+        value: {{kubernetes.io/hostname: "{node}"}}
+  - target: {{kind: Deployment}}
+    patch: |-
+      - op: replace
+        path: /spec/replicas
+        value: 0
+"#
+    );
+    std::fs::write(dir.join("kustomization.yaml"), overlay).expect("overlay");
+    let dir = dir.to_string_lossy().into_owned();
+    kubectl(&["apply", "--server-side", "-k", &dir])
+        .await
+        .expect("the moved install");
+
+    let request = TokenRequest {
+        spec: Some(TokenRequestSpec {
+            audiences: None,
+            bound_object_ref: None,
+            expiration_seconds: Some(3600),
+        }),
+        ..Default::default()
+    };
+    let answer: TokenRequest = Api::<ServiceAccount>::namespaced(admin.clone(), &namespace)
+        .create_subresource(
+            "token",
+            "gpuhealth-operator-moved",
+            &PostParams::default(),
+            &request,
+        )
+        .await
+        .expect("a token for the moved operator");
+    let token = answer.status.and_then(|s| s.token).expect("the token");
+    s.start_agent();
+    let kubeconfig = std::env::temp_dir().join(format!("{}-operator.kubeconfig", s.group));
+    let kubeconfig = kubeconfig_with_token(&token, &kubeconfig)
+        .await
+        .expect("kubeconfig");
+    s.operator = Some(
+        operator::start_with(
+            &format!("{}-operator", s.group),
+            Options {
+                kubeconfig: Some(kubeconfig),
+                namespace: Some(namespace.clone()),
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("operator"),
+    );
+    s.wait_taken_in().await.expect("taken in");
+    s.break_gpu(&node, 7).await.expect("break");
+    s.wait_recovered(&node)
+        .await
+        .expect("recovered as the moved ServiceAccount");
+    let log = s
+        .operator
+        .as_ref()
+        .map(|o| std::fs::read_to_string(&o.log).unwrap_or_default())
+        .unwrap_or_default();
+    assert!(
+        !log.contains("forbidden") && !log.contains("Forbidden") && !log.contains("denied request"),
+        "the moved operator was refused something it needs:\n{log}"
+    );
+
+    if let Some(mut operator) = s.operator.take() {
+        operator.kill().await;
+    }
+    kubectl(&["delete", "-k", &dir, "--wait", "--timeout=240s"])
+        .await
+        .expect("remove the moved install");
 }
