@@ -4,7 +4,7 @@
 
 use gpuhealth_api::{
     GpuNodeHealth, GpuNodeHealthSpec, RecoveryAction,
-    contract::{AnnotationValue, CordonRecord},
+    contract::{AnnotationValue, CordonRecord, RESET_REQUEST_ANNOTATION, ResetRequest},
 };
 use k8s_openapi::{apimachinery::pkg::apis::meta::v1::Time, jiff::Timestamp};
 use kube::{
@@ -58,6 +58,38 @@ pub async fn record(
         "spec": {"unschedulable": true},
         "metadata": {"annotations": {CordonRecord::ANNOTATION: cordon.to_annotation()}},
     });
+    Api::<k8s_openapi::api::core::v1::Node>::all(client.clone())
+        .patch(node, &PatchParams::default(), &Patch::Merge(patch))
+        .await?;
+    Ok(())
+}
+
+/// A reset request as the operator makes it: recorded in flight first,
+/// then written to the Node.
+pub async fn request_reset(
+    client: &Client,
+    node: &str,
+    id: &str,
+    gpu: &str,
+    at: Timestamp,
+) -> crate::Result<()> {
+    record(
+        client,
+        node,
+        RecoveryAction::GpuReset,
+        id,
+        &[gpu.to_owned()],
+    )
+    .await?;
+    let request = ResetRequest {
+        id: id
+            .parse()
+            .map_err(|e| crate::HarnessError::Invalid(format!("request id {id}: {e}")))?,
+        gpus: vec![gpu.to_owned()],
+        requested_at: Time(at),
+    };
+    let patch =
+        json!({"metadata": {"annotations": {RESET_REQUEST_ANNOTATION: request.to_annotation()}}});
     Api::<k8s_openapi::api::core::v1::Node>::all(client.clone())
         .patch(node, &PatchParams::default(), &Patch::Merge(patch))
         .await?;

@@ -16,6 +16,7 @@ pub mod kubelet;
 pub mod names;
 pub mod node_agent;
 pub mod operator;
+pub mod overlay;
 pub mod plugin;
 pub mod process;
 pub mod proxy;

@@ -12,7 +12,7 @@ use gpuhealth_e2e::{
     client,
     cluster::client_with_token,
     identities::{account_with, bind, rule, token},
-    kubectl,
+    kubectl, overlay,
     scenario::WAIT,
     sim::{GpuNodeSpec, gpu_node, node_is_ready, remove_node},
     unique,
@@ -77,6 +77,20 @@ async fn apply(dir: &str) {
     kubectl(&["apply", "--server-side", "-k", &config])
         .await
         .unwrap_or_else(|e| panic!("kubectl apply -k config/{dir}: {e}"));
+}
+
+/// An on-call identity holding the shipped break-glass role, and the
+/// bindings to remove afterwards.
+async fn on_call(admin: &Client) -> (Client, [String; 2]) {
+    let name = unique("on-call");
+    let client = account_with(admin, "default", &name, vec![])
+        .await
+        .expect("an on-call identity");
+    let binding = format!("{name}-break-glass");
+    bind(admin, "default", &name, "gpuhealth-break-glass", &binding)
+        .await
+        .expect("break glass bound");
+    (client, [name, binding])
 }
 
 async fn ready_node(admin: &Client, name: &str, labels: &[(&str, &str)]) {
@@ -191,20 +205,7 @@ async fn only_the_operator_asks_and_only_an_agent_reports_whoever_may_patch_node
     assert!(e.contains("only the gpuhealth operator may write"), "{e}");
 
     // Break glass: the shipped role bound to an on-call identity.
-    let on_call_name = unique("on-call");
-    let on_call = account_with(&admin, "default", &on_call_name, vec![])
-        .await
-        .expect("an on-call identity");
-    let glass_binding = format!("{on_call_name}-break-glass");
-    bind(
-        &admin,
-        "default",
-        &on_call_name,
-        "gpuhealth-break-glass",
-        &glass_binding,
-    )
-    .await
-    .expect("break glass bound");
+    let (on_call, on_call_bindings) = on_call(&admin).await;
     let deadline = Instant::now() + Duration::from_secs(30);
     let e = loop {
         let e = patch(&on_call, &node, annotate(reset, None))
@@ -241,7 +242,7 @@ async fn only_the_operator_asks_and_only_an_agent_reports_whoever_may_patch_node
         .expect("the operator clears the reason");
 
     let bindings: Api<ClusterRoleBinding> = Api::all(admin.clone());
-    for b in [&patcher_name, &on_call_name, &glass_binding] {
+    for b in on_call_bindings.iter().chain([&patcher_name]) {
         let _ = bindings.delete(b, &DeleteParams::default()).await;
     }
     remove_node(&admin, &node).await;
@@ -263,11 +264,7 @@ async fn the_policies_follow_the_install_into_another_namespace() {
 
     // The overlay a user would write, with the agent kept to this test's node.
     let namespace = group.clone();
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../target/e2e-overlays")
-        .join(&group);
-    std::fs::create_dir_all(&dir).expect("overlay dir");
-    let overlay = format!(
+    let kustomization = format!(
         r#"namespace: {namespace}
 nameSuffix: -moved
 resources:
@@ -283,8 +280,7 @@ patches:
         value: {{e2e.gpuhealth.io/elsewhere: "{group}"}}
 "#
     );
-    std::fs::write(dir.join("kustomization.yaml"), overlay).expect("overlay");
-    let dir = dir.to_string_lossy().into_owned();
+    let dir = overlay::write(&group, &kustomization).expect("the overlay");
     kubectl(&["apply", "--server-side", "-k", &dir])
         .await
         .expect("the moved install");
@@ -384,20 +380,7 @@ async fn break_glass_clears_a_stuck_request_and_is_seen() {
     .await
     .expect("a reset request on the node");
 
-    let on_call_name = unique("on-call");
-    let on_call = account_with(&admin, "default", &on_call_name, vec![])
-        .await
-        .expect("an on-call identity");
-    let glass_binding = format!("{on_call_name}-break-glass");
-    bind(
-        &admin,
-        "default",
-        &on_call_name,
-        "gpuhealth-break-glass",
-        &glass_binding,
-    )
-    .await
-    .expect("break glass bound");
+    let (on_call, on_call_bindings) = on_call(&admin).await;
     let clear = json!({"metadata": {"annotations": {
         reset: null, "gpuhealth.io/break-glass": "agent gone, node to be reimaged",
     }}});
@@ -461,10 +444,8 @@ async fn break_glass_clears_a_stuck_request_and_is_seen() {
             .contains_key(reset),
         "the abandoned request was written again"
     );
-    let _ = Api::<ClusterRoleBinding>::all(admin.clone())
-        .delete(&glass_binding, &DeleteParams::default())
-        .await;
-    let _ = Api::<ClusterRoleBinding>::all(admin.clone())
-        .delete(&on_call_name, &DeleteParams::default())
-        .await;
+    let bindings: Api<ClusterRoleBinding> = Api::all(admin.clone());
+    for b in &on_call_bindings {
+        let _ = bindings.delete(b, &DeleteParams::default()).await;
+    }
 }

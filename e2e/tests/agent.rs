@@ -102,28 +102,10 @@ fn gpu_healthy_condition(n: &Node) -> Option<String> {
         .map(|c| c.status.clone())
 }
 
-/// A reset request as the operator makes it: recorded in flight first.
 async fn request_reset(client: &Client, node: &str, id: &str, gpu: &str, at: Timestamp) {
-    in_flight::record(
-        client,
-        node,
-        RecoveryAction::GpuReset,
-        id,
-        &[gpu.to_owned()],
-    )
-    .await
-    .expect("recorded in flight");
-    let request = ResetRequest {
-        id: id.parse().expect("id"),
-        gpus: vec![gpu.to_owned()],
-        requested_at: Time(at),
-    };
-    let patch =
-        json!({"metadata": {"annotations": {RESET_REQUEST_ANNOTATION: request.to_annotation()}}});
-    Api::<Node>::all(client.clone())
-        .patch(node, &PatchParams::default(), &Patch::Merge(patch))
+    in_flight::request_reset(client, node, id, gpu, at)
         .await
-        .expect("request");
+        .expect("a reset request");
 }
 
 async fn answered(client: &Client, node: &str, id: &str) -> (Node, RequestResult) {

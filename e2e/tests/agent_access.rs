@@ -8,7 +8,7 @@ use std::time::Duration;
 use gpuhealth_e2e::{
     client,
     cluster::client_with_token,
-    kubectl,
+    identities, kubectl,
     scenario::WAIT,
     sim::{GpuNodeSpec, gpu_node, gpu_operator_runtime_class, node_is_ready},
     unique,
@@ -16,11 +16,10 @@ use gpuhealth_e2e::{
 };
 use k8s_openapi::api::{
     apps::v1::{DaemonSet, Deployment},
-    authentication::v1::{BoundObjectReference, TokenRequest, TokenRequestSpec},
-    core::v1::{Node, Pod, Secret, ServiceAccount},
+    core::v1::{Node, Pod, Secret},
 };
 use kube::{
-    Api, Client, ResourceExt,
+    Api, ResourceExt,
     api::{DeleteParams, ListParams, Patch, PatchParams, PostParams},
     runtime::watcher,
 };
@@ -52,30 +51,6 @@ fn gpu_healthy(status: &str) -> serde_json::Value {
         "type": "GpuHealthy", "status": status, "reason": "Test", "message": "from the agent's token",
         "lastHeartbeatTime": "2026-11-29T00:00:00Z", "lastTransitionTime": "2026-11-29T00:00:00Z",
     }]}})
-}
-
-/// A token for the agent's ServiceAccount bound to `pod`, as the kubelet
-/// would project into it: the API server adds the pod's node name.
-async fn agent_token(admin: &Client, pod: &Pod) -> String {
-    let request = TokenRequest {
-        spec: Some(TokenRequestSpec {
-            audiences: None,
-            bound_object_ref: Some(BoundObjectReference {
-                kind: Some("Pod".into()),
-                api_version: Some("v1".into()),
-                name: Some(pod.name_any()),
-                uid: pod.uid(),
-            }),
-            expiration_seconds: Some(600),
-        }),
-        ..Default::default()
-    };
-    let accounts: Api<ServiceAccount> = Api::namespaced(admin.clone(), NAMESPACE);
-    let answer: TokenRequest = accounts
-        .create_subresource("token", "gpuhealth-agent", &PostParams::default(), &request)
-        .await
-        .expect("a token");
-    answer.status.and_then(|s| s.token).expect("the token")
 }
 
 #[tokio::test]
@@ -118,9 +93,11 @@ async fn the_agent_may_change_only_its_own_nodes_report() {
     .await
     .expect("agent pod");
     let pod = on_own.values().next().expect("pod").clone();
-    let agent = client_with_token(&agent_token(&admin, &pod).await)
+    // Bound to the pod, as the kubelet projects it: with the node's name.
+    let token = identities::token(&admin, NAMESPACE, "gpuhealth-agent", Some(&pod))
         .await
-        .expect("agent client");
+        .expect("the agent's token");
+    let agent = client_with_token(&token).await.expect("agent client");
     let as_agent: Api<Node> = Api::all(agent.clone());
 
     // The policy is in force once the API server refuses the other node.

@@ -9,15 +9,15 @@
 use gpuhealth_e2e::{
     client,
     cluster::{client_with_token, kubeconfig_with_token},
-    kubectl,
+    identities, kubectl,
     operator::{self, Options},
+    overlay,
     scenario::{Scenario, WAIT},
     sim::{cpu_node, gpu_operator_runtime_class, pod_is_ready},
     unique, wait,
 };
 use k8s_openapi::api::{
     apps::v1::{DaemonSet, Deployment},
-    authentication::v1::{TokenRequest, TokenRequestSpec},
     coordination::v1::Lease,
     core::v1::{Namespace, Node, Pod, PodTemplateSpec, Secret, ServiceAccount},
 };
@@ -33,23 +33,6 @@ const NAMESPACE: &str = "gpuhealth-system";
 const ACCOUNT: &str = "gpuhealth-operator";
 
 const DEFAULT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../config/default");
-
-async fn token(admin: &Client) -> String {
-    let request = TokenRequest {
-        spec: Some(TokenRequestSpec {
-            audiences: None,
-            bound_object_ref: None,
-            expiration_seconds: Some(3600),
-        }),
-        ..Default::default()
-    };
-    let accounts: Api<ServiceAccount> = Api::namespaced(admin.clone(), NAMESPACE);
-    let answer: TokenRequest = accounts
-        .create_subresource("token", ACCOUNT, &PostParams::default(), &request)
-        .await
-        .expect("a token for the operator's ServiceAccount");
-    answer.status.and_then(|s| s.token).expect("the token")
-}
 
 /// The operator's pods meet the `restricted` Pod Security Standard: its
 /// template is admitted (a server-side dry run) in a namespace that enforces
@@ -197,7 +180,9 @@ async fn install_run_the_incident_on_the_operators_own_rights_and_uninstall() {
     restricted_pod_security(&admin, &s.group).await;
 
     // The real binaries run as processes, the operator as its ServiceAccount.
-    let token = token(&admin).await;
+    let token = identities::token(&admin, NAMESPACE, ACCOUNT, None)
+        .await
+        .expect("a token for the operator's ServiceAccount");
     s.add_pdb("vllm", 1).await.expect("pdb");
     s.start_agent();
     let kubeconfig = std::env::temp_dir().join(format!("{}-operator.kubeconfig", s.group));
@@ -328,13 +313,9 @@ async fn the_install_moved_to_another_namespace_still_remediates() {
         .await
         .expect("the nvidia RuntimeClass");
     let namespace = format!("{}-system", s.group);
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../target/e2e-overlays")
-        .join(&s.group);
-    std::fs::create_dir_all(&dir).expect("overlay dir");
     // The agent's DaemonSet kept to this scenario's node; the operator's
     // Deployment scaled to none (its process runs below, as in the test above).
-    let overlay = format!(
+    let kustomization = format!(
         r#"namespace: {namespace}
 nameSuffix: -moved
 resources:
@@ -356,30 +337,14 @@ patches:
         value: 0
 "#
     );
-    std::fs::write(dir.join("kustomization.yaml"), overlay).expect("overlay");
-    let dir = dir.to_string_lossy().into_owned();
+    let dir = overlay::write(&s.group, &kustomization).expect("the overlay");
     kubectl(&["apply", "--server-side", "-k", &dir])
         .await
         .expect("the moved install");
 
-    let request = TokenRequest {
-        spec: Some(TokenRequestSpec {
-            audiences: None,
-            bound_object_ref: None,
-            expiration_seconds: Some(3600),
-        }),
-        ..Default::default()
-    };
-    let answer: TokenRequest = Api::<ServiceAccount>::namespaced(admin.clone(), &namespace)
-        .create_subresource(
-            "token",
-            "gpuhealth-operator-moved",
-            &PostParams::default(),
-            &request,
-        )
+    let token = identities::token(&admin, &namespace, "gpuhealth-operator-moved", None)
         .await
         .expect("a token for the moved operator");
-    let token = answer.status.and_then(|s| s.token).expect("the token");
     s.start_agent();
     let kubeconfig = std::env::temp_dir().join(format!("{}-operator.kubeconfig", s.group));
     let kubeconfig = kubeconfig_with_token(&token, &kubeconfig)

@@ -10,8 +10,8 @@ use gpuhealth_api::{
     GpuHealth, RecoveryAction,
     contract::{
         AnnotationValue, GPU_HEALTHY_CONDITION, GPU_REPORT_ANNOTATION, GpuReport, Outcome,
-        REBOOT_REQUEST_ANNOTATION, REQUEST_RESULT_ANNOTATION, RESET_REQUEST_ANNOTATION,
-        RebootMethod, RebootRequest, RequestResult, ResetRequest,
+        REBOOT_REQUEST_ANNOTATION, REQUEST_RESULT_ANNOTATION, RebootMethod, RebootRequest,
+        RequestResult,
     },
 };
 use gpuhealth_e2e::{
@@ -75,29 +75,10 @@ async fn bare_node(name: &str) -> (Client, String, Host) {
     (client, node, host)
 }
 
-/// A reset request as the operator makes it: recorded in flight first.
 async fn request_reset(client: &Client, node: &str, id: &str, gpu: &str) {
-    in_flight::record(
-        client,
-        node,
-        RecoveryAction::GpuReset,
-        id,
-        &[gpu.to_owned()],
-    )
-    .await
-    .expect("recorded in flight");
-    let request = ResetRequest {
-        id: id.parse().expect("id"),
-        gpus: vec![gpu.to_owned()],
-        requested_at: Time(Timestamp::now()),
-    };
-    annotate(
-        client,
-        node,
-        RESET_REQUEST_ANNOTATION,
-        &request.to_annotation(),
-    )
-    .await;
+    in_flight::request_reset(client, node, id, gpu, Timestamp::now())
+        .await
+        .expect("a reset request");
 }
 
 async fn annotate(client: &Client, node: &str, key: &str, value: &str) {
