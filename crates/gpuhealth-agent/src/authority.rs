@@ -29,6 +29,15 @@ pub enum Refusal {
 }
 
 impl Refusal {
+    /// Every [`Refusal::reason`], for the metric's series to exist at 0.
+    pub const REASONS: [&'static str; 5] = [
+        "NoRecord",
+        "NotInFlight",
+        "Differs",
+        "NotCordoned",
+        "CordonedForAnother",
+    ];
+
     /// A short, stable label for the metric.
     pub fn reason(&self) -> &'static str {
         match self {
@@ -198,6 +207,15 @@ mod tests {
         let reason = |r: Result<(), Refusal>| r.expect_err("refused").reason();
 
         assert_eq!(reason(check(&request, reset, &cordoned, None)), "NoRecord");
+        for r in [
+            Refusal::NoRecord,
+            Refusal::NotInFlight { recorded: None },
+            Refusal::Differs(String::new()),
+            Refusal::NotCordoned,
+            Refusal::CordonedForAnother(String::new()),
+        ] {
+            assert!(Refusal::REASONS.contains(&r.reason()), "{r:?}");
+        }
         assert_eq!(
             reason(check(&id("inc-1-reset-2"), reset, &cordoned, Some(&health))),
             "NotInFlight"

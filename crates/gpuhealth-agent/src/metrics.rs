@@ -89,6 +89,16 @@ impl Default for AgentMetrics {
             busy_until_ms: AtomicU64::new(0),
             stall_after_ms: AtomicU64::new(120_000),
         };
+        // Every refusal from the start, at 0: an alert's increase() needs
+        // the series before the first one.
+        for kind in ["reset", "reboot"] {
+            for reason in crate::authority::Refusal::REASONS {
+                drop(m.refused.get_or_create(&RefusalLabels {
+                    kind: kind.into(),
+                    reason: reason.into(),
+                }));
+            }
+        }
         let r = &mut m.registry;
         r.register(
             "xids",

@@ -590,8 +590,12 @@ impl Default for Verification {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ValidationPod {
-    /// A pod template (`metadata` and `spec`). Checked by the operator when it
-    /// runs it; an invalid template fails verification with a clear reason.
+    /// A pod template (`metadata` and `spec`). It runs in gpuhealth's
+    /// validation namespace (`restricted` Pod Security) as a ServiceAccount
+    /// with no token: host namespaces, host paths, privilege, added
+    /// capabilities, host ports, a ServiceAccount or a namespace are refused.
+    /// Checked again by the operator when it runs it; an invalid template
+    /// fails verification with a clear reason.
     #[schemars(schema_with = "pod_template_schema")]
     pub template: serde_json::Value,
 

@@ -205,9 +205,12 @@ fn constraints(schema: &JSONSchemaProps) -> Vec<String> {
         out.push(format!("At most {max} characters"));
     }
     for rule in schema.x_kubernetes_validations.iter().flatten() {
-        if let Some(m) = &rule.message {
-            out.push(format!("Checked: {}", m.trim_end_matches('.')));
-        }
+        let Some(m) = &rule.message else { continue };
+        let m = m.trim_end_matches('.');
+        out.push(match &rule.field_path {
+            Some(field) => format!("Checked: `{field}` {m}"),
+            None => format!("Checked: {m}"),
+        });
     }
     out
 }
