@@ -411,6 +411,16 @@ async fn a_request_the_operator_did_not_record_is_refused_on_the_nodes_events() 
         "nothing carried out"
     );
     assert!(result(&n).is_none(), "nothing answered: {:?}", result(&n));
+
+    // Cordoned again, the recorded request holds: a refusal is looked at
+    // again, so that no early write can block the operator's request.
+    set_cordon(&client, &node, true).await.expect("cordon");
+    let (n, r) = answered(&client, &node, "inc-9-reset-1").await;
+    assert_eq!(r.outcome, Outcome::Succeeded, "{r:?}");
+    assert_eq!(
+        hardware(&n).map(|h| h.executed),
+        Some(vec!["inc-9-reset-1".to_owned()])
+    );
     remove_node(&client, &node).await;
 }
 

@@ -5,7 +5,11 @@
 //! the report. GPUs that cannot be read are said so, in the report, the
 //! condition and the agent's readiness.
 
-use std::{collections::HashSet, sync::Arc, time::Duration};
+use std::{
+    collections::HashMap,
+    sync::Arc,
+    time::{Duration, Instant},
+};
 
 use tokio::sync::Notify;
 
@@ -56,6 +60,9 @@ pub const COALESCE: Duration = Duration::from_secs(1);
 /// to let go, nvidia-smi, and the wait for the kubelet, with room to spare.
 pub const REQUEST_MAY_TAKE: Duration = Duration::from_secs(15 * 60);
 
+/// How long a refused request is passed over before it is looked at again.
+pub const RECHECK_REFUSED: Duration = Duration::from_secs(30);
+
 pub struct Settings {
     pub node: String,
     /// How often to read the GPUs when nothing on the Node changes.
@@ -88,9 +95,11 @@ pub struct NodeAgent<B> {
     /// need not wait for its next poll.
     wake: Arc<Notify>,
     metrics: Arc<AgentMetrics>,
-    /// Requests refused by this process: said once each (log, metric,
-    /// Event), then passed over.
-    refused: HashSet<String>,
+    /// Requests refused by this process, and when last looked at: said
+    /// once each (log, metric, Event), looked at again after
+    /// [`RECHECK_REFUSED`] in case the operator has since made the same
+    /// request (an id written early by someone else must not block it).
+    refused: HashMap<String, Instant>,
 }
 
 /// A request on the node, either kind.
@@ -103,9 +112,11 @@ struct Request {
 /// A Warning Event about the Node: `RequestRefused`, saying why; one per
 /// request, named after it.
 fn refusal_event(node: &Node, request: &str, instance: &str, message: String) -> events::Event {
+    let mut name = format!("{}.refused-{request}", node.name_any());
+    name.truncate(253);
     events::Event {
         metadata: ObjectMeta {
-            name: Some(format!("{}.refused-{request}", node.name_any())),
+            name: Some(name.trim_end_matches(['-', '.']).to_owned()),
             namespace: Some("default".into()),
             ..Default::default()
         },
@@ -145,7 +156,7 @@ impl<B: Backend> NodeAgent<B> {
             condition: None,
             wake: Arc::default(),
             metrics: Arc::default(),
-            refused: HashSet::new(),
+            refused: HashMap::new(),
         }
     }
 
@@ -279,7 +290,8 @@ impl<B: Backend> NodeAgent<B> {
     /// the record is neither, and is tried again on the next round.
     async fn is_the_operators(&mut self, node: &Node, request: &Request) -> bool {
         let id = request.id.to_string();
-        if self.refused.contains(&id) {
+        let said = self.refused.get(&id).copied();
+        if said.is_some_and(|at| at.elapsed() < RECHECK_REFUSED) {
             return false;
         }
         let records: Api<GpuNodeHealth> = Api::all(self.client.clone());
@@ -297,6 +309,10 @@ impl<B: Backend> NodeAgent<B> {
         let Err(refusal) = authority::check(&request.id, asked, node, health.as_ref()) else {
             return true;
         };
+        self.refused.insert(id.clone(), Instant::now());
+        if said.is_some() {
+            return false;
+        }
         let message = refusal.message(&request.id);
         warn!(request = %id, reason = refusal.reason(), "{message}");
         self.metrics
@@ -316,7 +332,6 @@ impl<B: Backend> NodeAgent<B> {
             Err(kube::Error::Api(s)) if s.code == 409 => {}
             Err(e) => warn!(error = %e, "could not publish the refusal's Event"),
         }
-        self.refused.insert(id);
         false
     }
 
