@@ -12,6 +12,7 @@ use gpuhealth_api::{
     contract::{AnnotationValue, GPU_REPORT_ANNOTATION, GpuReport},
     node_health::Phase,
     policy::Mode,
+    vocabulary::IncidentOutcome,
 };
 use gpuhealth_e2e::{
     agent::FakeAgent,
@@ -440,7 +441,7 @@ pub async fn recovered(client: &Client, nodes: &[String]) -> Result<()> {
                     s.phase == Phase::Healthy
                         && s.history
                             .first()
-                            .is_some_and(|i| i.outcome.as_deref() == Some("Recovered"))
+                            .is_some_and(|i| i.outcome == Some(IncidentOutcome::Recovered))
                 })
             })
         },

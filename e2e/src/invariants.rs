@@ -5,7 +5,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use gpuhealth_api::node_health::Phase;
+use gpuhealth_api::{node_health::Phase, vocabulary::Reason};
 use gpuhealth_engine::machine::is_disruptive;
 
 /// One change seen on a watch.
@@ -16,7 +16,7 @@ pub enum Seen {
         node: String,
         policy: Option<String>,
         phase: Phase,
-        reason: Option<String>,
+        reason: Option<Reason>,
     },
     /// A node's `spec.unschedulable`.
     Cordon { node: String, unschedulable: bool },
@@ -82,7 +82,7 @@ pub enum Violation {
         node: String,
         expected: Phase,
         phase: Option<Phase>,
-        reason: Option<String>,
+        reason: Option<Reason>,
     },
 }
 
@@ -90,7 +90,7 @@ pub enum Violation {
 pub fn check(timeline: &[Seen], expect: &Expectations) -> Vec<Violation> {
     let mut violations = Vec::new();
     // Per node: its latest health, and whether a foreign cordon is on it.
-    let mut health: BTreeMap<&str, (&Option<String>, Phase, &Option<String>)> = BTreeMap::new();
+    let mut health: BTreeMap<&str, (&Option<String>, Phase, &Option<Reason>)> = BTreeMap::new();
     // The run made them before the timeline starts.
     let mut foreign_on: BTreeSet<&str> =
         expect.foreign_cordons.iter().map(String::as_str).collect();
@@ -171,9 +171,7 @@ pub fn check(timeline: &[Seen], expect: &Expectations) -> Vec<Violation> {
         let last = health.get(node.as_str());
         let settled = match last {
             Some((_, Phase::Healthy, _)) => *expected == Phase::Healthy,
-            Some((_, Phase::Failed, reason)) => {
-                *expected == Phase::Failed && reason.as_deref().is_some_and(|r| !r.is_empty())
-            }
+            Some((_, Phase::Failed, reason)) => *expected == Phase::Failed && reason.is_some(),
             _ => false,
         };
         if !settled {
@@ -181,7 +179,7 @@ pub fn check(timeline: &[Seen], expect: &Expectations) -> Vec<Violation> {
                 node: node.clone(),
                 expected: *expected,
                 phase: last.map(|(_, p, _)| *p),
-                reason: last.and_then(|(_, _, r)| (*r).clone()),
+                reason: last.and_then(|(_, _, r)| **r),
             });
         }
     }
@@ -222,7 +220,7 @@ mod tests {
             node: node.into(),
             policy: Some("p".into()),
             phase,
-            reason: (phase == Phase::Failed).then(|| "EscalationExhausted".into()),
+            reason: (phase == Phase::Failed).then_some(Reason::EscalationExhausted),
         }
     }
 

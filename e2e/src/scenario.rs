@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use gpuhealth_api::{
     GpuHealthPolicy, GpuHealthPolicySpec, GpuNodeHealth, node_health::GpuNodeHealthStatus,
+    vocabulary::IncidentOutcome,
 };
 use k8s_openapi::{
     api::{
@@ -362,7 +363,7 @@ impl Scenario {
                     && st
                         .history
                         .first()
-                        .is_some_and(|i| i.outcome.as_deref() == Some("Recovered"))
+                        .is_some_and(|i| i.outcome == Some(IncidentOutcome::Recovered))
             })
             .await?;
         let incident = status

@@ -352,7 +352,7 @@ patches:
 /// and `gpuhealth_findings_total{finding="BreakGlass"}`.
 #[tokio::test]
 async fn break_glass_clears_a_stuck_request_and_is_seen() {
-    use gpuhealth_api::node_health::Phase;
+    use gpuhealth_api::{node_health::Phase, vocabulary::Reason};
     use gpuhealth_e2e::{operator, scenario::Scenario};
 
     let admin = client().await.expect("client");
@@ -392,7 +392,7 @@ async fn break_glass_clears_a_stuck_request_and_is_seen() {
 
     let status = s
         .wait_status(&node, "Failed by break glass", |st| {
-            st.phase == Phase::Failed && st.reason.as_deref() == Some("BreakGlass")
+            st.phase == Phase::Failed && st.reason == Some(Reason::BreakGlass)
         })
         .await
         .expect("Failed, BreakGlass");

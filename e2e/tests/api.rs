@@ -7,6 +7,7 @@ use gpuhealth_api::{
     node_health::{ActionStatus, GpuNodeHealthStatus, Phase},
     policy::GpuHealthPolicyStatus,
     types::RecoveryAction,
+    vocabulary::Reason,
 };
 use gpuhealth_e2e::{client, crds, kubectl, unique};
 use k8s_openapi::{
@@ -445,10 +446,10 @@ async fn kubectl_lists_both_kinds_with_their_columns_in_80_columns() {
     let status = GpuNodeHealthStatus {
         phase: Phase::Quarantined,
         policy: Some(policy_name.clone()),
-        reason: Some("XidGpuResetRequired".into()),
+        reason: Some(Reason::Xid),
         bad_gpus: 1,
         action: Some(ActionStatus {
-            id: "r-1".into(),
+            id: "r-1".parse().expect("an id"),
             type_: RecoveryAction::GpuReset,
             attempt: 1,
             gpus: vec!["GPU-5f2b1c3e-8a4d-4e6f-9b0a-1c2d3e4f5a6b".into()],

@@ -5,7 +5,12 @@
 
 use std::time::Duration;
 
-use gpuhealth_api::{GpuHealth, contract::GPU_HEALTHY_READINESS_GATE, node_health::Phase};
+use gpuhealth_api::{
+    GpuHealth,
+    contract::GPU_HEALTHY_READINESS_GATE,
+    node_health::Phase,
+    vocabulary::{FindingKind, WorkloadOutcome},
+};
 use gpuhealth_e2e::{
     kubelet::{Kubelet, Start, with_test_kubelet},
     plugin::plugin,
@@ -140,8 +145,11 @@ async fn a_gated_pod_leaves_traffic_while_its_gpu_is_bad_and_returns_after_recov
     // The reset of GPUs 0 and 7, verification, uncordon: the gate comes back.
     let status = s.wait_recovered(&node).await.expect("recovered");
     assert!(
-        status.findings.iter().any(|f| f.type_ == "PodOnBadGpu"
-            && f.subject.as_deref() == Some(&format!("{}/plain", s.namespace))),
+        status
+            .findings
+            .iter()
+            .any(|f| f.type_ == FindingKind::PodOnBadGpu
+                && f.subject.as_deref() == Some(&format!("{}/plain", s.namespace))),
         "{:?}",
         status.findings
     );
@@ -203,8 +211,8 @@ async fn the_incidents_second_half_a_startup_probe_loop_is_a_probe_problem_not_a
     let status = s.wait_workloads_judged(&node).await.expect("judged");
     let watch = status.history[0].workloads.clone().expect("workloads");
     assert_eq!(
-        watch.outcome.as_deref(),
-        Some("WorkloadNotRecovered"),
+        watch.outcome,
+        Some(WorkloadOutcome::WorkloadNotRecovered),
         "{watch:?}"
     );
     let message = watch.message.unwrap_or_default();
@@ -216,7 +224,7 @@ async fn the_incidents_second_half_a_startup_probe_loop_is_a_probe_problem_not_a
     let probe = status
         .findings
         .iter()
-        .find(|f| f.type_ == "StartupProbeTooShort")
+        .find(|f| f.type_ == FindingKind::StartupProbeTooShort)
         .expect("a StartupProbeTooShort finding");
     assert!(
         probe
@@ -229,7 +237,7 @@ async fn the_incidents_second_half_a_startup_probe_loop_is_a_probe_problem_not_a
         status
             .findings
             .iter()
-            .any(|f| f.type_ == "WorkloadNotRecovered")
+            .any(|f| f.type_ == FindingKind::WorkloadNotRecovered)
     );
     let after = s.pods_on(&node).await.expect("pods");
     let replacement = after

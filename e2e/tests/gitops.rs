@@ -142,7 +142,7 @@ fn a_node_is_healthy_progressing_or_degraded_by_its_phase() {
             file,
             &node_health(Some(GpuNodeHealthStatus {
                 phase,
-                reason: Some("XidGpuResetRequired".into()),
+                reason: Some(gpuhealth_api::vocabulary::Reason::Xid),
                 message: Some("Xid 119 on GPU 7".into()),
                 ..Default::default()
             })),

@@ -10,6 +10,7 @@ use gpuhealth_api::{
     },
     node_health::Phase,
     policy::{DrainScope, MaintenanceWindow},
+    vocabulary::{IncidentOutcome, Reason},
 };
 use gpuhealth_e2e::{
     scenario::{Scenario, WAIT},
@@ -123,7 +124,7 @@ async fn a_node_in_a_driver_upgrade_is_left_alone_and_counts_against_max_concurr
     s.break_gpu(&other, 3).await.expect("break");
     let held = s
         .wait_status(&upgrading, "held for the upgrade", |st| {
-            st.reason.as_deref() == Some("DisruptedByOther")
+            st.reason == Some(Reason::DisruptedByOther)
         })
         .await
         .expect("held");
@@ -134,7 +135,7 @@ async fn a_node_in_a_driver_upgrade_is_left_alone_and_counts_against_max_concurr
     );
     let waiting = s
         .wait_status(&other, "waiting for the budget", |st| {
-            st.reason.as_deref() == Some("WaitingForBudget")
+            st.reason == Some(Reason::WaitingForBudget)
         })
         .await
         .expect("waiting");
@@ -181,7 +182,7 @@ async fn the_third_remediation_of_a_gpu_hands_the_node_over_for_replacement() {
             .wait_status(&node, "recovered", |st| {
                 st.phase == Phase::Healthy
                     && st.history.len() == round
-                    && st.history[0].outcome.as_deref() == Some("Recovered")
+                    && st.history[0].outcome == Some(IncidentOutcome::Recovered)
             })
             .await
             .expect("recovered");
@@ -192,7 +193,7 @@ async fn the_third_remediation_of_a_gpu_hands_the_node_over_for_replacement() {
         .wait_status(&node, "handed over", |st| st.phase == Phase::Failed)
         .await
         .expect("failed");
-    assert_eq!(status.reason.as_deref(), Some("RepeatedFailures"));
+    assert_eq!(status.reason, Some(Reason::RepeatedFailures));
     assert!(
         status
             .message
@@ -245,7 +246,7 @@ async fn outside_a_window_a_gpu_pods_drain_waits_and_an_affected_pods_reset_proc
     s.break_gpu(&node, 7).await.expect("break");
     let status = s
         .wait_status(&node, "held for the window", |st| {
-            st.reason.as_deref() == Some("OutsideMaintenanceWindow")
+            st.reason == Some(Reason::OutsideMaintenanceWindow)
         })
         .await
         .expect("held");
@@ -381,7 +382,7 @@ async fn kureds_lock_and_a_medik8s_node_maintenance_hold_the_nodes_they_name() {
     ] {
         let held = s
             .wait_status(node, "held for the other tool", |st| {
-                st.reason.as_deref() == Some("DisruptedByOther")
+                st.reason == Some(Reason::DisruptedByOther)
             })
             .await
             .expect("held");

@@ -9,13 +9,18 @@ use std::{
 
 use futures::StreamExt;
 use gpuhealth_api::{
-    GpuHealth, GpuHealthPolicy, GpuNodeHealth,
+    GpuHealth, GpuHealthPolicy, GpuNodeHealth, RecoveryAction,
     contract::{
         AnnotationValue, CORDONED_BY_ANNOTATION, GPU_REPORT_ANNOTATION, GpuReport,
         REBOOT_REQUEST_ANNOTATION, RESET_REQUEST_ANNOTATION, ResetRequest, XidEvent,
     },
     node_health::Phase,
     policy::{Mode, ValidationPod},
+    vocabulary::{
+        Attempt, AttemptAction,
+        AttemptOutcome::{Failed, Succeeded},
+        FindingKind, Reason, WorkloadOutcome,
+    },
 };
 use gpuhealth_e2e::{
     agent::{Answer, Request},
@@ -136,7 +141,10 @@ async fn the_incident_gpu_7_is_reset_and_the_node_returns_to_service() {
         !n.annotations().contains_key(CORDONED_BY_ANNOTATION),
         "ownership record removed with the cordon"
     );
-    assert_eq!(status.history[0].actions, ["GpuReset#1 Succeeded"]);
+    assert_eq!(
+        status.history[0].attempts,
+        [Attempt::new(RecoveryAction::GpuReset, 1, Succeeded)]
+    );
     for reason in ["Draining", "ActionRequested", "Verifying", "Recovered"] {
         s.wait_event(&node, reason)
             .await
@@ -147,8 +155,11 @@ async fn the_incident_gpu_7_is_reset_and_the_node_returns_to_service() {
         .await
         .expect("an Event on the pod that held the bad GPU");
     assert!(
-        status.findings.iter().any(|f| f.type_ == "PodOnBadGpu"
-            && f.subject.as_deref() == Some(&format!("{}/{}", s.namespace, pods_before[7]))),
+        status
+            .findings
+            .iter()
+            .any(|f| f.type_ == FindingKind::PodOnBadGpu
+                && f.subject.as_deref() == Some(&format!("{}/{}", s.namespace, pods_before[7]))),
         "{:?}",
         status.findings
     );
@@ -156,14 +167,15 @@ async fn the_incident_gpu_7_is_reset_and_the_node_returns_to_service() {
     // replacement runs: the incident says so, and finds nothing wrong.
     let status = s.wait_workloads_judged(&node).await.expect("judged");
     let watch = status.history[0].workloads.clone().expect("workloads");
-    assert_eq!(watch.outcome.as_deref(), Some("Recovered"), "{watch:?}");
+    assert_eq!(watch.outcome, Some(WorkloadOutcome::Recovered), "{watch:?}");
     assert_eq!(watch.evicted.len(), 1, "{watch:?}");
     assert!(watch.evicted[0].starts_with(&format!("ReplicaSet/{}/vllm-", s.namespace)));
     assert!(
         !status
             .findings
             .iter()
-            .any(|f| f.type_ == "WorkloadNotRecovered" || f.type_ == "StartupProbeTooShort"),
+            .any(|f| f.type_ == FindingKind::WorkloadNotRecovered
+                || f.type_ == FindingKind::StartupProbeTooShort),
         "{:?}",
         status.findings
     );
@@ -195,8 +207,11 @@ async fn a_failed_reset_escalates_to_a_reboot() {
         .await
         .expect("recovers");
     assert_eq!(
-        status.history[0].actions,
-        ["GpuReset#1 Failed", "NodeReboot#1 Succeeded"]
+        status.history[0].attempts,
+        [
+            Attempt::new(RecoveryAction::GpuReset, 1, Failed),
+            Attempt::new(RecoveryAction::NodeReboot, 1, Succeeded),
+        ]
     );
     let requests = s.agent.requests();
     assert!(
@@ -230,7 +245,7 @@ async fn when_reset_and_reboot_fail_the_node_stays_cordoned_for_a_person() {
         .wait_status(&node, "failed", |st| st.phase == Phase::Failed)
         .await
         .expect("Failed");
-    assert_eq!(status.reason.as_deref(), Some("EscalationExhausted"));
+    assert_eq!(status.reason, Some(Reason::EscalationExhausted));
     let message = status.message.unwrap_or_default();
     assert!(
         message.contains("inspect") && message.contains("uncordon"),
@@ -262,7 +277,10 @@ async fn xid_79_starts_at_the_reboot_rung_and_drains_every_pod() {
         })
         .await
         .expect("recovers");
-    assert_eq!(status.history[0].actions, ["NodeReboot#1 Succeeded"]);
+    assert_eq!(
+        status.history[0].attempts,
+        [Attempt::new(RecoveryAction::NodeReboot, 1, Succeeded)]
+    );
     assert!(
         matches!(s.agent.requests().as_slice(), [Request::Reboot { .. }]),
         "no reset, one reboot"
@@ -314,7 +332,7 @@ async fn a_never_pod_is_not_evicted_and_holds_the_node_until_it_goes() {
     s.break_gpu(&node, 7).await.expect("break");
     let waiting = s
         .wait_status(&node, "waiting for the pod", |st| {
-            st.reason.as_deref() == Some("WaitingForPod")
+            st.reason == Some(Reason::WaitingForPod)
         })
         .await
         .expect("waits");
@@ -391,7 +409,7 @@ async fn dry_run_records_the_plan_and_writes_no_node_or_pod() {
         .await
         .expect("plan");
     let plan = status.plan.expect("plan");
-    assert_eq!(status.reason.as_deref(), Some("DryRun"));
+    assert_eq!(status.reason, Some(Reason::DryRun));
     assert!(plan.cordon);
     assert_eq!(plan.action, Some(gpuhealth_api::RecoveryAction::GpuReset));
     assert_eq!(plan.evict, [format!("{}/{}", s.namespace, pods_before[7])]);
@@ -442,7 +460,9 @@ async fn a_malformed_gpu_report_is_an_event_not_an_action() {
         .expect("malformed report");
     let status = s
         .wait_status(&node, "a finding", |st| {
-            st.findings.iter().any(|f| f.type_ == "MalformedGpuReport")
+            st.findings
+                .iter()
+                .any(|f| f.type_ == FindingKind::MalformedGpuReport)
         })
         .await
         .expect("finding");
@@ -534,7 +554,7 @@ async fn the_circuit_breaker_holds_new_remediations_and_closes_on_recovery() {
     s.start().await.expect("start");
     s.break_gpu(&first, 7).await.expect("break");
     s.wait_status(&first, "held by its pod", |st| {
-        st.reason.as_deref() == Some("WaitingForPod")
+        st.reason == Some(Reason::WaitingForPod)
     })
     .await
     .expect("first waits");
@@ -543,7 +563,7 @@ async fn the_circuit_breaker_holds_new_remediations_and_closes_on_recovery() {
     s.break_gpu(&second, 7).await.expect("break");
     let held = s
         .wait_status(&second, "held by the breaker", |st| {
-            st.reason.as_deref() == Some("CircuitOpen")
+            st.reason == Some(Reason::CircuitOpen)
         })
         .await
         .expect("held");
@@ -680,12 +700,12 @@ async fn a_validation_pod_gates_uncordon_and_a_failed_one_escalates() {
     let ran = ran.lock().map(|r| r.clone()).unwrap_or_default();
     assert_eq!(ran.len(), 2, "{ran:?}");
     assert_eq!(
-        status.history[0].actions,
+        status.history[0].attempts,
         [
-            "GpuReset#1 Succeeded".to_owned(),
-            format!("validation pod {} Failed", ran[0]),
-            "NodeReboot#1 Succeeded".to_owned(),
-            format!("validation pod {} Succeeded", ran[1]),
+            Attempt::new(RecoveryAction::GpuReset, 1, Succeeded),
+            Attempt::new(AttemptAction::ValidationPod, 1, Failed).saying(ran[0].clone()),
+            Attempt::new(RecoveryAction::NodeReboot, 1, Succeeded),
+            Attempt::new(AttemptAction::ValidationPod, 1, Succeeded).saying(ran[1].clone()),
         ]
     );
     let pods: Api<Pod> = Api::namespaced(s.client.clone(), &validation_ns);

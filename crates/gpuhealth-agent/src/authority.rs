@@ -19,7 +19,7 @@ pub enum Refusal {
     /// No `GpuNodeHealth` for the node, or no status yet.
     NoRecord,
     /// The record has no request in flight, or another one.
-    NotInFlight { recorded: Option<String> },
+    NotInFlight { recorded: Option<RequestId> },
     /// The record's request is of the other kind, or for other GPUs.
     Differs(String),
     /// The node is schedulable: nothing was drained for this request.
@@ -91,7 +91,7 @@ pub fn check(
         .action
         .as_ref()
         .filter(|a| a.requested_at.is_some() && health.phase == Phase::Remediating);
-    let Some(action) = action.filter(|a| a.id == id.as_str()) else {
+    let Some(action) = action.filter(|a| &a.id == id) else {
         return Err(Refusal::NotInFlight {
             recorded: action.map(|a| a.id.clone()),
         });
@@ -164,7 +164,7 @@ mod tests {
             phase: Phase::Remediating,
             incident: Some("inc-1".into()),
             action: Some(ActionStatus {
-                id: request.into(),
+                id: request.parse().expect("an id"),
                 type_: action,
                 attempt: 1,
                 gpus: vec!["GPU-7".into()],

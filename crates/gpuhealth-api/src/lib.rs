@@ -9,6 +9,7 @@ pub mod node_health;
 pub mod policy;
 pub mod reference;
 pub mod types;
+pub mod vocabulary;
 
 pub use duration::Duration;
 pub use node_health::{GpuNodeHealth, GpuNodeHealthSpec, GpuNodeHealthStatus};

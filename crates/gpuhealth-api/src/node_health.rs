@@ -7,7 +7,11 @@ use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::types::{GpuHealth, RecoveryAction};
+use crate::{
+    contract::RequestId,
+    types::{GpuHealth, RecoveryAction},
+    vocabulary::{Attempt, FindingKind, IncidentOutcome, Reason, WorkloadOutcome},
+};
 
 /// How many past incidents a node keeps in `status.history`.
 pub const HISTORY_LIMIT: usize = 20;
@@ -111,10 +115,9 @@ pub struct GpuNodeHealthStatus {
     /// When the node entered its current phase.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub phase_since: Option<Time>,
-    /// Why the node is where it is, in CamelCase (`XidGpuResetRequired`,
-    /// `WaitingForBudget`, `CircuitOpen`, `DrainTimeout`, ...).
+    /// Why the node is where it is.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub reason: Option<String>,
+    pub reason: Option<Reason>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
     /// Count of GPUs not serving; kept for the printer column.
@@ -165,6 +168,20 @@ pub struct GpuNodeHealthStatus {
     pub conditions: Vec<Condition>,
 }
 
+impl GpuNodeHealthStatus {
+    /// The findings still worth a look. Findings stay until they are
+    /// replaced, so: only those since the node's latest incident began (it
+    /// answered the older ones), and none about a bad GPU once no GPU of
+    /// the node is bad.
+    pub fn open_findings(&self) -> impl Iterator<Item = &Finding> {
+        let since = self.history.first().map(|i| i.started_at.0);
+        let bad_gpu = self.bad_gpus > 0 || self.gpus.iter().any(|g| !g.health.is_serving());
+        self.findings.iter().filter(move |f| {
+            since.is_none_or(|t| f.observed_at.0 >= t) && (bad_gpu || !f.type_.about_a_bad_gpu())
+        })
+    }
+}
+
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct GpuStatus {
@@ -182,7 +199,7 @@ pub struct GpuStatus {
 pub struct ActionStatus {
     /// The request id carried by the node annotation, so a restarted operator
     /// recognises its own request and never repeats it.
-    pub id: String,
+    pub id: RequestId,
     #[serde(rename = "type")]
     pub type_: RecoveryAction,
     /// 1-based attempt of this rung.
@@ -258,9 +275,8 @@ impl ReportProblemKind {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Finding {
-    /// CamelCase kind: `PodOnBadGpu`, `StartupProbeTooShort`, `MalformedGpuReport`, ...
     #[serde(rename = "type")]
-    pub type_: String,
+    pub type_: FindingKind,
     /// The object concerned, e.g. `pod/ml/vllm-0`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub subject: Option<String>,
@@ -268,8 +284,9 @@ pub struct Finding {
     pub observed_at: Time,
 }
 
+// Read through `IncidentRecord`, which also reads what release 0.1 wrote.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
-#[serde(rename_all = "camelCase")]
+#[serde(rename_all = "camelCase", from = "IncidentRecord")]
 pub struct Incident {
     pub id: String,
     pub started_at: Time,
@@ -277,12 +294,16 @@ pub struct Incident {
     pub ended_at: Option<Time>,
     /// What started it, e.g. `Xid 119 on GPU-...`.
     pub trigger: String,
-    /// The actions taken, in order, e.g. `GpuReset#1 Failed`, `NodeReboot#1 Succeeded`.
+    /// What it tried, in order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub attempts: Vec<Attempt>,
+    /// Entries in words, as release 0.1 wrote its attempts, that this
+    /// release cannot read as attempts: kept as they were, never added to.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub actions: Vec<String>,
-    /// `Recovered`, `Failed`, `Replaced`, or unset while open.
+    /// Unset while open.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub outcome: Option<String>,
+    pub outcome: Option<IncidentOutcome>,
     /// The GPUs it was about (UUIDs; empty: the whole node), for the
     /// repeat-offender counts.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -321,9 +342,9 @@ pub struct WorkloadRecovery {
     /// Until when they may take to be Ready again; set at uncordon.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub deadline: Option<Time>,
-    /// `Recovered` or `WorkloadNotRecovered`; unset while watched.
+    /// Unset while watched.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub outcome: Option<String>,
+    pub outcome: Option<WorkloadOutcome>,
     /// What was seen, in plain words: which pods are not Ready and why.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
@@ -331,3 +352,72 @@ pub struct WorkloadRecovery {
 
 /// At most this many workloads are tracked per incident.
 pub const WORKLOADS_LIMIT: usize = 64;
+
+/// One incident, from its first signal to its end. Read as stored: what
+/// this release writes, or what release 0.1 wrote (its attempts in words,
+/// in `actions`).
+#[derive(Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+struct IncidentRecord {
+    id: String,
+    started_at: Time,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    ended_at: Option<Time>,
+    /// What started it, e.g. `Xid 119 on GPU-...`.
+    trigger: String,
+    /// What it tried, in order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 32))]
+    attempts: Vec<Attempt>,
+    /// Entries in words, as release 0.1 wrote its attempts (`GpuReset#1
+    /// Failed`); read into `attempts`, and kept here only when they cannot be.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    actions: Vec<String>,
+    /// Unset while open.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    outcome: Option<IncidentOutcome>,
+    /// The GPUs it was about (UUIDs; empty: the whole node), for the
+    /// repeat-offender counts.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64))]
+    gpus: Vec<String>,
+    /// The deadline of the maintenance notice it handled, if that is what it was.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    maintenance_deadline: Option<Time>,
+    /// The workloads whose pods this incident evicted, and whether they
+    /// came back after the node did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    workloads: Option<WorkloadRecovery>,
+}
+
+impl From<IncidentRecord> for Incident {
+    fn from(r: IncidentRecord) -> Self {
+        let mut attempts = Vec::new();
+        let mut unread = Vec::new();
+        let mut rung_attempt = 1;
+        for entry in r.actions {
+            match Attempt::from_words(&entry, rung_attempt) {
+                Some(a) => {
+                    if a.action.rung().is_some() {
+                        rung_attempt = a.attempt;
+                    }
+                    attempts.push(a);
+                }
+                None => unread.push(entry),
+            }
+        }
+        attempts.extend(r.attempts);
+        Incident {
+            id: r.id,
+            started_at: r.started_at,
+            ended_at: r.ended_at,
+            trigger: r.trigger,
+            attempts,
+            actions: unread,
+            outcome: r.outcome,
+            gpus: r.gpus,
+            maintenance_deadline: r.maintenance_deadline,
+            workloads: r.workloads,
+        }
+    }
+}

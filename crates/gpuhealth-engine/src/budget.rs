@@ -1,8 +1,20 @@
 //! How much a policy may disrupt at once: `maxConcurrent` nodes in a
 //! disruptive phase, and the `maxUnhealthy` circuit breaker.
 
-use gpuhealth_api::policy::GpuHealthPolicySpec;
+use gpuhealth_api::{
+    node_health::{GpuNodeHealthStatus, Phase},
+    policy::GpuHealthPolicySpec,
+    vocabulary::Reason,
+};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+
+/// Whether a node counts against the circuit breaker: a signal not yet
+/// firm, or a scheduled maintenance, says nothing about the fleet's health.
+pub fn unhealthy(s: &GpuNodeHealthStatus) -> bool {
+    s.phase != Phase::Healthy
+        && s.reason.is_none_or(Reason::counts_as_unhealthy)
+        && s.maintenance.is_none()
+}
 
 /// A policy's budget, resolved against its fleet right now.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -30,10 +42,10 @@ pub enum Hold {
 }
 
 impl Hold {
-    pub fn reason(self) -> &'static str {
+    pub fn reason(self) -> Reason {
         match self {
-            Hold::Concurrency => "WaitingForBudget",
-            Hold::CircuitOpen => "CircuitOpen",
+            Hold::Concurrency => Reason::WaitingForBudget,
+            Hold::CircuitOpen => Reason::CircuitOpen,
         }
     }
 }

@@ -7,6 +7,7 @@ use gpuhealth_api::{
     node_health::{ReportProblem, ReportProblemKind},
     policy::{ConditionStatus, Detection},
     types::SignalAction,
+    vocabulary::Reason,
 };
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 
@@ -24,8 +25,7 @@ pub struct ObservedCondition {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Signal {
     pub action: RecoveryAction,
-    /// CamelCase, for status and Events: `XidGpuReset`, `GpuResetRequired`, `Condition`.
-    pub reason: String,
+    pub reason: Reason,
     pub message: String,
     /// The GPU concerned, if the signal names one.
     pub gpu: Option<String>,
@@ -110,7 +110,7 @@ pub fn diagnose(now: Timestamp, detection: &Detection, evidence: &Evidence<'_>) 
         if firm_at <= now {
             d.signals.push(Signal {
                 action,
-                reason: "NodeCondition".into(),
+                reason: Reason::NodeCondition,
                 message: format!(
                     "node condition {}={} since {}",
                     c.type_, c.status, c.last_transition
@@ -179,11 +179,11 @@ fn gpu_signals(
     d: &mut Diagnosis,
 ) {
     let name = || format!("GPU {} ({}, {})", gpu.index, gpu.uuid, gpu.pci_bus_id);
-    let mut push = |action: SignalAction, reason: &str, message: String| {
+    let mut push = |action: SignalAction, reason: Reason, message: String| {
         if let Some(action) = action.recovery_action() {
             d.signals.push(Signal {
                 action,
-                reason: reason.into(),
+                reason,
                 message,
                 gpu: Some(gpu.uuid.clone()),
             });
@@ -191,12 +191,12 @@ fn gpu_signals(
     };
     if detection.gpu_report.unhealthy_states.contains(&gpu.health) {
         let (action, reason) = match gpu.health {
-            GpuHealth::ResetRequired => (SignalAction::GpuReset, "GpuResetRequired"),
-            GpuHealth::RebootRequired => (SignalAction::NodeReboot, "GpuRebootRequired"),
-            GpuHealth::Lost => (SignalAction::NodeReboot, "GpuLost"),
+            GpuHealth::ResetRequired => (SignalAction::GpuReset, Reason::GpuResetRequired),
+            GpuHealth::RebootRequired => (SignalAction::NodeReboot, Reason::GpuRebootRequired),
+            GpuHealth::Lost => (SignalAction::NodeReboot, Reason::GpuLost),
             // A policy may count Degraded as unhealthy: a reset is the mildest answer.
-            GpuHealth::Degraded => (SignalAction::GpuReset, "GpuDegraded"),
-            GpuHealth::Healthy => (SignalAction::Ignore, "GpuHealthy"),
+            GpuHealth::Degraded => (SignalAction::GpuReset, Reason::GpuDegraded),
+            GpuHealth::Healthy => (SignalAction::Ignore, Reason::Unhealthy),
         };
         push(
             action,
@@ -207,7 +207,7 @@ fn gpu_signals(
     if let Some(value) = gpu.recovery_action {
         push(
             xid::recovery_action(value),
-            "RecoveryAction",
+            Reason::RecoveryAction,
             format!("{} recovery action {value:#x}", name()),
         );
     }
@@ -217,14 +217,14 @@ fn gpu_signals(
         match xid::class(x.code, &detection.xid_overrides) {
             XidClass::Needs(action) => push(
                 action,
-                "Xid",
+                Reason::Xid,
                 format!("Xid {} on {}: {}", x.code, name(), x.text),
             ),
             XidClass::RecoveryActionChanged => {
                 if let Some(value) = xid::recovery_action_in_text(&x.text) {
                     push(
                         xid::recovery_action(value),
-                        "Xid",
+                        Reason::Xid,
                         format!("Xid 154 on {}: {}", name(), x.text),
                     );
                 }
@@ -243,7 +243,7 @@ fn gpu_signals(
     if app_faults >= xid::APP_FAULT_REPEATS {
         push(
             SignalAction::GpuReset,
-            "RepeatedAppXids",
+            Reason::RepeatedAppXids,
             format!("{app_faults} application Xids within an hour on {}", name()),
         );
     }
@@ -331,7 +331,7 @@ mod tests {
             },
         );
         assert_eq!(d.required(), Some(RecoveryAction::NodeReboot));
-        assert_eq!(d.headline().map(|s| s.reason.as_str()), Some("Xid"));
+        assert_eq!(d.headline().map(|s| s.reason), Some(Reason::Xid));
     }
 
     #[test]
@@ -452,8 +452,8 @@ mod tests {
         );
         assert_eq!(d.required(), Some(RecoveryAction::GpuReset));
         assert_eq!(
-            d.headline().map(|s| s.reason.as_str()),
-            Some("RepeatedAppXids")
+            d.headline().map(|s| s.reason),
+            Some(Reason::RepeatedAppXids)
         );
     }
 }

@@ -14,13 +14,17 @@ use gpuhealth_api::{
     RecoveryAction,
     contract::{
         Capabilities, ContractError, GpuReport, MaintenanceNotice, NEEDS_REPLACEMENT_LABEL,
-        Outcome, REPLACE_LABEL, RequestResult,
+        Outcome, REPLACE_LABEL, RequestId, RequestResult,
     },
     node_health::{
         ActionStatus, FINDINGS_LIMIT, Finding, GpuNodeHealthStatus, GpuStatus, HISTORY_LIMIT,
         Incident, MaintenanceStatus, Phase, Plan, ReportProblemKind, WORKLOADS_LIMIT,
     },
     policy::{DrainScope, DrainTimeoutAction, EscalationStep, GpuHealthPolicySpec, Mode},
+    vocabulary::{
+        Attempt, AttemptAction, AttemptOutcome, FindingKind, IncidentOutcome, Reason,
+        WorkloadOutcome,
+    },
 };
 use k8s_openapi::{apimachinery::pkg::apis::meta::v1::Time, jiff::Timestamp};
 
@@ -28,6 +32,7 @@ use crate::{
     budget::Budget,
     diagnosis::{Diagnosis, Evidence, ObservedCondition, after, diagnose},
     drain::{self, BudgetView, DrainPlan, GpuGate, PodView},
+    happening::Happening,
     windows,
     workload::{WorkloadView, assess, verdict_text},
 };
@@ -56,8 +61,8 @@ pub struct NodeView {
     pub conditions: Vec<ObservedCondition>,
     pub report: Option<Result<GpuReport, ContractError>>,
     /// The ids of the request annotations now on the node.
-    pub reset_request: Option<String>,
-    pub reboot_request: Option<String>,
+    pub reset_request: Option<RequestId>,
+    pub reboot_request: Option<RequestId>,
     pub result: Option<Result<RequestResult, ContractError>>,
     /// Other tools disrupting the node now, in words (see `others`).
     pub disrupted_by: Vec<String>,
@@ -83,7 +88,7 @@ pub struct ValidationView {
 
 /// The validation pod's name for an attempt on a node: one per attempt, so
 /// a restarted operator finds the pod it created and a new attempt starts afresh.
-pub fn validation_pod_name(node: &str, action_id: &str) -> String {
+pub fn validation_pod_name(node: &str, action_id: &RequestId) -> String {
     let mut name = format!("gpuhealth-validate-{node}-{action_id}");
     name.truncate(253);
     name.trim_end_matches(['-', '.']).to_owned()
@@ -114,12 +119,6 @@ pub struct Input<'a> {
     pub state: &'a GpuNodeHealthStatus,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum EventType {
-    Normal,
-    Warning,
-}
-
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Action {
     /// Set `spec.unschedulable` and `gpuhealth.io/cordoned-by` in one write.
@@ -142,12 +141,12 @@ pub enum Action {
     /// time, so that a request re-issued after a crash is the same value,
     /// not a new one.
     RequestReset {
-        id: String,
+        id: RequestId,
         gpus: Vec<String>,
         requested_at: Timestamp,
     },
     RequestReboot {
-        id: String,
+        id: RequestId,
         requested_at: Timestamp,
     },
     /// Create the validation pod `name` from the policy's template, pinned
@@ -171,19 +170,14 @@ pub enum Action {
         key: String,
         value: String,
     },
-    Event {
-        type_: EventType,
-        reason: String,
-        message: String,
-        /// About this pod (`namespace/name`); about the node when `None`.
-        pod: Option<String>,
-    },
 }
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct Decision {
     pub status: GpuNodeHealthStatus,
     pub actions: Vec<Action>,
+    /// What to say about it, in Events and metrics.
+    pub happenings: Vec<Happening>,
     /// When to look again if nothing changes before.
     pub requeue_after: Option<Duration>,
 }
@@ -230,6 +224,7 @@ pub fn step(input: &Input<'_>) -> Decision {
         input,
         status: input.state.clone(),
         actions: Vec::new(),
+        happenings: Vec::new(),
         requeue: None,
         diagnosis: Diagnosis::default(),
     };
@@ -255,13 +250,10 @@ pub fn step(input: &Input<'_>) -> Decision {
             "policy mode is {mode:?}: remediation held in {:?}",
             input.state.phase
         );
-        s.status.reason = Some("Held".into());
+        s.status.reason = Some(Reason::Held);
         s.status.message = Some(message);
-        return Decision {
-            status: s.status,
-            actions: s.actions,
-            requeue_after: None,
-        };
+        s.requeue = None;
+        return s.decision();
     }
     match input.state.phase {
         Phase::Healthy | Phase::Suspect => s.healthy_or_suspect(),
@@ -293,23 +285,20 @@ struct Stepper<'a> {
     input: &'a Input<'a>,
     status: GpuNodeHealthStatus,
     actions: Vec<Action>,
+    happenings: Vec<Happening>,
     requeue: Option<Duration>,
     diagnosis: Diagnosis,
 }
 
 impl<'a> Stepper<'a> {
     fn decision(mut self) -> Decision {
-        // The cordon first: it is what keeps new pods off a bad GPU. Events
-        // last: they inform and must never delay an action (a finding's Event
-        // ahead of the cordon cost a round trip in the benchmark).
-        self.actions.sort_by_key(|a| match a {
-            Action::Cordon { .. } => 0,
-            Action::Event { .. } => 2,
-            _ => 1,
-        });
+        // The cordon first: it is what keeps new pods off a bad GPU.
+        self.actions
+            .sort_by_key(|a| !matches!(a, Action::Cordon { .. }));
         Decision {
             status: self.status,
             actions: self.actions,
+            happenings: self.happenings,
             requeue_after: self.requeue,
         }
     }
@@ -337,14 +326,16 @@ impl<'a> Stepper<'a> {
             ),
         };
         self.finding(
-            "BreakGlass",
+            FindingKind::BreakGlass,
             None,
             format!("cleared by hand, gpuhealth.io/break-glass: {reason:?}: {what}"),
         );
         if let Some(a) = in_flight {
-            self.record(&format!("{:?}#{} Cancelled by hand", a.type_, a.attempt));
+            self.record(
+                Attempt::new(a.type_, a.attempt, AttemptOutcome::Cancelled).saying("by hand"),
+            );
             self.fail(
-                "BreakGlass",
+                Reason::BreakGlass,
                 format!(
                     "an administrator cleared {} by hand ({reason:?}); {what}",
                     a.id
@@ -388,7 +379,7 @@ impl<'a> Stepper<'a> {
     fn answered_at(&self) -> Option<Timestamp> {
         let action = self.status.action.as_ref()?;
         match &self.input.node.result {
-            Some(Ok(r)) if r.id.as_str() == action.id => Some(r.finished_at.0),
+            Some(Ok(r)) if r.id == action.id => Some(r.finished_at.0),
             _ => None,
         }
     }
@@ -404,7 +395,7 @@ impl<'a> Stepper<'a> {
         self.diagnosis = diagnose(self.now(), &self.spec().detection, &evidence);
         if let Some(error) = self.diagnosis.report_error.clone() {
             self.finding(
-                "MalformedGpuReport",
+                FindingKind::MalformedGpuReport,
                 None,
                 format!("the GPU report was ignored: {error}"),
             );
@@ -414,8 +405,8 @@ impl<'a> Stepper<'a> {
         self.status.report_problem = self.diagnosis.report_problem.clone();
         if let Some(problem) = self.diagnosis.report_problem.clone() {
             let kind = match problem.kind {
-                ReportProblemKind::Stale => "StaleReport",
-                ReportProblemKind::Unreadable => "GpusUnreadable",
+                ReportProblemKind::Stale => FindingKind::StaleReport,
+                ReportProblemKind::Unreadable => FindingKind::GpusUnreadable,
             };
             self.finding(kind, None, problem.message);
         }
@@ -452,7 +443,12 @@ impl<'a> Stepper<'a> {
                         "pod {pod} holds GPU {} ({}) on node {node}, which is {:?}; it may still look Ready, since its probes do not exercise the GPU",
                         gpu.index, gpu.uuid, gpu.health
                     );
-                    self.finding_about("PodOnBadGpu", Some(pod.clone()), message, Some(pod));
+                    self.finding_about(
+                        FindingKind::PodOnBadGpu,
+                        Some(pod.clone()),
+                        message,
+                        Some(pod),
+                    );
                 }
             }
         }
@@ -462,32 +458,36 @@ impl<'a> Stepper<'a> {
         self.requeue = Some(self.requeue.map_or(after, |r| r.min(after)));
     }
 
-    fn event(&mut self, type_: EventType, reason: &str, message: String) {
-        self.actions.push(Action::Event {
-            type_,
-            reason: reason.into(),
-            message,
-            pod: None,
-        });
+    fn tell(&mut self, happening: Happening) {
+        self.happenings.push(happening);
     }
 
-    /// Moves to `phase` with a reason, emitting an Event when anything changed.
-    fn enter(&mut self, phase: Phase, reason: &str, message: String) {
-        let changed = self.status.phase != phase || self.status.reason.as_deref() != Some(reason);
+    /// Moves to `phase` (never `Healthy`: see `back_in_service`) with a
+    /// reason, said when anything changed.
+    fn enter(&mut self, phase: Phase, reason: Reason, message: String) {
+        let changed = self.status.phase != phase || self.status.reason != Some(reason);
         if self.status.phase != phase {
             self.status.phase_since = Some(Time(self.now()));
         }
         self.status.phase = phase;
-        if changed && phase != Phase::Healthy {
-            let type_ = if matches!(phase, Phase::Failed) || reason == "CircuitOpen" {
-                EventType::Warning
-            } else {
-                EventType::Normal
-            };
-            self.event(type_, reason, message.clone());
+        if changed {
+            self.tell(Happening::Entered {
+                phase,
+                reason,
+                message: message.clone(),
+            });
         }
-        self.status.reason = (phase != Phase::Healthy).then(|| reason.to_owned());
-        self.status.message = (phase != Phase::Healthy).then_some(message);
+        self.status.reason = Some(reason);
+        self.status.message = Some(message);
+    }
+
+    fn back_in_service(&mut self) {
+        if self.status.phase != Phase::Healthy {
+            self.status.phase_since = Some(Time(self.now()));
+        }
+        self.status.phase = Phase::Healthy;
+        self.status.reason = None;
+        self.status.message = None;
     }
 
     fn phase_age(&self) -> Duration {
@@ -512,7 +512,7 @@ impl<'a> Stepper<'a> {
                         .unwrap_or(Duration::ZERO);
                     self.enter(
                         Phase::Suspect,
-                        "SignalPending",
+                        Reason::SignalPending,
                         "a signal holds but not yet for its `for` duration".into(),
                     );
                     self.wait(left);
@@ -521,7 +521,7 @@ impl<'a> Stepper<'a> {
                     if let Some(incident) = self.leftover_cordon() {
                         self.actions.push(Action::Uncordon { incident });
                     }
-                    self.enter(Phase::Healthy, "", String::new())
+                    self.back_in_service()
                 }
             }
             return;
@@ -533,7 +533,7 @@ impl<'a> Stepper<'a> {
         if self.spec().mode == Mode::Paused {
             self.enter(
                 Phase::Suspect,
-                "Paused",
+                Reason::Paused,
                 format!("policy is Paused; would act on: {headline}"),
             );
             return;
@@ -541,7 +541,7 @@ impl<'a> Stepper<'a> {
         if !self.input.node.disrupted_by.is_empty() {
             self.enter(
                 Phase::Suspect,
-                "DisruptedByOther",
+                Reason::DisruptedByOther,
                 format!(
                     "another tool is disrupting the node ({}); gpuhealth starts nothing until it is done; waiting to act on: {headline}",
                     self.input.node.disrupted_by.join("; ")
@@ -581,7 +581,7 @@ impl<'a> Stepper<'a> {
             self.status.plan = Some(self.dry_run_plan(action));
             self.enter(
                 Phase::Suspect,
-                "DryRun",
+                Reason::DryRun,
                 format!("DryRun: would quarantine and {what} for: {headline}"),
             );
             return;
@@ -596,7 +596,7 @@ impl<'a> Stepper<'a> {
             });
             self.enter(
                 Phase::Quarantined,
-                "MaintenanceScheduled",
+                Reason::MaintenanceScheduled,
                 format!("cordoned ahead of {headline}"),
             );
             return;
@@ -609,7 +609,7 @@ impl<'a> Stepper<'a> {
                 value: "true".into(),
             });
             return self.fail(
-                "RepeatedFailures",
+                Reason::RepeatedFailures,
                 format!(
                     "{why}: handed over for replacement instead of another remediation; the node stays cordoned and is labelled {NEEDS_REPLACEMENT_LABEL}=true (now: {headline})"
                 ),
@@ -618,7 +618,7 @@ impl<'a> Stepper<'a> {
         self.open_incident(headline.clone(), gpus, None);
         self.enter(
             Phase::Quarantined,
-            &self.headline_reason(),
+            self.headline_reason(),
             format!("cordoned for: {headline}"),
         );
     }
@@ -645,6 +645,7 @@ impl<'a> Stepper<'a> {
                 started_at: Time(self.now()),
                 ended_at: None,
                 trigger,
+                attempts: Vec::new(),
                 actions: Vec::new(),
                 outcome: None,
                 gpus,
@@ -655,6 +656,14 @@ impl<'a> Stepper<'a> {
         self.status.history.truncate(HISTORY_LIMIT);
         if !self.input.node.unschedulable || leftover.is_some() {
             self.actions.push(Action::Cordon { incident });
+            // Only a report that shows the fault dates it: a cordon for a node
+            // condition or a maintenance notice says nothing of reaction time.
+            if let Some(Ok(report)) = &self.input.node.report
+                && report.bad_gpus().next().is_some()
+            {
+                let observed_at = report.observed_at.0;
+                self.tell(Happening::CordonedForReport { observed_at });
+            }
         }
     }
 
@@ -668,7 +677,10 @@ impl<'a> Stepper<'a> {
             return None;
         }
         let last = self.status.history.first()?;
-        let ended_in_service = matches!(last.outcome.as_deref(), Some("Recovered" | "Cancelled"));
+        let ended_in_service = matches!(
+            last.outcome,
+            Some(IncidentOutcome::Recovered | IncidentOutcome::Cancelled)
+        );
         let node = self.input.node;
         (self.status.incident.is_none()
             && ended_in_service
@@ -690,7 +702,7 @@ impl<'a> Stepper<'a> {
             .status
             .history
             .iter()
-            .filter(|i| i.started_at.0 >= since && !i.actions.is_empty())
+            .filter(|i| i.started_at.0 >= since && !i.attempts.is_empty())
             .filter(|i| i.maintenance_deadline.is_none())
             .collect();
         if limits.per_node > 0 && recent.len() >= limits.per_node as usize {
@@ -723,7 +735,7 @@ impl<'a> Stepper<'a> {
             Some(Ok(n)) => n.clone(),
             Some(Err(e)) => {
                 let message = format!("the maintenance notice was ignored: {e}");
-                self.finding("MalformedMaintenanceNotice", None, message);
+                self.finding(FindingKind::MalformedMaintenanceNotice, None, message);
                 return None;
             }
             None => return None,
@@ -746,7 +758,7 @@ impl<'a> Stepper<'a> {
                 maintenance_headline(&notice)
             );
             self.finding(
-                "MaintenanceDeadlinePassed",
+                FindingKind::MaintenanceDeadlinePassed,
                 Some(notice.source.clone()),
                 message,
             );
@@ -777,10 +789,10 @@ impl<'a> Stepper<'a> {
             .map_or_else(String::new, |s| s.message.clone())
     }
 
-    fn headline_reason(&self) -> String {
+    fn headline_reason(&self) -> Reason {
         self.diagnosis
             .headline()
-            .map_or_else(|| "Unhealthy".into(), |s| s.reason.clone())
+            .map_or(Reason::Unhealthy, |s| s.reason)
     }
 
     fn ours(&self) -> bool {
@@ -855,25 +867,25 @@ impl<'a> Stepper<'a> {
         if step.action == RecoveryAction::GpuReset && gpus.is_empty() {
             // No report lists a GPU: a reset could name none, and the agent
             // refuses a request that names none.
-            self.record(&format!("GpuReset#{attempt} skipped: no GPU to name"));
+            self.record(
+                Attempt::new(RecoveryAction::GpuReset, attempt, AttemptOutcome::Skipped)
+                    .saying("no GPU to name"),
+            );
             return self.start_attempt(rung + 1, 1);
         }
         if let Some(why) = self.unavailable(step.action) {
-            self.record(&format!("{:?}#{attempt} skipped: {why}", step.action));
+            self.record(
+                Attempt::new(step.action, attempt, AttemptOutcome::Skipped).saying(why.clone()),
+            );
             self.finding(
-                "RungUnavailable",
+                FindingKind::RungUnavailable,
                 None,
                 format!("{:?} passed over: {why}", step.action),
             );
             return self.start_attempt(rung + 1, 1);
         }
-        let kind = match step.action {
-            RecoveryAction::GpuReset => "reset",
-            RecoveryAction::NodeReboot => "reboot",
-            RecoveryAction::ReplaceNode => "replace",
-        };
         self.status.action = Some(ActionStatus {
-            id: format!("{incident}-{kind}-{attempt}"),
+            id: RequestId::for_attempt(&incident, step.action, attempt),
             type_: step.action,
             attempt,
             gpus,
@@ -884,7 +896,7 @@ impl<'a> Stepper<'a> {
         self.status.clear_since = None;
         self.enter(
             Phase::Draining,
-            "Draining",
+            Reason::Draining,
             format!("draining for {:?} attempt {attempt}", step.action),
         );
         self.draining();
@@ -1021,18 +1033,18 @@ impl<'a> Stepper<'a> {
         {
             // Cordoned, nothing evicted yet: the drain's timeout starts
             // when the drain does.
-            self.enter(Phase::Quarantined, "OutsideMaintenanceWindow", why);
+            self.enter(Phase::Quarantined, Reason::OutsideMaintenanceWindow, why);
             return;
         }
         if plan.is_done() {
             return self.request(action);
         }
-        self.drain(plan, "Draining");
+        self.drain(plan, Reason::Draining);
     }
 
     /// One round of a drain that is not done: evict what may go, wait for
     /// the rest, and fail or force at `drain.timeout`.
-    fn drain(&mut self, plan: DrainPlan, reason: &str) {
+    fn drain(&mut self, plan: DrainPlan, reason: Reason) {
         let drain = &self.spec().drain;
         // Counted from the start of this drain: time held back before it
         // (cordoned, outside a window) is not the pods' fault.
@@ -1052,7 +1064,7 @@ impl<'a> Stepper<'a> {
                 .chain(plan.blocked.iter().map(|(p, why)| format!("{p} ({why})")))
                 .collect();
             return self.fail(
-                "DrainTimeout",
+                Reason::DrainTimeout,
                 format!(
                     "pods still on the node after drain.timeout {}: {}; the node stays cordoned: move or delete them, then uncordon",
                     drain.timeout,
@@ -1068,7 +1080,7 @@ impl<'a> Stepper<'a> {
         match plan.blocked.first() {
             Some((pod, why)) => {
                 let message = format!("waiting for pod {pod} to leave: {why}");
-                self.enter(Phase::Draining, "WaitingForPod", message);
+                self.enter(Phase::Draining, Reason::WaitingForPod, message);
             }
             None => {
                 let mut message = format!(
@@ -1094,7 +1106,7 @@ impl<'a> Stepper<'a> {
             "another tool is disrupting the node ({}); gpuhealth's next step waits until it is done",
             self.input.node.disrupted_by.join("; ")
         );
-        self.enter(phase, "DisruptedByOther", message);
+        self.enter(phase, Reason::DisruptedByOther, message);
         self.wait(POLL);
         true
     }
@@ -1119,7 +1131,7 @@ impl<'a> Stepper<'a> {
         let message = format!(
             "the last remediation of this node ended at {ended}; the next waits for remediationLimits.cooldown {cooldown}, until {until}"
         );
-        self.enter(Phase::Quarantined, "Cooldown", message);
+        self.enter(Phase::Quarantined, Reason::Cooldown, message);
         let left = until
             .duration_since(self.now())
             .try_into()
@@ -1201,7 +1213,7 @@ impl<'a> Stepper<'a> {
             self.input.pods,
         );
         if !plan.is_done() {
-            return self.drain(plan, "DrainingForMaintenance");
+            return self.drain(plan, Reason::DrainingForMaintenance);
         }
         let now = self.now();
         let Some(m) = self.status.maintenance.as_mut() else {
@@ -1213,8 +1225,16 @@ impl<'a> Stepper<'a> {
             m.source, m.deadline.0, m.reason
         );
         self.status.boot_id_before_reboot = Some(self.input.node.boot_id.clone());
-        self.record("drained for maintenance");
-        self.enter(Phase::AwaitingMaintenance, "AwaitingMaintenance", message);
+        self.record(Attempt::new(
+            AttemptAction::Maintenance,
+            1,
+            AttemptOutcome::Drained,
+        ));
+        self.enter(
+            Phase::AwaitingMaintenance,
+            Reason::AwaitingMaintenance,
+            message,
+        );
         self.wait(POLL);
     }
 
@@ -1233,7 +1253,7 @@ impl<'a> Stepper<'a> {
             let incident = self.status.incident.clone().unwrap_or_default();
             let now = self.now();
             let action = ActionStatus {
-                id: format!("{incident}-maintenance"),
+                id: RequestId::for_maintenance(&incident),
                 type_: RecoveryAction::NodeReboot,
                 attempt: 1,
                 gpus: Vec::new(),
@@ -1241,12 +1261,15 @@ impl<'a> Stepper<'a> {
                 requested_at: Some(Time(now)),
                 deadline: None,
             };
-            self.record("maintenance done (new boot id)");
+            self.record(
+                Attempt::new(AttemptAction::Maintenance, 1, AttemptOutcome::Succeeded)
+                    .saying("new boot id"),
+            );
             self.status.action = Some(action);
             self.status.clear_since = None;
             self.enter(
                 Phase::Verifying,
-                "Verifying",
+                Reason::Verifying,
                 "back from maintenance; waiting for every signal to stay clear".into(),
             );
             return self.verifying();
@@ -1260,7 +1283,11 @@ impl<'a> Stepper<'a> {
                 "drained for {}'s maintenance due {}, but the node has not been taken down (same boot id) by {overdue}; it stays cordoned: ask the provider, or remove the gpuhealth.io/maintenance annotation to return it to service",
                 m.source, m.deadline.0
             );
-            self.finding("MaintenanceOverdue", Some(m.source.clone()), message);
+            self.finding(
+                FindingKind::MaintenanceOverdue,
+                Some(m.source.clone()),
+                message,
+            );
         } else {
             let left = overdue
                 .duration_since(self.now())
@@ -1288,31 +1315,29 @@ impl<'a> Stepper<'a> {
                 incident: incident.clone(),
             });
         }
-        self.close("Cancelled");
-        self.status.maintenance = None;
-        self.status.action = None;
-        self.status.incident = None;
-        self.status.boot_id_before_reboot = None;
-        self.event(
-            EventType::Normal,
-            "MaintenanceCancelled",
+        self.close(
+            IncidentOutcome::Cancelled,
             format!(
                 "incident {incident}: the maintenance notice was withdrawn; node back in service"
             ),
         );
-        self.enter(Phase::Healthy, "", String::new());
+        self.status.maintenance = None;
+        self.status.action = None;
+        self.status.incident = None;
+        self.status.boot_id_before_reboot = None;
+        self.back_in_service();
     }
 
     fn request(&mut self, mut action: ActionStatus) {
         // The agent may have said otherwise since the attempt was recorded:
         // a rung it cannot carry out is passed over, never requested.
         if let Some(why) = self.unavailable(action.type_) {
-            self.record(&format!(
-                "{:?}#{} skipped: {why}",
-                action.type_, action.attempt
-            ));
+            self.record(
+                Attempt::new(action.type_, action.attempt, AttemptOutcome::Skipped)
+                    .saying(why.clone()),
+            );
             self.finding(
-                "RungUnavailable",
+                FindingKind::RungUnavailable,
                 None,
                 format!("{:?} passed over: {why}", action.type_),
             );
@@ -1349,10 +1374,14 @@ impl<'a> Stepper<'a> {
                     key: REPLACE_LABEL.into(),
                     value: incident,
                 });
+                self.record(Attempt::new(
+                    RecoveryAction::ReplaceNode,
+                    action.attempt,
+                    AttemptOutcome::Requested,
+                ));
                 self.status.action = Some(action);
-                self.record("ReplaceNode requested");
                 return self.fail(
-                    "ReplacementRequested",
+                    Reason::ReplacementRequested,
                     "handed off for replacement: the node stays cordoned and is labelled gpuhealth.io/replace".into(),
                 );
             }
@@ -1362,7 +1391,7 @@ impl<'a> Stepper<'a> {
             action.type_, action.attempt, action.id
         );
         self.status.action = Some(action);
-        self.enter(Phase::Remediating, "ActionRequested", message);
+        self.enter(Phase::Remediating, Reason::ActionRequested, message);
         self.wait(timeout.min(POLL));
     }
 
@@ -1376,7 +1405,7 @@ impl<'a> Stepper<'a> {
         };
         let node = self.input.node;
         let result = match &node.result {
-            Some(Ok(r)) if r.id.as_str() == action.id => Some(r),
+            Some(Ok(r)) if r.id == action.id => Some(r),
             _ => None,
         };
         match (action.type_, result) {
@@ -1409,12 +1438,12 @@ impl<'a> Stepper<'a> {
         // leaves alone. Not in the seconds right after the request: the
         // watch may not show it yet (the e2e tests saw that, under load).
         let on_node = match action.type_ {
-            RecoveryAction::GpuReset => node.reset_request.as_deref(),
-            _ => node.reboot_request.as_deref(),
+            RecoveryAction::GpuReset => node.reset_request.as_ref(),
+            _ => node.reboot_request.as_ref(),
         };
         let requested_at = action.requested_at.as_ref().map_or(self.now(), |t| t.0);
         let settled = after(requested_at, REISSUE_AFTER) <= self.now();
-        if on_node != Some(action.id.as_str()) && settled {
+        if on_node != Some(&action.id) && settled {
             match action.type_ {
                 RecoveryAction::GpuReset => {
                     self.actions.push(Action::RequestReset {
@@ -1428,18 +1457,22 @@ impl<'a> Stepper<'a> {
                     requested_at,
                 }),
             }
-        } else if on_node != Some(action.id.as_str()) {
+        } else if on_node != Some(&action.id) {
             self.wait(REISSUE_AFTER);
         }
         self.wait(POLL);
     }
 
     fn begin_verifying(&mut self, action: &ActionStatus) {
-        self.record(&format!("{:?}#{} Succeeded", action.type_, action.attempt));
+        self.record(Attempt::new(
+            action.type_,
+            action.attempt,
+            AttemptOutcome::Succeeded,
+        ));
         self.status.clear_since = None;
         self.enter(
             Phase::Verifying,
-            "Verifying",
+            Reason::Verifying,
             format!(
                 "{:?} done; waiting for every signal to stay clear",
                 action.type_
@@ -1508,12 +1541,26 @@ impl<'a> Stepper<'a> {
             Some(pod) if pod.phase == "Succeeded" => {
                 self.actions
                     .push(Action::DeleteValidationPod { name: name.clone() });
-                self.record(&format!("validation pod {name} Succeeded"));
+                self.record(
+                    Attempt::new(
+                        AttemptAction::ValidationPod,
+                        action.attempt,
+                        AttemptOutcome::Succeeded,
+                    )
+                    .saying(name.clone()),
+                );
                 self.recovered()
             }
             Some(pod) if pod.phase == "Failed" => {
                 // Kept for its logs.
-                self.record(&format!("validation pod {name} Failed"));
+                self.record(
+                    Attempt::new(
+                        AttemptAction::ValidationPod,
+                        action.attempt,
+                        AttemptOutcome::Failed,
+                    )
+                    .saying(name.clone()),
+                );
                 self.escalate(format!(
                     "validation pod {name} failed: {}; it is kept for its logs (kubectl logs)",
                     pod.message
@@ -1523,7 +1570,14 @@ impl<'a> Stepper<'a> {
                 let seen = self.input.validation.is_some();
                 self.actions
                     .push(Action::DeleteValidationPod { name: name.clone() });
-                self.record(&format!("validation pod {name} TimedOut"));
+                self.record(
+                    Attempt::new(
+                        AttemptAction::ValidationPod,
+                        action.attempt,
+                        AttemptOutcome::TimedOut,
+                    )
+                    .saying(name.clone()),
+                );
                 let why = if seen {
                     "did not succeed"
                 } else {
@@ -1538,7 +1592,7 @@ impl<'a> Stepper<'a> {
                 }
                 self.enter(
                     Phase::Verifying,
-                    "Validating",
+                    Reason::Validating,
                     format!("signals clear; waiting for validation pod {name} to succeed"),
                 );
                 self.wait(VALIDATION_POLL);
@@ -1561,21 +1615,20 @@ impl<'a> Stepper<'a> {
                 "incident {incident} recovered; the node stays cordoned: someone else cordoned it"
             )
         };
-        self.close("Recovered");
+        self.close(IncidentOutcome::Recovered, message);
         self.start_workload_watch();
         self.status.maintenance = None;
         self.status.action = None;
         self.status.incident = None;
         self.status.clear_since = None;
         self.status.boot_id_before_reboot = None;
-        self.event(EventType::Normal, "Recovered", message);
-        self.enter(Phase::Healthy, "", String::new());
+        self.back_in_service();
     }
 
     fn attempt_failed(&mut self, why: String) {
         if let Some(action) = &self.status.action {
-            let what = format!("{:?}#{} Failed", action.type_, action.attempt);
-            self.record(&what);
+            let failed = Attempt::new(action.type_, action.attempt, AttemptOutcome::Failed);
+            self.record(failed);
         }
         self.escalate(why);
     }
@@ -1586,7 +1639,7 @@ impl<'a> Stepper<'a> {
         let Some(action) = self.status.action.clone() else {
             return self.quarantined();
         };
-        self.event(EventType::Warning, "AttemptFailed", why);
+        self.tell(Happening::AttemptFailed { why });
         let ladder = &self.spec().escalation;
         let rung = ladder.iter().position(|r| r.action == action.type_);
         match rung {
@@ -1607,18 +1660,21 @@ impl<'a> Stepper<'a> {
             .status
             .history
             .first()
-            .map(|i| i.actions.join(", "))
+            .map(|i| {
+                let tried: Vec<String> = i.attempts.iter().map(Attempt::to_string).collect();
+                tried.join(", ")
+            })
             .unwrap_or_default();
         self.fail(
-            "EscalationExhausted",
+            Reason::EscalationExhausted,
             format!(
                 "every rung of the escalation ladder failed ({tried}); the node stays cordoned: inspect its GPUs (nvidia-smi, kernel log), repair or replace it, then uncordon"
             ),
         );
     }
 
-    fn fail(&mut self, reason: &str, message: String) {
-        self.close("Failed");
+    fn fail(&mut self, reason: Reason, message: String) {
+        self.close(IncidentOutcome::Failed, message.clone());
         self.enter(Phase::Failed, reason, message);
     }
 
@@ -1629,19 +1685,19 @@ impl<'a> Stepper<'a> {
             self.status.action = None;
             self.status.incident = None;
             self.status.maintenance = None;
-            self.enter(Phase::Healthy, "", String::new());
+            self.back_in_service();
         }
     }
 
     /// Records a finding once (until it changes) and says so in an Event
     /// (about the node, or about the pod in `pod`).
-    fn finding(&mut self, type_: &str, subject: Option<String>, message: String) {
+    fn finding(&mut self, type_: FindingKind, subject: Option<String>, message: String) {
         self.finding_about(type_, subject, message, None);
     }
 
     fn finding_about(
         &mut self,
-        type_: &str,
+        type_: FindingKind,
         subject: Option<String>,
         message: String,
         pod: Option<String>,
@@ -1660,16 +1716,15 @@ impl<'a> Stepper<'a> {
         self.status.findings.insert(
             0,
             Finding {
-                type_: type_.into(),
+                type_,
                 subject,
                 message: message.clone(),
                 observed_at: Time(self.now()),
             },
         );
         self.status.findings.truncate(FINDINGS_LIMIT);
-        self.actions.push(Action::Event {
-            type_: EventType::Warning,
-            reason: type_.into(),
+        self.tell(Happening::Found {
+            kind: type_,
             message,
             pod,
         });
@@ -1725,7 +1780,7 @@ impl<'a> Stepper<'a> {
             .and_then(|i| i.workloads.as_mut())
             .filter(|w| w.deadline.is_some() && w.outcome.is_none())
         {
-            w.outcome = Some("Superseded".into());
+            w.outcome = Some(WorkloadOutcome::Superseded);
             w.message = Some(format!(
                 "incident {new} began before the workloads' window ended"
             ));
@@ -1765,7 +1820,12 @@ impl<'a> Stepper<'a> {
                     "{name}, evicted by incident {id}: {}",
                     verdict_text(&c.container, &c.verdict)
                 );
-                self.finding_about("StartupProbeTooShort", Some(name.clone()), message, pod);
+                self.finding_about(
+                    FindingKind::StartupProbeTooShort,
+                    Some(name.clone()),
+                    message,
+                    pod,
+                );
             }
             if !a.recovered() {
                 not_serving.push(format!("{name}: {}", a.why_not()));
@@ -1777,19 +1837,21 @@ impl<'a> Stepper<'a> {
                 "every workload incident {id} evicted is Ready again: {}",
                 evicted.join(", ")
             );
-            self.event(EventType::Normal, "WorkloadsRecovered", message.clone());
-            ("Recovered", message)
+            self.tell(Happening::WorkloadsRecovered {
+                message: message.clone(),
+            });
+            (WorkloadOutcome::Recovered, message)
         } else if now >= deadline.0 {
             let message = format!(
                 "the node recovered, but not every workload incident {id} evicted is serving: {}",
                 not_serving.join(" | ")
             );
             self.finding(
-                "WorkloadNotRecovered",
+                FindingKind::WorkloadNotRecovered,
                 Some(format!("incident/{id}")),
                 message.clone(),
             );
-            ("WorkloadNotRecovered", message)
+            (WorkloadOutcome::WorkloadNotRecovered, message)
         } else {
             let left = deadline
                 .0
@@ -1805,7 +1867,7 @@ impl<'a> Stepper<'a> {
             .first_mut()
             .and_then(|i| i.workloads.as_mut())
         {
-            w.outcome = Some(outcome.into());
+            w.outcome = Some(outcome);
             w.message = Some(message);
         }
     }
@@ -1849,19 +1911,31 @@ impl<'a> Stepper<'a> {
         }
     }
 
-    fn record(&mut self, what: &str) {
+    /// Puts an attempt on the open incident's record, and says so.
+    fn record(&mut self, attempt: Attempt) {
         if let Some(incident) = self.status.history.first_mut() {
-            incident.actions.push(what.to_owned());
+            incident.attempts.push(attempt.clone());
+            self.happenings.push(Happening::Attempted(attempt));
         }
     }
 
-    fn close(&mut self, outcome: &str) {
+    /// Ends the open incident, and says so.
+    fn close(&mut self, outcome: IncidentOutcome, message: String) {
         let now = self.now();
         if let Some(incident) = self.status.history.first_mut()
             && incident.ended_at.is_none()
         {
             incident.ended_at = Some(Time(now));
-            incident.outcome = Some(outcome.to_owned());
+            incident.outcome = Some(outcome);
+            let lasted = now
+                .duration_since(incident.started_at.0)
+                .try_into()
+                .unwrap_or(Duration::ZERO);
+            self.happenings.push(Happening::Closed {
+                outcome,
+                lasted,
+                message,
+            });
         }
     }
 }

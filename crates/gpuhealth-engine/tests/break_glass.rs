@@ -8,8 +8,11 @@ mod common;
 use std::time::Duration;
 
 use common::{Agent, World};
-use gpuhealth_api::node_health::Phase;
-use gpuhealth_engine::machine::Action;
+use gpuhealth_api::{
+    node_health::Phase,
+    vocabulary::{Attempt, AttemptAction, AttemptOutcome, FindingKind, IncidentOutcome, Reason},
+};
+use gpuhealth_engine::{happening::Happening, machine::Action};
 
 const HOUR: Duration = Duration::from_secs(3600);
 
@@ -39,25 +42,25 @@ fn a_request_cleared_by_hand_is_abandoned_never_reissued_and_said() {
     assert!(actions.contains(&Action::ClearBreakGlass), "{actions:?}");
     assert_eq!(w.node.break_glass, None);
     assert_eq!(w.state.phase, Phase::Failed);
-    assert_eq!(w.state.reason.as_deref(), Some("BreakGlass"));
+    assert_eq!(w.state.reason, Some(Reason::BreakGlass));
     let message = w.state.message.clone().unwrap_or_default();
     assert!(
-        message.contains(&id) && message.contains("agent gone"),
+        message.contains(id.as_str()) && message.contains("agent gone"),
         "{message}"
     );
+    let cancelled =
+        Attempt::new(AttemptAction::GpuReset, 1, AttemptOutcome::Cancelled).saying("by hand");
     assert!(
-        w.state.history[0]
-            .actions
-            .contains(&"GpuReset#1 Cancelled by hand".to_owned()),
+        w.state.history[0].attempts.contains(&cancelled),
         "{:?}",
-        w.state.history[0].actions
+        w.state.history[0].attempts
     );
-    assert_eq!(w.state.history[0].outcome.as_deref(), Some("Failed"));
+    assert_eq!(w.state.history[0].outcome, Some(IncidentOutcome::Failed));
     let found: Vec<_> = w
         .state
         .findings
         .iter()
-        .filter(|f| f.type_ == "BreakGlass")
+        .filter(|f| f.type_ == FindingKind::BreakGlass)
         .collect();
     assert_eq!(found.len(), 1, "{:?}", w.state.findings);
     assert!(
@@ -65,11 +68,29 @@ fn a_request_cleared_by_hand_is_abandoned_never_reissued_and_said() {
         "{}",
         found[0].message
     );
+    // Said: the finding, and the node's failure for it.
     assert!(
-        actions
-            .iter()
-            .any(|a| matches!(a, Action::Event { reason, .. } if reason == "BreakGlass")),
-        "an Event: {actions:?}"
+        w.happenings.iter().any(|h| matches!(
+            h,
+            Happening::Found {
+                kind: FindingKind::BreakGlass,
+                ..
+            }
+        )),
+        "said: {:?}",
+        w.happenings
+    );
+    assert!(
+        w.happenings.iter().any(|h| matches!(
+            h,
+            Happening::Entered {
+                phase: Phase::Failed,
+                reason: Reason::BreakGlass,
+                ..
+            }
+        )),
+        "said: {:?}",
+        w.happenings
     );
 
     // Left to them: cordoned, and nothing asked again.
@@ -97,12 +118,23 @@ fn break_glass_with_nothing_in_flight_is_said_and_changes_nothing_else() {
         .state
         .findings
         .iter()
-        .filter(|f| f.type_ == "BreakGlass")
+        .filter(|f| f.type_ == FindingKind::BreakGlass)
         .collect();
     assert_eq!(found.len(), 1, "{:?}", w.state.findings);
     assert!(
         found[0].message.contains("no request was in flight"),
         "{}",
         found[0].message
+    );
+    assert!(
+        w.happenings.iter().any(|h| matches!(
+            h,
+            Happening::Found {
+                kind: FindingKind::BreakGlass,
+                ..
+            }
+        )),
+        "said: {:?}",
+        w.happenings
     );
 }

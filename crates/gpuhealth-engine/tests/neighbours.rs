@@ -11,6 +11,7 @@ use gpuhealth_api::{
     contract::{MaintenanceNotice, NEEDS_REPLACEMENT_LABEL},
     node_health::Phase,
     policy::{DrainScope, MaintenanceWindow},
+    vocabulary::{FindingKind, IncidentOutcome, Reason},
 };
 use gpuhealth_engine::{budget::Budget, machine::Action};
 use k8s_openapi::{apimachinery::pkg::apis::meta::v1::Time, jiff::Timestamp};
@@ -78,7 +79,7 @@ fn a_notice_drains_the_node_ahead_of_its_deadline_and_it_returns_after_the_work(
     w.run_until(|w| w.state.phase == Phase::Healthy, HOUR);
     assert!(!w.node.unschedulable, "uncordoned");
     let incident = &w.state.history[0];
-    assert_eq!(incident.outcome.as_deref(), Some("Recovered"));
+    assert_eq!(incident.outcome, Some(IncidentOutcome::Recovered));
     assert_eq!(incident.maintenance_deadline, Some(Time(deadline)));
 
     // The notice is still on the node: handled once, not again.
@@ -103,7 +104,7 @@ fn a_provider_that_never_comes_is_reported_overdue_and_a_withdrawn_notice_return
         w.state
             .findings
             .iter()
-            .any(|f| f.type_ == "MaintenanceOverdue"),
+            .any(|f| f.type_ == FindingKind::MaintenanceOverdue),
         "{:?}",
         w.state.findings
     );
@@ -111,7 +112,7 @@ fn a_provider_that_never_comes_is_reported_overdue_and_a_withdrawn_notice_return
     w.reconcile();
     assert_eq!(w.state.phase, Phase::Healthy);
     assert!(!w.node.unschedulable);
-    assert_eq!(w.state.history[0].outcome.as_deref(), Some("Cancelled"));
+    assert_eq!(w.state.history[0].outcome, Some(IncidentOutcome::Cancelled));
 }
 
 #[test]
@@ -125,7 +126,7 @@ fn a_deadline_already_past_is_reported_not_acted_on() {
         w.state
             .findings
             .iter()
-            .any(|f| f.type_ == "MaintenanceDeadlinePassed"),
+            .any(|f| f.type_ == FindingKind::MaintenanceDeadlinePassed),
         "{:?}",
         w.state.findings
     );
@@ -172,7 +173,7 @@ fn the_third_remediation_of_a_gpu_in_the_window_hands_the_node_over_instead() {
     w.advance(HOUR);
     fail_again(&mut w);
     assert_eq!(w.state.phase, Phase::Failed);
-    assert_eq!(w.state.reason.as_deref(), Some("RepeatedFailures"));
+    assert_eq!(w.state.reason, Some(Reason::RepeatedFailures));
     assert_eq!(w.executed.len(), 2, "no third reset");
     assert!(w.node.unschedulable, "cordoned for the hand-over");
     assert_eq!(
@@ -213,7 +214,7 @@ fn a_second_remediation_within_the_cooldown_waits_cordoned() {
     w.reconcile();
     w.reconcile();
     assert_eq!(w.state.phase, Phase::Quarantined);
-    assert_eq!(w.state.reason.as_deref(), Some("Cooldown"));
+    assert_eq!(w.state.reason, Some(Reason::Cooldown));
     assert!(
         w.node.unschedulable,
         "no new pod lands on the bad GPU meanwhile"
@@ -231,7 +232,7 @@ fn a_node_another_tool_disrupts_is_left_alone_until_it_is_done() {
     w.advance(Duration::from_secs(600));
     w.reconcile();
     assert_eq!(w.state.phase, Phase::Suspect);
-    assert_eq!(w.state.reason.as_deref(), Some("DisruptedByOther"));
+    assert_eq!(w.state.reason, Some(Reason::DisruptedByOther));
     assert_eq!(w.state.disrupted_by, w.node.disrupted_by);
     assert!(!w.node.unschedulable);
     assert_eq!(w.count(|a| matches!(a, Action::Cordon { .. })), 0);
@@ -249,7 +250,7 @@ fn nodes_other_tools_disrupt_count_against_max_concurrent() {
     w.budget = Budget::new(&w.spec, 10, 0, 1).with_others(1);
     w.reconcile();
     assert_eq!(w.state.phase, Phase::Suspect);
-    assert_eq!(w.state.reason.as_deref(), Some("WaitingForBudget"));
+    assert_eq!(w.state.reason, Some(Reason::WaitingForBudget));
     assert!(
         w.state
             .message
@@ -279,7 +280,7 @@ fn outside_a_window_a_gpu_pods_drain_waits_while_an_affected_pods_reset_goes_ahe
     w.reconcile();
     w.reconcile();
     assert_eq!(w.state.phase, Phase::Quarantined, "cordoned, waiting");
-    assert_eq!(w.state.reason.as_deref(), Some("OutsideMaintenanceWindow"));
+    assert_eq!(w.state.reason, Some(Reason::OutsideMaintenanceWindow));
     assert!(
         w.state
             .message

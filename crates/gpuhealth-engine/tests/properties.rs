@@ -9,7 +9,7 @@ use std::time::Duration;
 use common::{Agent, World, gpu_pod};
 use gpuhealth_api::{
     GpuHealth,
-    contract::{Capabilities, DisruptionTolerance, RebootMethod, XidEvent},
+    contract::{Capabilities, DisruptionTolerance, RebootMethod, RequestId, XidEvent},
     node_health::Phase,
     policy::Mode,
 };
@@ -210,7 +210,7 @@ fn reconcile_checked(w: &mut World) -> Vec<(Rule, String)> {
         Some(Ok(r)) => r.capabilities,
         _ => None,
     };
-    let made_before = |id: &String| {
+    let made_before = |id: &RequestId| {
         before
             .action
             .as_ref()
@@ -281,7 +281,7 @@ fn reconcile_checked(w: &mut World) -> Vec<(Rule, String)> {
             }
             _ => {}
         }
-        if mode != Mode::Enforce && !matches!(a, Action::Event { .. }) {
+        if mode != Mode::Enforce {
             bad.push((
                 Rule::NoSideEffectsUnlessEnforced,
                 format!("{mode:?} took a side effect: {a:?}"),

@@ -8,15 +8,22 @@ use std::time::Duration;
 use common::{Agent, BAD_GPU, World, gpu_pod, ts};
 use gpuhealth_api::{
     GpuHealth,
-    contract::{DisruptionTolerance, XidEvent},
+    contract::{DisruptionTolerance, RequestId, XidEvent},
     node_health::Phase,
     policy::{ConditionRule, ConditionStatus, EscalationStep, Mode, ValidationPod},
     types::{RecoveryAction, SignalAction},
+    vocabulary::{Attempt, AttemptAction, AttemptOutcome, FindingKind, IncidentOutcome, Reason},
 };
-use gpuhealth_engine::{diagnosis::ObservedCondition, drain::BudgetView, machine::Action};
+use gpuhealth_engine::{
+    diagnosis::ObservedCondition, drain::BudgetView, happening::Happening, machine::Action,
+};
 use k8s_openapi::{apimachinery::pkg::apis::meta::v1::Time, jiff::SignedDuration};
 
 const HOUR: Duration = Duration::from_secs(3600);
+
+fn attempt(action: impl Into<AttemptAction>, n: u32, outcome: AttemptOutcome) -> Attempt {
+    Attempt::new(action, n, outcome)
+}
 
 #[test]
 fn the_incident_resets_one_gpu_and_returns_to_healthy() {
@@ -43,23 +50,41 @@ fn the_incident_resets_one_gpu_and_returns_to_healthy() {
     );
     assert!(!w.node.unschedulable, "uncordoned");
     let incident = &w.state.history[0];
-    assert_eq!(incident.outcome.as_deref(), Some("Recovered"));
-    assert_eq!(incident.actions, ["GpuReset#1 Succeeded"]);
+    assert_eq!(incident.outcome, Some(IncidentOutcome::Recovered));
+    assert_eq!(
+        incident.attempts,
+        [attempt(
+            RecoveryAction::GpuReset,
+            1,
+            AttemptOutcome::Succeeded
+        )]
+    );
     assert!(incident.trigger.contains("GPU 7"), "{}", incident.trigger);
-    let reasons: Vec<String> = w
-        .log
+    let entered: Vec<Reason> = w
+        .said
         .iter()
-        .filter_map(|a| match a {
-            Action::Event { reason, .. } => Some(reason.clone()),
+        .filter_map(|h| match h {
+            Happening::Entered { reason, .. } => Some(*reason),
             _ => None,
         })
         .collect();
-    for expected in ["Draining", "ActionRequested", "Verifying", "Recovered"] {
+    for expected in [Reason::Draining, Reason::ActionRequested, Reason::Verifying] {
         assert!(
-            reasons.iter().any(|r| r == expected),
-            "an Event for {expected}: {reasons:?}"
+            entered.contains(&expected),
+            "said it entered {expected}: {entered:?}"
         );
     }
+    assert!(
+        w.said.iter().any(|h| matches!(
+            h,
+            Happening::Closed {
+                outcome: IncidentOutcome::Recovered,
+                ..
+            }
+        )),
+        "said it recovered: {:?}",
+        w.said
+    );
 }
 
 /// Found by the benchmark: a fault that cleared between the cordon and the
@@ -130,28 +155,54 @@ fn a_condition_resets_every_gpu_and_without_a_report_reboots() {
         requests(&w)
     );
     assert_eq!(
-        w.state.history[0].actions,
-        ["GpuReset#1 skipped: no GPU to name"]
+        w.state.history[0].attempts,
+        [attempt(RecoveryAction::GpuReset, 1, AttemptOutcome::Skipped).saying("no GPU to name")]
     );
 }
 
+/// Nothing said delays an action: what a step says is no action at all.
 #[test]
-fn the_cordon_is_the_first_action_and_events_come_last() {
+fn the_cordon_is_the_first_action_and_what_is_said_is_no_action() {
     let mut w = World::incident();
     let actions = w.reconcile();
     assert!(
         matches!(actions.first(), Some(Action::Cordon { .. })),
         "{actions:?}"
     );
-    let first_event = actions
-        .iter()
-        .position(|a| matches!(a, Action::Event { .. }))
-        .expect("the finding's Event and the transition's");
+    // The finding and the transition are said.
     assert!(
-        actions[first_event..]
-            .iter()
-            .all(|a| matches!(a, Action::Event { .. })),
-        "{actions:?}"
+        w.happenings.iter().any(|h| matches!(
+            h,
+            Happening::Found {
+                kind: FindingKind::PodOnBadGpu,
+                ..
+            }
+        )),
+        "the finding: {:?}",
+        w.happenings
+    );
+    assert!(
+        w.happenings.iter().any(|h| matches!(
+            h,
+            Happening::Entered {
+                phase: Phase::Quarantined,
+                ..
+            }
+        )),
+        "the transition: {:?}",
+        w.happenings
+    );
+    // Cordoned for a report that shows a bad GPU: its time is told.
+    let observed = match &w.node.report {
+        Some(Ok(r)) => r.observed_at.0,
+        other => panic!("a report: {other:?}"),
+    };
+    assert!(
+        w.happenings.contains(&Happening::CordonedForReport {
+            observed_at: observed
+        }),
+        "{:?}",
+        w.happenings
     );
 }
 
@@ -162,8 +213,11 @@ fn a_failed_reset_escalates_to_a_reboot() {
     w.run_until(|w| w.state.phase == Phase::Healthy, HOUR);
     assert_eq!(w.node.boot_id, "boot-2", "the node was rebooted");
     assert_eq!(
-        w.state.history[0].actions,
-        ["GpuReset#1 Failed", "NodeReboot#1 Succeeded"]
+        w.state.history[0].attempts,
+        [
+            attempt(RecoveryAction::GpuReset, 1, AttemptOutcome::Failed),
+            attempt(RecoveryAction::NodeReboot, 1, AttemptOutcome::Succeeded)
+        ]
     );
     assert!(w.pods.is_empty(), "a reboot drains every pod");
 }
@@ -175,13 +229,13 @@ fn when_everything_fails_the_node_stays_cordoned_for_a_person() {
     w.reboot_agent = Agent::Fails;
     w.run_until(|w| w.state.phase == Phase::Failed, HOUR);
     assert!(w.node.unschedulable);
-    assert_eq!(w.state.reason.as_deref(), Some("EscalationExhausted"));
+    assert_eq!(w.state.reason, Some(Reason::EscalationExhausted));
     let message = w.state.message.clone().unwrap_or_default();
     assert!(
         message.contains("inspect") && message.contains("uncordon"),
         "{message}"
     );
-    assert_eq!(w.state.history[0].outcome.as_deref(), Some("Failed"));
+    assert_eq!(w.state.history[0].outcome, Some(IncidentOutcome::Failed));
     // It stays Failed until a person uncordons it.
     w.advance(HOUR);
     w.reconcile();
@@ -195,8 +249,11 @@ fn a_silent_agent_times_out_and_escalates() {
     w.reset_agent = Agent::Silent;
     w.run_until(|w| w.state.phase == Phase::Healthy, 2 * HOUR);
     assert_eq!(
-        w.state.history[0].actions,
-        ["GpuReset#1 Failed", "NodeReboot#1 Succeeded"]
+        w.state.history[0].attempts,
+        [
+            attempt(RecoveryAction::GpuReset, 1, AttemptOutcome::Failed),
+            attempt(RecoveryAction::NodeReboot, 1, AttemptOutcome::Succeeded)
+        ]
     );
 }
 
@@ -214,7 +271,14 @@ fn xid_79_starts_at_the_reboot_rung_and_drains_everything() {
     }
     w.run_until(|w| w.state.phase == Phase::Healthy, HOUR);
     assert_eq!(w.count(|a| matches!(a, Action::RequestReset { .. })), 0);
-    assert_eq!(w.state.history[0].actions, ["NodeReboot#1 Succeeded"]);
+    assert_eq!(
+        w.state.history[0].attempts,
+        [attempt(
+            RecoveryAction::NodeReboot,
+            1,
+            AttemptOutcome::Succeeded
+        )]
+    );
     assert_eq!(w.evicted().len(), 8);
 }
 
@@ -226,10 +290,12 @@ fn someone_elses_cordon_is_left_in_place() {
     assert_eq!(w.count(|a| matches!(a, Action::Cordon { .. })), 0);
     assert_eq!(w.count(|a| matches!(a, Action::Uncordon { .. })), 0);
     assert!(w.node.unschedulable, "still cordoned");
-    let recovered = w.log.iter().find_map(|a| match a {
-        Action::Event {
-            reason, message, ..
-        } if reason == "Recovered" => Some(message.clone()),
+    let recovered = w.said.iter().find_map(|h| match h {
+        Happening::Closed {
+            outcome: IncidentOutcome::Recovered,
+            message,
+            ..
+        } => Some(message.clone()),
         _ => None,
     });
     assert!(recovered.is_some_and(|m| m.contains("someone else cordoned it")));
@@ -302,7 +368,7 @@ fn a_new_incident_takes_over_a_leftover_cordon() {
 fn a_never_pod_holds_the_node_until_it_goes() {
     let mut w = World::incident();
     w.pods[7].tolerance = Ok(DisruptionTolerance::Never);
-    w.run_until(|w| w.state.reason.as_deref() == Some("WaitingForPod"), HOUR);
+    w.run_until(|w| w.state.reason == Some(Reason::WaitingForPod), HOUR);
     let message = w.state.message.clone().unwrap_or_default();
     assert!(
         message.contains("ml-serving/vllm-7"),
@@ -323,7 +389,7 @@ fn a_drain_that_times_out_fails_the_node_naming_the_pods() {
     let mut w = World::incident();
     w.pods[7].tolerance = Ok(DisruptionTolerance::Never);
     w.run_until(|w| w.state.phase == Phase::Failed, HOUR);
-    assert_eq!(w.state.reason.as_deref(), Some("DrainTimeout"));
+    assert_eq!(w.state.reason, Some(Reason::DrainTimeout));
     assert!(
         w.state
             .message
@@ -351,13 +417,22 @@ fn dry_run_records_the_plan_and_touches_nothing() {
     ];
     for _ in 0..10 {
         let actions = w.reconcile();
-        assert!(
-            actions.iter().all(|a| matches!(a, Action::Event { .. })),
-            "{actions:?}"
-        );
+        assert!(actions.is_empty(), "{actions:?}");
         w.advance(Duration::from_secs(60));
     }
     assert_eq!(w.state.phase, Phase::Suspect);
+    assert!(
+        w.said.iter().any(|h| matches!(
+            h,
+            Happening::Entered {
+                phase: Phase::Suspect,
+                reason: Reason::DryRun,
+                ..
+            }
+        )),
+        "{:?}",
+        w.said
+    );
     let plan = w.state.plan.clone().expect("a plan");
     assert!(plan.cordon);
     assert_eq!(plan.action, Some(RecoveryAction::GpuReset));
@@ -379,13 +454,13 @@ fn a_busy_budget_and_an_open_circuit_hold_the_start() {
     w.budget.disruptive_elsewhere = 1;
     w.reconcile();
     assert_eq!(
-        (w.state.phase, w.state.reason.as_deref()),
-        (Phase::Suspect, Some("WaitingForBudget"))
+        (w.state.phase, w.state.reason),
+        (Phase::Suspect, Some(Reason::WaitingForBudget))
     );
     w.budget.disruptive_elsewhere = 0;
     w.budget.unhealthy = 9;
     w.reconcile();
-    assert_eq!(w.state.reason.as_deref(), Some("CircuitOpen"));
+    assert_eq!(w.state.reason, Some(Reason::CircuitOpen));
     assert!(!w.node.unschedulable);
     w.budget.unhealthy = 1;
     w.reconcile();
@@ -433,7 +508,7 @@ fn a_restarted_operator_reissues_the_same_request_never_a_second() {
         "the agent carried out exactly one reset"
     );
     assert_eq!(w.executed[0], id);
-    let mut ids: Vec<String> = w
+    let mut ids: Vec<RequestId> = w
         .log
         .iter()
         .filter_map(|a| match a {
@@ -462,8 +537,11 @@ fn a_second_attempt_uses_a_new_request_id() {
     assert_eq!(w.executed.len(), 2);
     assert_ne!(w.executed[0], w.executed[1]);
     assert_eq!(
-        w.state.history[0].actions,
-        ["GpuReset#1 Failed", "GpuReset#2 Failed"]
+        w.state.history[0].attempts,
+        [
+            attempt(RecoveryAction::GpuReset, 1, AttemptOutcome::Failed),
+            attempt(RecoveryAction::GpuReset, 2, AttemptOutcome::Failed)
+        ]
     );
 }
 
@@ -487,17 +565,23 @@ fn a_malformed_report_is_a_finding_and_an_event_never_an_action() {
     let mut w = World::incident();
     w.node.report = Some(GpuReport::parse("{not json"));
     let first = w.reconcile();
+    assert!(first.is_empty(), "{first:?}");
     assert!(
-        first
-            .iter()
-            .all(|a| matches!(a, Action::Event { reason, .. } if reason == "MalformedGpuReport")),
-        "{first:?}"
+        matches!(
+            w.happenings.as_slice(),
+            [Happening::Found {
+                kind: FindingKind::MalformedGpuReport,
+                ..
+            }]
+        ),
+        "{:?}",
+        w.happenings
     );
-    assert_eq!(first.len(), 1);
     assert_eq!(w.state.phase, Phase::Healthy);
-    assert_eq!(w.state.findings[0].type_, "MalformedGpuReport");
-    // The same error again: no second Event.
+    assert_eq!(w.state.findings[0].type_, FindingKind::MalformedGpuReport);
+    // The same error again: nothing said a second time.
     assert!(w.reconcile().is_empty());
+    assert!(w.happenings.is_empty(), "{:?}", w.happenings);
 }
 
 fn with_validation_pod() -> World {
@@ -524,7 +608,7 @@ fn a_validation_pod_must_succeed_before_uncordon() {
     let mut w = with_validation_pod();
     w.run_until(|w| w.validation.is_some(), HOUR);
     assert_eq!(w.state.phase, Phase::Verifying);
-    assert_eq!(w.state.reason.as_deref(), Some("Validating"));
+    assert_eq!(w.state.reason, Some(Reason::Validating));
     assert!(w.node.unschedulable, "still cordoned while it runs");
     let name = validation_pods_created(&w)[0].clone();
     assert!(
@@ -549,10 +633,10 @@ fn a_validation_pod_must_succeed_before_uncordon() {
     assert!(!w.node.unschedulable);
     assert!(w.validation.is_none(), "a succeeded pod is cleaned up");
     assert_eq!(
-        w.state.history[0].actions,
+        w.state.history[0].attempts,
         [
-            "GpuReset#1 Succeeded".to_owned(),
-            format!("validation pod {name} Succeeded")
+            attempt(RecoveryAction::GpuReset, 1, AttemptOutcome::Succeeded),
+            attempt(AttemptAction::ValidationPod, 1, AttemptOutcome::Succeeded).saying(name)
         ]
     );
 }
@@ -573,15 +657,25 @@ fn a_failed_validation_pod_fails_the_attempt_and_escalates() {
     );
     assert!(w.node.unschedulable);
     assert!(w.validation.is_some(), "a failed pod is kept for its logs");
-    let history = &w.state.history[0].actions;
+    let history = &w.state.history[0].attempts;
     assert_eq!(history.len(), 2, "{history:?}");
-    assert_eq!(history[0], "GpuReset#1 Succeeded");
-    assert!(history[1].ends_with("-reset-1 Failed"), "{history:?}");
-    let failed = w.log.iter().any(|a| {
-        matches!(a, Action::Event { reason, message, .. }
-            if reason == "AttemptFailed" && message.contains("dcgm: exit code 1"))
-    });
-    assert!(failed, "{:?}", w.log);
+    assert_eq!(
+        history[0],
+        attempt(RecoveryAction::GpuReset, 1, AttemptOutcome::Succeeded)
+    );
+    assert!(
+        history[1].action == AttemptAction::ValidationPod
+            && history[1].outcome == AttemptOutcome::Failed
+            && history[1]
+                .message
+                .as_deref()
+                .is_some_and(|pod| pod.ends_with("-reset-1")),
+        "{history:?}"
+    );
+    let failed = w.said.iter().any(
+        |h| matches!(h, Happening::AttemptFailed { why } if why.contains("dcgm: exit code 1")),
+    );
+    assert!(failed, "{:?}", w.said);
 }
 
 #[test]
@@ -592,23 +686,27 @@ fn a_validation_pod_that_never_appears_times_out() {
     w.run_until(|w| w.state.phase == Phase::Failed, HOUR);
     assert!(w.node.unschedulable, "a failed node stays cordoned");
     assert!(
-        w.state.history[0]
-            .actions
-            .iter()
-            .any(|a| a.ends_with("TimedOut")),
+        w.state.history[0].attempts.iter().any(|a| {
+            a.action == AttemptAction::ValidationPod && a.outcome == AttemptOutcome::TimedOut
+        }),
         "{:?}",
-        w.state.history[0].actions
+        w.state.history[0].attempts
     );
 }
 
 #[test]
 fn a_pod_on_the_bad_gpu_gets_a_finding_and_an_event_once() {
     let mut w = World::incident();
-    let first = w.reconcile();
-    let about_pods: Vec<&Option<String>> = first
+    w.reconcile();
+    let about_pods: Vec<&Option<String>> = w
+        .happenings
         .iter()
-        .filter_map(|a| match a {
-            Action::Event { reason, pod, .. } if reason == "PodOnBadGpu" => Some(pod),
+        .filter_map(|h| match h {
+            Happening::Found {
+                kind: FindingKind::PodOnBadGpu,
+                pod,
+                ..
+            } => Some(pod),
             _ => None,
         })
         .collect();
@@ -617,22 +715,27 @@ fn a_pod_on_the_bad_gpu_gets_a_finding_and_an_event_once() {
     assert_eq!(
         about_pods,
         [&Some(holder[0].clone())],
-        "one Event, on that pod"
+        "said once, of that pod"
     );
     let finding = w
         .state
         .findings
         .iter()
-        .find(|f| f.type_ == "PodOnBadGpu")
+        .find(|f| f.type_ == FindingKind::PodOnBadGpu)
         .expect("a finding");
     assert_eq!(finding.subject.as_ref(), Some(&holder[0]));
     assert!(finding.message.contains(BAD_GPU), "{}", finding.message);
-    let again = w.reconcile();
+    w.reconcile();
     assert!(
-        !again
-            .iter()
-            .any(|a| matches!(a, Action::Event { reason, .. } if reason == "PodOnBadGpu")),
-        "not repeated"
+        !w.happenings.iter().any(|h| matches!(
+            h,
+            Happening::Found {
+                kind: FindingKind::PodOnBadGpu,
+                ..
+            }
+        )),
+        "not repeated: {:?}",
+        w.happenings
     );
 }
 
@@ -670,5 +773,5 @@ fn an_agent_clock_an_hour_behind_still_verifies_the_reset() {
     let mut w = skewed(SignedDuration::from_hours(-1));
     w.run_until(|w| w.state.phase == Phase::Healthy, HOUR);
     assert_eq!(w.executed.len(), 1, "{:?}", w.executed);
-    assert_eq!(w.state.history[0].outcome.as_deref(), Some("Recovered"));
+    assert_eq!(w.state.history[0].outcome, Some(IncidentOutcome::Recovered));
 }

@@ -8,9 +8,15 @@ mod common;
 use std::time::Duration;
 
 use common::World;
-use gpuhealth_api::{GpuHealth, node_health::Phase, policy::Mode};
+use gpuhealth_api::{
+    GpuHealth,
+    node_health::Phase,
+    policy::Mode,
+    vocabulary::{FindingKind, WorkloadOutcome},
+};
 use gpuhealth_engine::{
     drain::GpuGate,
+    happening::Happening,
     machine::{Action, workloads_to_watch},
     probes::ProbeTiming,
     restarts::{KubeletEvent, Termination},
@@ -92,13 +98,25 @@ fn in_a_probe_loop(now: Timestamp) -> PodObservation {
     pod
 }
 
-fn events(w: &World, reason: &str) -> Vec<String> {
-    w.log
+/// What was said that every evicted workload serves again, in order.
+fn said_recovered(w: &World) -> Vec<String> {
+    w.said
         .iter()
-        .filter_map(|a| match a {
-            Action::Event {
-                reason: r, message, ..
-            } if r == reason => Some(message.clone()),
+        .filter_map(|h| match h {
+            Happening::WorkloadsRecovered { message } => Some(message.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The findings of `kind` said, in order.
+fn said_found(w: &World, kind: FindingKind) -> Vec<String> {
+    w.said
+        .iter()
+        .filter_map(|h| match h {
+            Happening::Found {
+                kind: k, message, ..
+            } if *k == kind => Some(message.clone()),
             _ => None,
         })
         .collect()
@@ -122,21 +140,21 @@ fn the_evicted_workload_is_watched_from_uncordon_and_recorded_when_ready_again()
         w.state.history[0]
             .workloads
             .as_ref()
-            .and_then(|x| x.outcome.clone()),
+            .and_then(|x| x.outcome),
         None
     );
 
     w.workloads[0].pods = vec![replacement(w.now, true)];
     w.reconcile();
     let watch = w.state.history[0].workloads.clone().expect("recorded");
-    assert_eq!(watch.outcome.as_deref(), Some("Recovered"));
+    assert_eq!(watch.outcome, Some(WorkloadOutcome::Recovered));
     assert!(workloads_to_watch(&w.state).is_empty());
-    assert_eq!(events(&w, "WorkloadsRecovered").len(), 1);
+    assert_eq!(said_recovered(&w).len(), 1);
     assert!(
         !w.state
             .findings
             .iter()
-            .any(|f| f.type_ == "WorkloadNotRecovered"),
+            .any(|f| f.type_ == FindingKind::WorkloadNotRecovered),
         "{:?}",
         w.state.findings
     );
@@ -178,7 +196,7 @@ fn a_startup_probe_loop_after_the_reset_is_a_probe_finding_not_a_new_remediation
     );
 
     let watch = w.state.history[0].workloads.clone().expect("recorded");
-    assert_eq!(watch.outcome.as_deref(), Some("WorkloadNotRecovered"));
+    assert_eq!(watch.outcome, Some(WorkloadOutcome::WorkloadNotRecovered));
     let message = watch.message.expect("message");
     assert!(message.contains("killed by its startup probe"), "{message}");
     assert!(message.contains("startup window 330s"), "{message}");
@@ -187,7 +205,7 @@ fn a_startup_probe_loop_after_the_reset_is_a_probe_finding_not_a_new_remediation
         .state
         .findings
         .iter()
-        .find(|f| f.type_ == "StartupProbeTooShort")
+        .find(|f| f.type_ == FindingKind::StartupProbeTooShort)
         .expect("a probe finding");
     assert_eq!(probe.subject.as_deref(), Some(VLLM_7));
     assert!(
@@ -199,11 +217,11 @@ fn a_startup_probe_loop_after_the_reset_is_a_probe_finding_not_a_new_remediation
     );
     // Said once, on the pod, not every reconcile.
     let on_pod: Vec<_> = w
-        .log
+        .said
         .iter()
-        .filter(|a| {
-            matches!(a, Action::Event { reason, pod: Some(p), .. }
-            if reason == "StartupProbeTooShort" && p == "ml-serving/vllm-7-new")
+        .filter(|h| {
+            matches!(h, Happening::Found { kind: FindingKind::StartupProbeTooShort, pod: Some(p), .. }
+            if p == "ml-serving/vllm-7-new")
         })
         .collect();
     assert_eq!(on_pod.len(), 1);
@@ -211,9 +229,9 @@ fn a_startup_probe_loop_after_the_reset_is_a_probe_finding_not_a_new_remediation
         w.state
             .findings
             .iter()
-            .any(|f| f.type_ == "WorkloadNotRecovered")
+            .any(|f| f.type_ == FindingKind::WorkloadNotRecovered)
     );
-    assert_eq!(events(&w, "WorkloadNotRecovered").len(), 1);
+    assert_eq!(said_found(&w, FindingKind::WorkloadNotRecovered).len(), 1);
 }
 
 #[test]
@@ -222,7 +240,7 @@ fn a_workload_that_never_comes_back_is_not_recovered_and_a_zero_timeout_skips_th
     w.advance(Duration::from_secs(21 * 60));
     w.reconcile();
     let watch = w.state.history[0].workloads.clone().expect("recorded");
-    assert_eq!(watch.outcome.as_deref(), Some("WorkloadNotRecovered"));
+    assert_eq!(watch.outcome, Some(WorkloadOutcome::WorkloadNotRecovered));
     assert!(watch.message.expect("message").contains("no pods"));
 
     let mut w = World::incident();
@@ -241,7 +259,7 @@ fn a_new_incident_supersedes_the_watch() {
     w.reconcile();
     assert_eq!(w.state.phase, Phase::Quarantined);
     let old = w.state.history[1].workloads.clone().expect("recorded");
-    assert_eq!(old.outcome.as_deref(), Some("Superseded"));
+    assert_eq!(old.outcome, Some(WorkloadOutcome::Superseded));
 }
 
 fn gated(w: &mut World, index: usize) {

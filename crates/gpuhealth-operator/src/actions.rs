@@ -9,7 +9,7 @@ use gpuhealth_api::{
     },
     policy::GpuHealthPolicySpec,
 };
-use gpuhealth_engine::machine::{Action, EventType};
+use gpuhealth_engine::machine::Action;
 use k8s_openapi::{
     api::core::v1::{Node, ObjectReference, Pod},
     apimachinery::pkg::apis::meta::v1::Time,
@@ -47,7 +47,6 @@ pub async fn run(
         Action::CreateValidationPod { .. } => "create_validation_pod",
         Action::DeleteValidationPod { .. } => "delete_validation_pod",
         Action::SetGpuHealthy { .. } => "set_gpu_healthy",
-        Action::Event { .. } => "event",
     };
     let result = carry_out(ctx, node, spec, action).await;
     let outcome = match &result {
@@ -140,7 +139,7 @@ async fn carry_out(
             requested_at,
         } => {
             let reset = ResetRequest {
-                id: id(request)?,
+                id: request.clone(),
                 gpus: gpus.clone(),
                 requested_at: Time(*requested_at),
             };
@@ -156,7 +155,7 @@ async fn carry_out(
             requested_at,
         } => {
             let value = RebootRequest {
-                id: id(request)?,
+                id: request.clone(),
                 requested_at: Time(*requested_at),
             }
             .to_annotation();
@@ -252,40 +251,13 @@ async fn carry_out(
                 Err(e) => return Err(e.into()),
             }
         }
-        Action::Event {
-            type_,
-            reason,
-            message,
-            pod,
-        } => {
-            let type_ = match type_ {
-                EventType::Normal => KubeEventType::Normal,
-                EventType::Warning => KubeEventType::Warning,
-            };
-            let about = match pod {
-                Some(key) => {
-                    let (ns, name) = key.split_once('/').unwrap_or(("", key));
-                    ObjectReference {
-                        api_version: Some("v1".into()),
-                        kind: Some("Pod".into()),
-                        namespace: Some(ns.into()),
-                        name: Some(name.into()),
-                        ..Default::default()
-                    }
-                }
-                None => node.object_ref(&()),
-            };
-            if !publish(ctx, &about, type_, reason, message.clone()).await {
-                return Ok("failed");
-            }
-        }
     }
     Ok("done")
 }
 
 /// Publishes an Event about `about`. Events are best effort: a lost one
 /// must not stop remediation. False if it was lost.
-async fn publish(
+pub async fn publish(
     ctx: &Context,
     about: &ObjectReference,
     type_: KubeEventType,

@@ -1,6 +1,7 @@
 //! gpuhealth-operator: watches the nodes that `GpuHealthPolicy` objects
 //! select and takes each unhealthy one from first signal back to serving.
 
+mod account;
 mod actions;
 mod conditions;
 mod context;

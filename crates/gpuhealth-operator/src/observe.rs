@@ -10,7 +10,7 @@ use gpuhealth_api::contract::{
     DISRUPTION_TOLERANCE_ANNOTATION, DisruptionTolerance, GPU_HEALTHY_READINESS_GATE,
     GPU_REPORT_ANNOTATION, GpuReport, MAINTENANCE_ANNOTATION, MaintenanceNotice,
     REBOOT_REQUEST_ANNOTATION, REQUEST_RESULT_ANNOTATION, RESET_REQUEST_ANNOTATION, RebootRequest,
-    RequestResult, ResetRequest,
+    RequestId, RequestResult, ResetRequest,
 };
 use gpuhealth_api::policy::OtherActor;
 use gpuhealth_engine::{
@@ -41,7 +41,7 @@ pub fn node_view(
 ) -> NodeView {
     let annotations = node.annotations();
     let parse_id =
-        |key: &str, f: fn(&str) -> Option<String>| annotations.get(key).and_then(|v| f(v));
+        |key: &str, f: fn(&str) -> Option<RequestId>| annotations.get(key).and_then(|v| f(v));
     let conditions = node
         .status
         .as_ref()
@@ -81,10 +81,10 @@ pub fn node_view(
             .get(GPU_REPORT_ANNOTATION)
             .map(|v| GpuReport::parse(v)),
         reset_request: parse_id(RESET_REQUEST_ANNOTATION, |v| {
-            ResetRequest::parse(v).ok().map(|r| r.id.to_string())
+            ResetRequest::parse(v).ok().map(|r| r.id)
         }),
         reboot_request: parse_id(REBOOT_REQUEST_ANNOTATION, |v| {
-            RebootRequest::parse(v).ok().map(|r| r.id.to_string())
+            RebootRequest::parse(v).ok().map(|r| r.id)
         }),
         result: annotations
             .get(REQUEST_RESULT_ANNOTATION)

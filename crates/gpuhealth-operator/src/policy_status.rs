@@ -29,14 +29,6 @@ use crate::{
     selection::Parsed,
 };
 
-/// Whether a node status counts against the circuit breaker: a
-/// scheduled maintenance says nothing about the fleet's health.
-pub fn unhealthy(s: &GpuNodeHealthStatus) -> bool {
-    s.phase != Phase::Healthy
-        && s.reason.as_deref() != Some("SignalPending")
-        && s.maintenance.is_none()
-}
-
 /// The nodes `policy` manages (selects and wins), and for the nodes it selects
 /// but another policy wins, how many each winner took.
 /// The nodes `policy` manages (selects, and wins).
@@ -116,7 +108,7 @@ pub async fn reconcile(policy: Arc<GpuHealthPolicy>, ctx: Arc<Context>) -> Resul
         (
             count(&|s| s.phase == Phase::Failed),
             count(&|s| !matches!(s.phase, Phase::Healthy | Phase::Failed)),
-            count(&unhealthy) as usize,
+            count(&gpuhealth_engine::budget::unhealthy) as usize,
         )
     };
     let budget = Budget::new(&policy.spec, nodes, 0, sick);

@@ -11,10 +11,11 @@ use gpuhealth_api::{
     GpuHealthPolicy, GpuNodeHealth,
     node_health::{GpuNodeHealthStatus, Phase},
     policy::Mode,
+    vocabulary::Reason,
 };
 use gpuhealth_engine::{
-    budget::Budget,
-    machine::{Action, Input, is_disruptive, step, validation_pod_name, workloads_to_watch},
+    budget::{Budget, unhealthy},
+    machine::{Input, is_disruptive, step, validation_pod_name, workloads_to_watch},
 };
 use k8s_openapi::{
     api::{
@@ -32,11 +33,11 @@ use serde_json::json;
 use tracing::{debug, info, warn};
 
 use crate::{
-    actions,
+    account, actions,
     context::{Context, Error, HoldersSeen, MANAGER, latest},
-    metrics::{ErrorLabels, FindingLabels, OutcomeLabels, RemediationLabels, ReportLabels},
+    metrics::ErrorLabels,
     observe::{budget_views, disrupted_by, gpu_holders, holders_hash, node_view, pod_view},
-    policy_status::{policy_nodes, unhealthy},
+    policy_status::policy_nodes,
     selection::winner,
     validation, workloads,
 };
@@ -247,14 +248,7 @@ async fn reconcile_node(node: &Node, ctx: &Context) -> Result<Requeue, Error> {
         };
         return Err(e);
     }
-    record_outcomes(
-        ctx,
-        &policy_name,
-        &stored,
-        &decision.status,
-        &view,
-        &decision.actions,
-    );
+    account::count(ctx, &policy_name, &view, &decision.happenings);
     let phase = decision.status.phase;
     let crash_here = ctx
         .crash_after
@@ -273,7 +267,7 @@ async fn reconcile_node(node: &Node, ctx: &Context) -> Result<Requeue, Error> {
             policy = %policy_name,
             from = ?stored.phase,
             phase = ?st.phase,
-            reason = st.reason.as_deref().unwrap_or(""),
+            reason = st.reason.map_or("", Reason::as_str),
             action = st.action.as_ref().map(|a| format!("{:?}#{}", a.type_, a.attempt)).unwrap_or_default(),
             incident = st.incident.as_deref().or(st.history.first().map(|i| i.id.as_str())).unwrap_or(""),
             // Not `message`: that is the event's own text in JSON logs.
@@ -284,23 +278,11 @@ async fn reconcile_node(node: &Node, ctx: &Context) -> Result<Requeue, Error> {
     debug!(
         node = %name,
         phase = ?decision.status.phase,
-        reason = decision.status.reason.as_deref().unwrap_or(""),
+        reason = decision.status.reason.map_or("", Reason::as_str),
         requeue = ?decision.requeue_after,
         "decided"
     );
     for action in &decision.actions {
-        if let Action::Event { reason, .. } = action
-            && reason == "MalformedGpuReport"
-            && let Some(Err(e)) = &view.report
-        {
-            ctx.metrics
-                .malformed_reports
-                .get_or_create(&ReportLabels {
-                    policy: policy_name.clone(),
-                    error: e.metric_label().into(),
-                })
-                .inc();
-        }
         if !ctx.leadership.is_held() {
             return Err(Error::NotLeader);
         }
@@ -310,6 +292,7 @@ async fn reconcile_node(node: &Node, ctx: &Context) -> Result<Requeue, Error> {
     if !decision.actions.is_empty() {
         ctx.metrics.stage("act", acting);
     }
+    account::tell(ctx, node, &decision.happenings).await;
     let seen_now = if gates_later {
         HoldersSeen::GatesPending
     } else {
@@ -328,8 +311,6 @@ async fn reconcile_node(node: &Node, ctx: &Context) -> Result<Requeue, Error> {
     })
 }
 
-/// What the decision ended or noticed, in the metrics: incidents by
-/// outcome, time to recovery, new findings, time from report to cordon.
 /// When this process first saw the node's report as it is now (its
 /// `observedAt`), by its own clock.
 fn report_refreshed_at(
@@ -349,89 +330,6 @@ fn report_refreshed_at(
         *entry = (observed, k8s_openapi::jiff::Timestamp::now());
     }
     Some(entry.1)
-}
-
-fn record_outcomes(
-    ctx: &Context,
-    policy: &str,
-    before: &GpuNodeHealthStatus,
-    after: &GpuNodeHealthStatus,
-    view: &gpuhealth_engine::machine::NodeView,
-    actions: &[Action],
-) {
-    let m = &ctx.metrics;
-    if let Some(incident) = after.history.first()
-        && let (Some(outcome), Some(ended)) = (&incident.outcome, &incident.ended_at)
-        && before
-            .history
-            .first()
-            .is_none_or(|b| b.id != incident.id || b.outcome.is_none())
-    {
-        m.incidents
-            .get_or_create(&OutcomeLabels {
-                policy: policy.into(),
-                outcome: outcome.clone(),
-            })
-            .inc();
-        if outcome == "Recovered" {
-            let took = ended.0.duration_since(incident.started_at.0).as_secs_f64();
-            m.time_to_recovery.observe(took.max(0.0));
-        }
-    }
-    // Attempts the decision ended: entries such as `GpuReset#1 Succeeded`
-    // newly on an incident's record.
-    for incident in &after.history {
-        let seen = before
-            .history
-            .iter()
-            .find(|b| b.id == incident.id)
-            .map_or(0, |b| b.actions.len());
-        for entry in incident.actions.iter().skip(seen) {
-            if let Some((action, outcome)) = attempt_outcome(entry) {
-                m.remediations
-                    .get_or_create(&RemediationLabels {
-                        policy: policy.into(),
-                        action: action.into(),
-                        outcome: outcome.into(),
-                    })
-                    .inc();
-            }
-        }
-    }
-    for f in &after.findings {
-        let new = !before
-            .findings
-            .iter()
-            .any(|b| b.type_ == f.type_ && b.message == f.message);
-        if new {
-            m.findings
-                .get_or_create(&FindingLabels {
-                    policy: policy.into(),
-                    finding: f.type_.clone(),
-                })
-                .inc();
-        }
-    }
-    // Only a report that shows the fault dates it; a cordon for a node
-    // condition or a maintenance notice says nothing about reaction time.
-    if actions.iter().any(|a| matches!(a, Action::Cordon { .. }))
-        && let Some(Ok(report)) = &view.report
-        && report.bad_gpus().next().is_some()
-    {
-        let since = Timestamp::now().duration_since(report.observed_at.0);
-        m.time_to_quarantine.observe(since.as_secs_f64().max(0.0));
-    }
-}
-
-/// `GpuReset#2 Failed` → (`GpuReset`, `Failed`); other entries (the
-/// validation pod, a maintenance) are not attempts.
-fn attempt_outcome(entry: &str) -> Option<(&str, &str)> {
-    let (action, rest) = entry.split_once('#')?;
-    let (attempt, outcome) = rest.split_once(' ')?;
-    let is_attempt = attempt.parse::<u32>().is_ok()
-        && matches!(outcome, "Succeeded" | "Failed")
-        && matches!(action, "GpuReset" | "NodeReboot" | "ReplaceNode");
-    is_attempt.then_some((action, outcome))
 }
 
 /// What a policy's budget needs from the node store: gathered before the
@@ -554,29 +452,4 @@ pub fn retry(name: &str, what: &str, error: &Error, ctx: &Context) -> Requeue {
         _ => warn!(%name, what, error = %error, kind, "reconcile failed; retrying"),
     }
     Requeue::requeue(Duration::from_secs(5))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::attempt_outcome;
-
-    #[test]
-    fn only_ladder_attempts_count_as_remediations() {
-        assert_eq!(
-            attempt_outcome("GpuReset#1 Succeeded"),
-            Some(("GpuReset", "Succeeded"))
-        );
-        assert_eq!(
-            attempt_outcome("NodeReboot#2 Failed"),
-            Some(("NodeReboot", "Failed"))
-        );
-        for other in [
-            "validation pod gpu-check-x Succeeded",
-            "ReplaceNode requested",
-            "drained for maintenance",
-            "GpuReset#x Failed",
-        ] {
-            assert_eq!(attempt_outcome(other), None, "{other}");
-        }
-    }
 }

@@ -14,6 +14,7 @@ use gpuhealth_api::{
     node_health::{Finding, Incident, Phase},
     policy::XidOverride,
     types::SignalAction,
+    vocabulary::{Attempt, IncidentOutcome, WorkloadOutcome},
 };
 use gpuhealth_engine::xid::{self, XidClass};
 use k8s_openapi::{
@@ -25,7 +26,7 @@ use serde::Serialize;
 
 use crate::{
     output::{Paint, Style, ago, duration, offset, rfc3339},
-    status::{open_findings, phase_paint},
+    status::phase_paint,
 };
 
 /// The component name gpuhealth's operator reports its Events as.
@@ -218,10 +219,11 @@ pub fn timeline(input: &ExplainInput) -> (Option<Timestamp>, Vec<Entry>) {
             Paint::Bold,
         ));
         if let (Some(end), Some(outcome)) = (&i.ended_at, &i.outcome) {
-            let actions = if i.actions.is_empty() {
+            let tried = tried(i);
+            let actions = if tried.is_empty() {
                 String::new()
             } else {
-                format!(" ({})", i.actions.join(", "))
+                format!(" ({})", tried.join(", "))
             };
             raw.push((
                 end.0,
@@ -231,7 +233,7 @@ pub fn timeline(input: &ExplainInput) -> (Option<Timestamp>, Vec<Entry>) {
                     i.id,
                     duration(end.0.duration_since(i.started_at.0))
                 ),
-                if outcome == "Recovered" {
+                if *outcome == IncidentOutcome::Recovered {
                     Paint::Green
                 } else {
                     Paint::Red
@@ -270,7 +272,7 @@ pub fn timeline(input: &ExplainInput) -> (Option<Timestamp>, Vec<Entry>) {
         ));
     }
     for f in &input.status.findings {
-        let key = (f.type_.clone(), f.message.clone());
+        let key = (f.type_.as_str().to_owned(), f.message.clone());
         if told.contains(&key) {
             continue;
         }
@@ -291,10 +293,12 @@ pub fn timeline(input: &ExplainInput) -> (Option<Timestamp>, Vec<Entry>) {
         let Some(w) = &i.workloads else { continue };
         // Judged at the deadline only when they did not make it; an earlier
         // Recovered has no time of its own but its Event.
-        if let (Some(deadline), Some("WorkloadNotRecovered")) = (&w.deadline, w.outcome.as_deref())
+        let not_recovered = WorkloadOutcome::WorkloadNotRecovered;
+        if let (Some(deadline), Some(outcome)) = (&w.deadline, w.outcome)
+            && outcome == not_recovered
         {
             let message = w.message.clone().unwrap_or_default();
-            if told.contains(&("WorkloadNotRecovered".into(), message.clone())) {
+            if told.contains(&(not_recovered.as_str().to_owned(), message.clone())) {
                 continue;
             }
             raw.push((
@@ -428,7 +432,7 @@ pub fn render(input: &ExplainInput, now: Timestamp, style: Style) -> String {
     if s.phase != Phase::Healthy {
         out.push_str(&format!(
             "  reason     {}: {}\n",
-            s.reason.as_deref().unwrap_or("-"),
+            s.reason.map_or("-", |r| r.as_str()),
             s.message.as_deref().unwrap_or("")
         ));
     }
@@ -447,7 +451,7 @@ pub fn render(input: &ExplainInput, now: Timestamp, style: Style) -> String {
     out.push('\n');
     out.push_str(&style.bold("Open findings"));
     out.push('\n');
-    let open: Vec<&Finding> = open_findings(s).collect();
+    let open: Vec<&Finding> = s.open_findings().collect();
     if open.is_empty() {
         out.push_str("  none\n");
     }
@@ -459,7 +463,7 @@ pub fn render(input: &ExplainInput, now: Timestamp, style: Style) -> String {
             .unwrap_or_default();
         out.push_str(&format!(
             "  {}{subject} ({}): {}\n",
-            style.yellow(&f.type_),
+            style.yellow(f.type_.as_str()),
             ago(now, f.observed_at.0),
             f.message
         ));
@@ -474,6 +478,16 @@ pub fn render(input: &ExplainInput, now: Timestamp, style: Style) -> String {
     out
 }
 
+/// What an incident tried, in order: its attempts, then any entries an
+/// older release wrote that could not be read as attempts.
+fn tried(i: &Incident) -> Vec<String> {
+    i.attempts
+        .iter()
+        .map(Attempt::to_string)
+        .chain(i.actions.iter().cloned())
+        .collect()
+}
+
 /// One incident, in full.
 fn incident(
     i: &Incident,
@@ -482,11 +496,12 @@ fn incident(
     style: Style,
     at: &dyn Fn(&Time) -> String,
 ) -> String {
-    let outcome = i.outcome.as_deref().unwrap_or("open");
-    let paint = match outcome {
-        "Recovered" => Paint::Green,
-        "open" => Paint::Yellow,
-        _ => Paint::Red,
+    let (outcome, paint) = match i.outcome {
+        Some(o @ IncidentOutcome::Recovered) => (o.as_str(), Paint::Green),
+        Some(o @ (IncidentOutcome::Failed | IncidentOutcome::Cancelled)) => {
+            (o.as_str(), Paint::Red)
+        }
+        None => ("open", Paint::Yellow),
     };
     let mut out = format!(
         "{} {}: {}\n",
@@ -496,10 +511,11 @@ fn incident(
     );
     out.push_str(&format!("  trigger    {}\n", i.trigger));
     out.push_str(&format!("  started    {}\n", at(&i.started_at)));
-    if i.actions.is_empty() {
+    let tried = tried(i);
+    if tried.is_empty() {
         out.push_str("  actions    none yet\n");
     }
-    for (n, a) in i.actions.iter().enumerate() {
+    for (n, a) in tried.iter().enumerate() {
         let label = if n == 0 { "actions" } else { "" };
         out.push_str(&format!("  {label:<9}  {}. {a}\n", n + 1));
     }
@@ -525,7 +541,9 @@ fn incident(
             out.push_str(&format!("             deadline {}\n", at(d)));
         }
         // A verdict that is also a finding is told in full once, there.
-        let in_findings = open_findings(status).any(|f| Some(&f.message) == w.message.as_ref());
+        let in_findings = status
+            .open_findings()
+            .any(|f| Some(&f.message) == w.message.as_ref());
         match (&w.outcome, &w.message) {
             (Some(o), Some(_)) if in_findings => {
                 out.push_str(&format!("             {o}: see Open findings\n"));

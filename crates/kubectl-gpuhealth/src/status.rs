@@ -5,7 +5,8 @@
 
 use gpuhealth_api::{
     GpuHealth, GpuHealthPolicy, GpuNodeHealth,
-    node_health::{Finding, GpuNodeHealthStatus, Phase},
+    node_health::{GpuNodeHealthStatus, Phase},
+    vocabulary::{FindingKind, Reason},
 };
 use k8s_openapi::{apimachinery::pkg::apis::meta::v1::Time, jiff::Timestamp};
 use kube::ResourceExt;
@@ -23,7 +24,7 @@ pub struct Fleet {
     pub phases: Vec<PhaseCount>,
     pub not_healthy: Vec<NodeLine>,
     pub bad_gpus: Vec<BadGpu>,
-    /// Every node's open findings ([`open_findings`]), newest first.
+    /// Every node's open findings (`GpuNodeHealthStatus::open_findings`), newest first.
     pub findings: Vec<FindingLine>,
 }
 
@@ -59,7 +60,7 @@ pub struct NodeLine {
     pub phase: Phase,
     pub since: Option<Time>,
     pub policy: Option<String>,
-    pub reason: Option<String>,
+    pub reason: Option<Reason>,
     pub message: Option<String>,
     /// Indexes of the GPUs not serving.
     pub bad_gpus: Vec<u32>,
@@ -82,7 +83,7 @@ pub struct BadGpu {
 pub struct FindingLine {
     pub node: String,
     #[serde(rename = "type")]
-    pub type_: String,
+    pub type_: FindingKind,
     pub subject: Option<String>,
     pub message: String,
     pub observed_at: Time,
@@ -116,7 +117,7 @@ pub fn build(policies: &[GpuHealthPolicy], nodes: &[GpuNodeHealth]) -> Fleet {
             phase: s.phase,
             since: s.phase_since.clone(),
             policy: s.policy.clone(),
-            reason: s.reason.clone(),
+            reason: s.reason,
             message: s.message.clone(),
             bad_gpus: s
                 .gpus
@@ -152,9 +153,9 @@ pub fn build(policies: &[GpuHealthPolicy], nodes: &[GpuNodeHealth]) -> Fleet {
     let mut findings: Vec<FindingLine> = statuses
         .iter()
         .flat_map(|(node, s)| {
-            open_findings(s).map(|f| FindingLine {
+            s.open_findings().map(|f| FindingLine {
                 node: node.clone(),
-                type_: f.type_.clone(),
+                type_: f.type_,
                 subject: f.subject.clone(),
                 message: f.message.clone(),
                 observed_at: f.observed_at.clone(),
@@ -171,18 +172,6 @@ pub fn build(policies: &[GpuHealthPolicy], nodes: &[GpuNodeHealth]) -> Fleet {
         bad_gpus,
         findings,
     }
-}
-
-/// The findings still worth a look. The operator keeps findings until
-/// they are replaced, so: only those since the node's latest incident
-/// began (it answered the older ones), and no `PodOnBadGpu` once none of
-/// the node's GPUs is bad.
-pub fn open_findings(s: &GpuNodeHealthStatus) -> impl Iterator<Item = &Finding> {
-    let since = s.history.first().map(|i| i.started_at.0);
-    let bad_gpu = s.bad_gpus > 0 || s.gpus.iter().any(|g| !g.health.is_serving());
-    s.findings.iter().filter(move |f| {
-        since.is_none_or(|t| f.observed_at.0 >= t) && (bad_gpu || f.type_ != "PodOnBadGpu")
-    })
 }
 
 fn phase_rank(phase: Phase) -> usize {
@@ -328,7 +317,7 @@ pub fn text(fleet: &Fleet, now: Timestamp, style: Style) -> String {
                     (format!("{:?}", n.phase), phase_paint(n.phase)),
                     plain(n.since.as_ref().map_or("-".into(), |t| ago(now, t.0))),
                     plain(n.policy.clone().unwrap_or_else(|| "-".into())),
-                    plain(n.reason.clone().unwrap_or_else(|| "-".into())),
+                    plain(n.reason.map_or("-", Reason::as_str).into()),
                     plain(if gpus.is_empty() {
                         "-".into()
                     } else {
@@ -388,7 +377,7 @@ pub fn text(fleet: &Fleet, now: Timestamp, style: Style) -> String {
             .map(|f| {
                 vec![
                     plain(f.node.clone()),
-                    (f.type_.clone(), Paint::Yellow),
+                    (f.type_.as_str().to_owned(), Paint::Yellow),
                     plain(f.subject.clone().unwrap_or_else(|| "-".into())),
                     plain(ago(now, f.observed_at.0)),
                     plain(f.message.clone()),
@@ -417,7 +406,7 @@ pub fn text(fleet: &Fleet, now: Timestamp, style: Style) -> String {
 mod tests {
     use gpuhealth_api::{
         GpuHealthPolicySpec, GpuNodeHealthSpec, RecoveryAction,
-        node_health::{ActionStatus, GpuStatus},
+        node_health::{ActionStatus, Finding, GpuStatus},
         policy::{GpuHealthPolicyStatus, Mode},
     };
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector};
@@ -493,7 +482,7 @@ mod tests {
             phase: Phase::Draining,
             policy: Some("gpu-default".into()),
             phase_since: Some(Time(t("2026-05-29T08:16:00Z"))),
-            reason: Some("Draining".into()),
+            reason: Some(Reason::Draining),
             message: Some("1 to evict, 0 to finish".into()),
             bad_gpus: 1,
             gpus: (0..8)
@@ -506,7 +495,7 @@ mod tests {
                 })
                 .collect(),
             action: Some(ActionStatus {
-                id: "inc-1-GpuReset-1".into(),
+                id: "inc-1-reset-1".parse().expect("an id"),
                 type_: RecoveryAction::GpuReset,
                 attempt: 1,
                 gpus: vec![],
@@ -515,7 +504,7 @@ mod tests {
                 deadline: None,
             }),
             findings: vec![Finding {
-                type_: "PodOnBadGpu".into(),
+                type_: FindingKind::PodOnBadGpu,
                 subject: Some("ml-serving/vllm-0".into()),
                 message: "pod ml-serving/vllm-0 holds GPU 7".into(),
                 observed_at: Time(t("2026-05-29T08:15:45Z")),
@@ -526,7 +515,7 @@ mod tests {
             phase: Phase::Failed,
             policy: Some("gpu-default".into()),
             phase_since: Some(Time(t("2026-05-29T06:00:00Z"))),
-            reason: Some("EscalationExhausted".into()),
+            reason: Some(Reason::EscalationExhausted),
             message: Some("every rung of the escalation ladder failed".into()),
             gpus: vec![gpu(2, GpuHealth::Lost, &[])],
             ..Default::default()
@@ -534,7 +523,7 @@ mod tests {
         let healthy = GpuNodeHealthStatus {
             policy: Some("gpu-default".into()),
             findings: vec![Finding {
-                type_: "StartupProbeTooShort".into(),
+                type_: FindingKind::StartupProbeTooShort,
                 subject: Some("ReplicaSet/ml-serving/vllm-7d9f6".into()),
                 message: "startup window 330s is shorter than its cold start".into(),
                 observed_at: Time(t("2026-05-29T08:30:00Z")),
@@ -567,7 +556,11 @@ mod tests {
         assert_eq!(f.not_healthy[1].bad_gpus, vec![7]);
         assert_eq!(f.not_healthy[1].action.as_deref(), Some("GpuReset#1"));
         assert_eq!(f.bad_gpus.len(), 2);
-        assert_eq!(f.findings[0].type_, "StartupProbeTooShort", "newest first");
+        assert_eq!(
+            f.findings[0].type_,
+            FindingKind::StartupProbeTooShort,
+            "newest first"
+        );
         assert!(f.policies[0].circuit_open);
         assert_eq!(f.policies[1].ready, None, "no status written yet");
     }
@@ -607,13 +600,13 @@ mod tests {
         let mut s = GpuNodeHealthStatus {
             findings: vec![
                 Finding {
-                    type_: "StartupProbeTooShort".into(),
+                    type_: FindingKind::StartupProbeTooShort,
                     subject: Some("StatefulSet/ml/trainer".into()),
                     message: "before the incident".into(),
                     observed_at: Time(t("2026-05-29T07:00:00Z")),
                 },
                 Finding {
-                    type_: "PodOnBadGpu".into(),
+                    type_: FindingKind::PodOnBadGpu,
                     subject: Some("ml/vllm-0".into()),
                     message: "pod ml/vllm-0 holds GPU 7".into(),
                     observed_at: Time(t("2026-05-29T08:15:43Z")),
@@ -624,6 +617,7 @@ mod tests {
                 started_at: Time(t("2026-05-29T08:15:43Z")),
                 ended_at: None,
                 trigger: "Xid 119".into(),
+                attempts: vec![],
                 actions: vec![],
                 outcome: None,
                 gpus: vec![],
@@ -634,7 +628,7 @@ mod tests {
             ..Default::default()
         };
         let open = |s: &GpuNodeHealthStatus| -> Vec<String> {
-            open_findings(s).map(|f| f.message.clone()).collect()
+            s.open_findings().map(|f| f.message.clone()).collect()
         };
         assert_eq!(open(&s), ["pod ml/vllm-0 holds GPU 7"]);
         // GPU 7 reset: the pod is on a good GPU now.

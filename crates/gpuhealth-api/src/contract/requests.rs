@@ -5,6 +5,8 @@
 use std::{fmt, str::FromStr};
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+use crate::RecoveryAction;
 use serde::{Deserialize, Deserializer, Serialize, Serializer, de};
 
 use super::{
@@ -21,6 +23,39 @@ pub struct RequestId(String);
 impl RequestId {
     pub fn as_str(&self) -> &str {
         &self.0
+    }
+
+    /// The id of an incident's attempt at a rung: `<incident>-reset-2`.
+    pub fn for_attempt(incident: &str, action: RecoveryAction, attempt: u32) -> RequestId {
+        let rung = match action {
+            RecoveryAction::GpuReset => "reset",
+            RecoveryAction::NodeReboot => "reboot",
+            RecoveryAction::ReplaceNode => "replace",
+        };
+        RequestId::made_of(&format!("{incident}-{rung}-{attempt}"))
+    }
+
+    /// The id of a provider's maintenance handled by an incident.
+    pub fn for_maintenance(incident: &str) -> RequestId {
+        RequestId::made_of(&format!("{incident}-maintenance"))
+    }
+
+    /// An id from parts that may not all be valid: anything outside
+    /// `[a-z0-9-]` becomes `-`, and the end is cut at 63 characters.
+    fn made_of(raw: &str) -> RequestId {
+        let mut id: String = raw
+            .trim_start_matches('-')
+            .chars()
+            .map(|c| match c.to_ascii_lowercase() {
+                c @ ('a'..='z' | '0'..='9' | '-') => c,
+                _ => '-',
+            })
+            .take(63)
+            .collect();
+        if id.is_empty() {
+            id.push('0');
+        }
+        RequestId(id)
     }
 }
 
@@ -59,6 +94,23 @@ impl<'de> Deserialize<'de> for RequestId {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         let raw = String::deserialize(d)?;
         raw.parse().map_err(de::Error::custom)
+    }
+}
+
+impl schemars::JsonSchema for RequestId {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "RequestId".into()
+    }
+
+    fn inline_schema() -> bool {
+        true
+    }
+
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        schemars::json_schema!({
+            "type": "string",
+            "pattern": "^[a-z0-9][a-z0-9-]{0,62}$",
+        })
     }
 }
 

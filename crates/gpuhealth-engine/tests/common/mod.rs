@@ -1,6 +1,6 @@
 //! A small in-memory world for driving the engine through scenarios: it
 //! applies the engine's actions the way the operator and a cooperative agent
-//! would, and records every one of them.
+//! would, and records every one of them, and everything the engine said.
 
 #![allow(dead_code)]
 
@@ -18,6 +18,7 @@ use gpuhealth_api::{
 use gpuhealth_engine::{
     budget::Budget,
     drain::{BudgetView, GpuGate, PodView},
+    happening::Happening,
     machine::ValidationView,
     machine::{Action, Input, NodeView, step},
     workload::WorkloadView,
@@ -79,8 +80,12 @@ pub struct World {
     pub reboot_agent: Agent,
     /// Every action carried out, in order.
     pub log: Vec<Action>,
+    /// What the last reconcile said (its Events and metrics).
+    pub happenings: Vec<Happening>,
+    /// Everything said since the world began, in order.
+    pub said: Vec<Happening>,
     /// Request ids the agent carried out.
-    pub executed: Vec<String>,
+    pub executed: Vec<RequestId>,
     /// Labels the engine set on the node.
     pub labels: BTreeMap<String, String>,
     /// Uncordons the API server refuses next (a 409: someone else wrote
@@ -135,6 +140,8 @@ impl World {
             reset_agent: Agent::Succeeds,
             reboot_agent: Agent::Succeeds,
             log: Vec::new(),
+            happenings: Vec::new(),
+            said: Vec::new(),
             executed: Vec::new(),
             labels: BTreeMap::new(),
             refused_uncordons: 0,
@@ -148,7 +155,8 @@ impl World {
         self.now = self.now.saturating_add(d).expect("time");
     }
 
-    /// One reconcile: step, persist the status, carry out the actions.
+    /// One reconcile: step, persist the status, carry out the actions and
+    /// keep what it said (in `happenings`, and in `said`); returns the actions.
     pub fn reconcile(&mut self) -> Vec<Action> {
         if let Some(Ok(report)) = &self.node.report {
             let observed = report.observed_at.0;
@@ -174,6 +182,8 @@ impl World {
             self.apply(action);
         }
         self.log.extend(decision.actions.iter().cloned());
+        self.said.extend(decision.happenings.iter().cloned());
+        self.happenings = decision.happenings;
         decision.actions
     }
 
@@ -227,7 +237,7 @@ impl World {
             } => {
                 // What the agent would read: a request it refuses is no request.
                 let request = ResetRequest {
-                    id: id.parse().expect("request id"),
+                    id: id.clone(),
                     gpus: gpus.clone(),
                     requested_at: Time(*requested_at),
                 };
@@ -254,12 +264,11 @@ impl World {
                 self.labels.insert(key.clone(), value.clone());
             }
             Action::ClearBreakGlass => self.node.break_glass = None,
-            Action::Event { .. } => {}
         }
     }
 
     /// The agent remembers what it carried out and never repeats an id.
-    fn answered(&self, id: &str) -> bool {
+    fn answered(&self, id: &RequestId) -> bool {
         self.executed.iter().any(|e| e == id)
     }
 
@@ -292,9 +301,9 @@ impl World {
         }
     }
 
-    fn answer(&mut self, id: &str, ok: bool) {
+    fn answer(&mut self, id: &RequestId, ok: bool) {
         self.node.result = Some(Ok(RequestResult {
-            id: id.parse::<RequestId>().expect("id"),
+            id: id.clone(),
             outcome: if ok {
                 Outcome::Succeeded
             } else {

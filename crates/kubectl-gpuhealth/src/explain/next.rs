@@ -1,19 +1,19 @@
 //! "What to do next", derived from the node's state: someone reading a
 //! node's story wants the command to run, not the state machine.
 
-use gpuhealth_api::node_health::{Finding, Phase};
+use gpuhealth_api::{
+    node_health::{Finding, Phase},
+    vocabulary::{FindingKind, Reason},
+};
 use k8s_openapi::jiff::Timestamp;
 
 use super::ExplainInput;
-use crate::{
-    output::{ago, rfc3339},
-    status::open_findings,
-};
+use crate::output::{ago, rfc3339};
 
 pub fn steps(input: &ExplainInput, now: Timestamp) -> Vec<String> {
     let s = &input.status;
     let node = &input.node;
-    let reason = s.reason.as_deref().unwrap_or("-");
+    let reason = s.reason.map_or("-", Reason::as_str);
     let message = s.message.as_deref().unwrap_or("");
     let policy = s.policy.as_deref().unwrap_or("(none)");
     let mut steps = Vec::new();
@@ -24,25 +24,27 @@ pub fn steps(input: &ExplainInput, now: Timestamp) -> Vec<String> {
             steps.push(format!(
                 "{node} is Failed ({reason}) and stays cordoned until a person acts: {message}"
             ));
-            if reason != "ReplacementRequested" {
+            if s.reason != Some(Reason::ReplacementRequested) {
                 steps.push(format!(
                     "once it is repaired and its GPUs report healthy, `kubectl uncordon {node}`: gpuhealth then marks it Healthy"
                 ));
             }
         }
-        Phase::Suspect => steps.push(match reason {
-            "SignalPending" => format!("wait: {message}; gpuhealth acts if it holds"),
-            "Paused" => format!(
+        Phase::Suspect => steps.push(match s.reason {
+            Some(Reason::SignalPending) => {
+                format!("wait: {message}; gpuhealth acts if it holds")
+            }
+            Some(Reason::Paused) => format!(
                 "policy {policy} is Paused, so gpuhealth does nothing: {message}; set its spec.mode to Enforce to let it act"
             ),
-            "DryRun" => format!(
+            Some(Reason::DryRun) => format!(
                 "policy {policy} is in DryRun, so gpuhealth changes nothing: {message}; `kubectl get gnh {node} -o yaml` shows the plan (status.plan); set spec.mode to Enforce to act"
             ),
             _ => format!(
                 "gpuhealth is holding back ({reason}): {message}; `kubectl gpuhealth status` shows which other nodes are unhealthy or being remediated"
             ),
         }),
-        phase => steps.push(if reason == "WaitingForPod" {
+        phase => steps.push(if s.reason == Some(Reason::WaitingForPod) {
             format!(
                 "the drain is waiting: {message}; the pod moves when its disruption tolerance and PodDisruptionBudget allow, or the drain times out"
             )
@@ -51,15 +53,15 @@ pub fn steps(input: &ExplainInput, now: Timestamp) -> Vec<String> {
         }),
     }
 
-    let mut current: Vec<&Finding> = open_findings(s).collect();
+    let mut current: Vec<&Finding> = s.open_findings().collect();
     // The most specific advice about a workload first: a probe too short
     // says more than "not serving".
-    current.sort_by_key(|f| f.type_ != "StartupProbeTooShort");
+    current.sort_by_key(|f| f.type_ != FindingKind::StartupProbeTooShort);
 
     let mut workloads: Vec<String> = Vec::new();
     for f in &current {
-        match f.type_.as_str() {
-            "StartupProbeTooShort" => {
+        match f.type_ {
+            FindingKind::StartupProbeTooShort => {
                 let Some(w) = f.subject.as_deref() else {
                     steps.push(format!("{}: {}", f.type_, f.message));
                     continue;
@@ -78,7 +80,7 @@ pub fn steps(input: &ExplainInput, now: Timestamp) -> Vec<String> {
                     ),
                 });
             }
-            "WorkloadNotRecovered" => {
+            FindingKind::WorkloadNotRecovered => {
                 let id = f.subject.as_deref().and_then(|s| s.strip_prefix("incident/"));
                 let evicted = s
                     .history
@@ -104,17 +106,24 @@ pub fn steps(input: &ExplainInput, now: Timestamp) -> Vec<String> {
                     workloads.push(w);
                 }
             }
-            "MalformedGpuReport" => steps.push(format!(
+            FindingKind::MalformedGpuReport => steps.push(format!(
                 "the gpuhealth.io/gpus report on {node} is refused, so gpuhealth is blind to its GPUs: {}; fix its writer (gpuhealth-agent's logs on the node)",
                 f.message
             )),
             // A pod on a bad GPU is what the remediation answers; it needs a
             // person only while gpuhealth does not act.
-            "PodOnBadGpu" if s.phase == Phase::Suspect && s.bad_gpus > 0 => {
+            FindingKind::PodOnBadGpu if s.phase == Phase::Suspect && s.bad_gpus > 0 => {
                 steps.push(format!("{}; it stays there until gpuhealth acts", f.message));
             }
-            "PodOnBadGpu" => {}
-            other => {
+            FindingKind::PodOnBadGpu => {}
+            // Each says in its message what to do about it.
+            other @ (FindingKind::StaleReport
+            | FindingKind::GpusUnreadable
+            | FindingKind::RungUnavailable
+            | FindingKind::MalformedMaintenanceNotice
+            | FindingKind::MaintenanceDeadlinePassed
+            | FindingKind::MaintenanceOverdue
+            | FindingKind::BreakGlass) => {
                 let subject = f
                     .subject
                     .as_deref()

@@ -1,6 +1,7 @@
 use gpuhealth_api::{
     GpuNodeHealth,
     contract::{AnnotationValue, GpuReport},
+    vocabulary::{FindingKind, Reason},
 };
 use k8s_openapi::{
     api::{core::v1::ObjectReference, events::v1::EventSeries},
@@ -132,14 +133,14 @@ fn json_is_the_timeline_and_the_status() {
     );
 }
 
-fn bare(phase: Phase, reason: &str, message: &str) -> ExplainInput {
+fn bare(phase: Phase, reason: Option<Reason>, message: &str) -> ExplainInput {
     ExplainInput {
         node: "n1".into(),
         status: GpuNodeHealthStatus {
             phase,
             policy: Some("gpu-default".into()),
             phase_since: Some(Time(t("2026-05-29T08:00:00Z"))),
-            reason: Some(reason.into()),
+            reason,
             message: Some(message.into()),
             ..Default::default()
         },
@@ -153,7 +154,7 @@ fn bare(phase: Phase, reason: &str, message: &str) -> ExplainInput {
 fn a_failed_node_passes_on_its_advice_and_says_how_to_hand_it_back() {
     let input = bare(
         Phase::Failed,
-        "EscalationExhausted",
+        Some(Reason::EscalationExhausted),
         "every rung of the escalation ladder failed (GpuReset#1 Failed, NodeReboot#1 Failed); the node stays cordoned: inspect its GPUs (nvidia-smi, kernel log), repair or replace it, then uncordon",
     );
     let steps = next::steps(&input, t(NOW));
@@ -187,14 +188,14 @@ fn without_an_xid_offsets_count_from_the_first_entry() {
 
 #[test]
 fn a_healthy_node_with_nothing_open_needs_nothing_and_old_findings_stay_old() {
-    let mut input = bare(Phase::Healthy, "", "");
+    let mut input = bare(Phase::Healthy, None, "");
     assert_eq!(
         next::steps(&input, t(NOW)),
         vec!["nothing to do: n1 is Healthy and nothing is open"]
     );
     // A finding from before the latest incident was answered by it.
     input.status.findings.push(Finding {
-        type_: "StartupProbeTooShort".into(),
+        type_: FindingKind::StartupProbeTooShort,
         subject: Some("StatefulSet/ml/trainer".into()),
         message: "old".into(),
         observed_at: Time(t("2026-05-29T07:00:00Z")),
@@ -212,19 +213,19 @@ fn a_healthy_node_with_nothing_open_needs_nothing_and_old_findings_stay_old() {
 fn a_held_or_working_node_says_why_it_waits() {
     let held = bare(
         Phase::Suspect,
-        "CircuitOpen",
+        Some(Reason::CircuitOpen),
         "3 of 10 nodes unhealthy; waiting to act on: Xid 79",
     );
     assert!(next::steps(&held, t(NOW))[0].contains("gpuhealth is holding back (CircuitOpen)"));
     let draining = bare(
         Phase::Draining,
-        "WaitingForPod",
+        Some(Reason::WaitingForPod),
         "waiting for pod ml/db-0 to leave: PodDisruptionBudget allows 0",
     );
     assert!(next::steps(&draining, t(NOW))[0].starts_with("the drain is waiting"));
     let working = bare(
         Phase::Remediating,
-        "ActionRequested",
+        Some(Reason::ActionRequested),
         "GpuReset attempt 1 requested",
     );
     assert!(next::steps(&working, t(NOW))[0].starts_with("nothing to do yet"));

@@ -1,0 +1,78 @@
+//! The words gpuhealth's status speaks in: why a node is where it is, what
+//! it noticed, how an incident and each of its attempts ended. Each is a
+//! type, so that the engine writes it, the operator counts it and the
+//! plugin explains it without one parsing the other's text; the CRD lists
+//! the same words as an enum, so the API server refuses any other.
+
+mod attempt;
+mod finding;
+mod outcome;
+mod reason;
+
+pub use attempt::{Attempt, AttemptAction, AttemptOutcome};
+pub use finding::FindingKind;
+pub use outcome::{IncidentOutcome, WorkloadOutcome};
+pub use reason::Reason;
+
+/// A closed set of CamelCase words: serialised, logged and used as an
+/// Event reason or metric label by the variant's own name.
+macro_rules! words {
+    (
+        $(#[$meta:meta])*
+        pub enum $name:ident {
+            $($(#[$variant_meta:meta])* $variant:ident,)+
+        }
+    ) => {
+        $(#[$meta])*
+        #[derive(
+            Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord,
+            serde::Serialize, serde::Deserialize, schemars::JsonSchema,
+        )]
+        pub enum $name {
+            $($(#[$variant_meta])* $variant,)+
+        }
+
+        impl $name {
+            /// Every word, in declaration order.
+            pub const ALL: &'static [$name] = &[$($name::$variant,)+];
+
+            /// The word as it is written in status, Events and metrics.
+            pub fn as_str(self) -> &'static str {
+                match self {
+                    $($name::$variant => stringify!($variant),)+
+                }
+            }
+        }
+
+        impl std::fmt::Display for $name {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(self.as_str())
+            }
+        }
+    };
+}
+use words;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The word written is the word serde writes, for every word.
+    #[test]
+    fn as_str_is_the_serialised_word() {
+        fn check<T: serde::Serialize + Copy>(all: &[T], as_str: fn(T) -> &'static str) {
+            for w in all {
+                assert_eq!(
+                    serde_json::to_value(w).expect("serialises"),
+                    serde_json::Value::String(as_str(*w).into())
+                );
+            }
+        }
+        check(Reason::ALL, Reason::as_str);
+        check(FindingKind::ALL, FindingKind::as_str);
+        check(IncidentOutcome::ALL, IncidentOutcome::as_str);
+        check(WorkloadOutcome::ALL, WorkloadOutcome::as_str);
+        check(AttemptAction::ALL, AttemptAction::as_str);
+        check(AttemptOutcome::ALL, AttemptOutcome::as_str);
+    }
+}

@@ -1,0 +1,91 @@
+//! Why a node is where it is: `status.reason`.
+
+use super::words;
+
+words! {
+    /// Why the node is in its phase, in one CamelCase word.
+    pub enum Reason {
+        // Suspect: a signal, but gpuhealth does not act (yet).
+        /// A signal holds, but not yet for its `for` duration.
+        SignalPending,
+        /// The policy is `Paused`.
+        Paused,
+        /// The policy is `DryRun`: `status.plan` says what it would do.
+        DryRun,
+        /// Another tool (per `otherActors`) is disrupting the node.
+        DisruptedByOther,
+        /// `maxConcurrent` nodes are already being remediated.
+        WaitingForBudget,
+        /// More of the policy's nodes are unhealthy than `maxUnhealthy` allows.
+        CircuitOpen,
+        /// The policy left `Enforce` mid-remediation: held where it was.
+        Held,
+
+        // Quarantined for a signal: the strongest one names it.
+        /// An Xid asks for an action.
+        Xid,
+        /// A node condition in `detection.nodeConditions` holds.
+        NodeCondition,
+        /// A GPU reports `ResetRequired`.
+        GpuResetRequired,
+        /// A GPU reports `RebootRequired`.
+        GpuRebootRequired,
+        /// A GPU reports `Lost`.
+        GpuLost,
+        /// A GPU reports `Degraded`, which the policy counts as unhealthy.
+        GpuDegraded,
+        /// A GPU's NVML recovery action asks for an action.
+        RecoveryAction,
+        /// Application Xids repeat on a GPU more than the policy allows.
+        RepeatedAppXids,
+        /// A signal with no reason of its own.
+        Unhealthy,
+
+        // Quarantined, held back.
+        /// A provider's maintenance is due: the node is drained ahead of it.
+        MaintenanceScheduled,
+        /// The next step disrupts healthy GPUs, which waits for a maintenance window.
+        OutsideMaintenanceWindow,
+        /// The last remediation ended within `remediationLimits.cooldown`.
+        Cooldown,
+
+        // Draining.
+        /// Pods are leaving.
+        Draining,
+        /// A pod that may not be evicted now holds the drain.
+        WaitingForPod,
+        /// Every pod is leaving ahead of a scheduled maintenance.
+        DrainingForMaintenance,
+
+        /// Drained; the provider's maintenance has not happened yet.
+        AwaitingMaintenance,
+        /// A reset or reboot has been requested from the node's agent.
+        ActionRequested,
+
+        // Verifying.
+        /// The action is done; waiting for every signal to stay clear.
+        Verifying,
+        /// Signals are clear; waiting for the validation pod to succeed.
+        Validating,
+
+        // Failed: the node stays cordoned for a person.
+        /// The node or GPU was remediated as often as `remediationLimits` allows.
+        RepeatedFailures,
+        /// Pods were still on the node at `drain.timeout`.
+        DrainTimeout,
+        /// Every rung of the escalation ladder failed.
+        EscalationExhausted,
+        /// Handed off for replacement (`ReplaceNode`).
+        ReplacementRequested,
+        /// An administrator cleared a request or the cordon record by hand.
+        BreakGlass,
+    }
+}
+
+impl Reason {
+    /// Whether a node held for this reason counts as unhealthy for the
+    /// circuit breaker: a signal not yet firm says nothing about the fleet.
+    pub fn counts_as_unhealthy(self) -> bool {
+        self != Reason::SignalPending
+    }
+}
