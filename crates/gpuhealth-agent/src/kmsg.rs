@@ -10,21 +10,15 @@ use std::{
     path::PathBuf,
 };
 
-use gpuhealth_api::{
-    GpuHealth,
-    contract::{GpuEntry, XidEvent},
-    types::SignalAction,
-};
-use gpuhealth_engine::xid::{
-    XidClass, default_class, recovery_action as recovery_action_class, recovery_action_in_text,
-};
+use gpuhealth_api::contract::{GpuEntry, XidEvent};
+use gpuhealth_engine::xid::recovery_action_in_text;
 use k8s_openapi::{
     apimachinery::pkg::apis::meta::v1::Time,
     jiff::{SignedDuration, Timestamp},
 };
 use prometheus_client::metrics::{counter::Counter, family::Family};
 
-use crate::metrics::CodeLabels;
+use crate::{judgement, metrics::CodeLabels};
 
 /// What one kernel log line says about a GPU.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -280,7 +274,7 @@ impl KernelLog {
                     uuid: uuid.clone(),
                     pci_bus_id: format!("{:08X}:{:02X}:{:02X}.0", pci.domain, pci.bus, pci.device),
                     product: None,
-                    health: health_from_log(&xids, recovery_action),
+                    health: judgement::of_xids(&xids, recovery_action),
                     xids,
                     recovery_action,
                     remapped_rows: None,
@@ -289,41 +283,6 @@ impl KernelLog {
                 }
             })
             .collect()
-    }
-}
-
-/// A GPU's health from its logged Xids alone: the strongest action any of
-/// them asks for, the newest recovery action standing for Xid 154.
-fn health_from_log(xids: &[XidEvent], recovery_action: Option<u32>) -> GpuHealth {
-    let mut worst = GpuHealth::Healthy;
-    let mut consider = |action: SignalAction| {
-        let h = match action {
-            SignalAction::GpuReset => GpuHealth::ResetRequired,
-            SignalAction::NodeReboot | SignalAction::ReplaceNode => GpuHealth::RebootRequired,
-            SignalAction::Ignore => GpuHealth::Healthy,
-        };
-        if rank(h) > rank(worst) {
-            worst = h;
-        }
-    };
-    for x in xids {
-        if let XidClass::Needs(action) = default_class(x.code) {
-            consider(action);
-        }
-    }
-    if let Some(value) = recovery_action {
-        consider(recovery_action_class(value));
-    }
-    worst
-}
-
-fn rank(h: GpuHealth) -> u8 {
-    match h {
-        GpuHealth::Healthy => 0,
-        GpuHealth::Degraded => 1,
-        GpuHealth::ResetRequired => 2,
-        GpuHealth::RebootRequired => 3,
-        GpuHealth::Lost => 4,
     }
 }
 
@@ -584,6 +543,8 @@ fn boot_time() -> Option<Timestamp> {
 
 #[cfg(test)]
 mod tests {
+    use gpuhealth_api::GpuHealth;
+
     use super::*;
 
     fn xid(line: &str) -> XidLine {
