@@ -6,6 +6,7 @@ pub mod backend;
 pub mod fake;
 pub mod holders;
 pub mod journal;
+pub mod judgement;
 pub mod kmsg;
 pub mod metrics;
 pub mod node_agent;

@@ -12,9 +12,7 @@ use std::ffi::OsStr;
 use gpuhealth_api::{
     GpuHealth,
     contract::{GpuEntry, RemappedRows},
-    types::SignalAction,
 };
-use gpuhealth_engine::xid::recovery_action;
 use nvml_wrapper::{
     Device, Nvml,
     enum_wrappers::device::{EccCounter, MemoryError},
@@ -23,6 +21,8 @@ use nvml_wrapper::{
     structs::device::FieldId,
 };
 use serde::{Deserialize, Serialize};
+
+use crate::judgement;
 
 /// The library the NVIDIA Container Toolkit injects and a driver install
 /// provides (the unversioned `libnvidia-ml.so` comes only with development
@@ -84,33 +84,21 @@ pub struct MigDevice {
 }
 
 /// How a GPU stands, from one reading. The Xids are the operator's to judge
-/// (with their times); this is the GPU's state now.
+/// (with their times); this is the GPU's state now, judged as the kernel
+/// log's is ([`crate::judgement`]).
 pub fn health(r: &DeviceReading) -> GpuHealth {
     if r.lost.is_some() {
         return GpuHealth::Lost;
     }
-    match r.recovery_action.map(recovery_action) {
-        Some(SignalAction::NodeReboot | SignalAction::ReplaceNode) => {
-            return GpuHealth::RebootRequired;
-        }
-        Some(SignalAction::GpuReset) => return GpuHealth::ResetRequired,
-        _ => {}
-    }
-    let rows = r.remapped_rows.unwrap_or(RemappedRows {
-        pending: false,
-        failure: false,
-    });
-    // nvidia-smi shows a remapping failure as "GPU requires reset".
-    if rows.failure {
-        return GpuHealth::ResetRequired;
-    }
-    if rows.pending
-        || r.retired_pages_pending == Some(true)
-        || r.uncorrected_ecc_volatile.is_some_and(|n| n > 0)
-    {
-        return GpuHealth::Degraded;
-    }
-    GpuHealth::Healthy
+    judgement::worst([
+        r.recovery_action
+            .map_or(GpuHealth::Healthy, judgement::of_recovery_action),
+        judgement::of_memory(
+            r.remapped_rows,
+            r.retired_pages_pending,
+            r.uncorrected_ecc_volatile,
+        ),
+    ])
 }
 
 /// Why a GPU that was just reset is not yet back, if it is not: the driver
