@@ -18,7 +18,11 @@ crds:
 docs:
 	cargo run -q -p gpuhealth-api --bin docgen -- docs/reference.md
 
+# The docs check (scripts/check-docs.py): no package registry's address in
+# the repository, every relative link resolves, README.md and docs/ link
+# nowhere outside it, and every path and test they name exists.
 lint:
+	python3 scripts/check-docs.py
 	cargo fmt --all -- --check
 	cargo clippy --workspace --all-targets -- -D warnings
 

@@ -2,7 +2,7 @@
 # The agent's NVML thread on a real GPU: it reads every GPU, registers for
 # XID events, lets go of every device node and takes them again, and
 # `--once` matches nvidia-smi. Never resets or reboots anything. Run with
-# the agent binary and its unit-test binary carried in .device/ (see
+# the agent binary and its unit-test binary copied to .device/ (see
 # README.md here); writes under $OUT.
 set -u
 uname -a; cat /etc/os-release 2>/dev/null | head -2

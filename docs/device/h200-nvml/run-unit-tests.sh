@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The agent's unit tests on a machine with a real GPU (issue 4): the NVML
+# The agent's unit tests on a machine with a real GPU (see README.md): the NVML
 # paths that are skipped or take their no-driver branch elsewhere.
 set -u
 export LD_LIBRARY_PATH=/usr/local/nvidia/lib64:${LD_LIBRARY_PATH:-}

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One-shot check of the NVML backend on a real GPU (issue 4).
+# One-shot check of the NVML backend on a real GPU (see README.md here).
 set -u
 uname -a; cat /etc/os-release 2>/dev/null | head -2
 nvidia-smi -L 2>&1 | tee "$OUT/nvidia-smi-L.txt"
