@@ -371,7 +371,8 @@ impl Scenario {
             .first()
             .map(|i| i.id.clone())
             .unwrap_or_default();
-        self.wait_event_saying(node, "Recovered", &incident).await?;
+        self.wait_event_saying(node, IncidentOutcome::Recovered.as_str(), &incident)
+            .await?;
         Ok(status)
     }
 

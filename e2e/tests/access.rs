@@ -352,7 +352,10 @@ patches:
 /// and `gpuhealth_findings_total{finding="BreakGlass"}`.
 #[tokio::test]
 async fn break_glass_clears_a_stuck_request_and_is_seen() {
-    use gpuhealth_api::{node_health::Phase, vocabulary::Reason};
+    use gpuhealth_api::{
+        node_health::Phase,
+        vocabulary::{FindingKind, Reason},
+    };
     use gpuhealth_e2e::{operator, scenario::Scenario};
 
     let admin = client().await.expect("client");
@@ -404,9 +407,13 @@ async fn break_glass_clears_a_stuck_request_and_is_seen() {
             .contains("agent gone"),
         "{status:?}"
     );
-    s.wait_event_saying(&node, "BreakGlass", "agent gone, node to be reimaged")
-        .await
-        .expect("the Event");
+    s.wait_event_saying(
+        &node,
+        FindingKind::BreakGlass.as_str(),
+        "agent gone, node to be reimaged",
+    )
+    .await
+    .expect("the Event");
     let n = until(nodes.clone(), &node, WAIT, |n| {
         !n.metadata
             .annotations

@@ -122,10 +122,10 @@ async fn a_gated_pod_leaves_traffic_while_its_gpu_is_bad_and_returns_after_recov
     .await
     .expect("the gated pod on GPU 7 leaves traffic");
     assert_eq!(gate_of(&out).as_deref(), Some("False"));
-    s.wait_event(&gated, "PodOnBadGpu")
+    s.wait_event(&gated, FindingKind::PodOnBadGpu.as_str())
         .await
         .expect("its Event");
-    s.wait_event("plain", "PodOnBadGpu")
+    s.wait_event("plain", FindingKind::PodOnBadGpu.as_str())
         .await
         .expect("the pod without the gate gets the finding's Event");
     let plain = pods.get("plain").await.expect("plain");
@@ -244,7 +244,7 @@ async fn the_incidents_second_half_a_startup_probe_loop_is_a_probe_problem_not_a
         .iter()
         .find(|p| !before.contains(p))
         .expect("the evicted pod's replacement");
-    s.wait_event(replacement, "StartupProbeTooShort")
+    s.wait_event(replacement, FindingKind::StartupProbeTooShort.as_str())
         .await
         .expect("the finding is told to the pod");
 

@@ -5,7 +5,10 @@
 
 use std::{collections::BTreeMap, time::Duration};
 
-use gpuhealth_api::contract::GPU_REPORT_ANNOTATION;
+use gpuhealth_api::{
+    contract::GPU_REPORT_ANNOTATION,
+    vocabulary::{AttemptAction, AttemptOutcome, FindingKind, IncidentOutcome},
+};
 use gpuhealth_e2e::{
     operator::{self, Options},
     process::Process,
@@ -142,7 +145,7 @@ async fn metrics_tell_the_incident_and_alerts_use_only_served_ones() {
         .expect("the PDB relaxed");
     s.wait_recovered(&node).await.expect("recovered");
     s.wait_workloads_judged(&node).await.expect("judged");
-    s.wait_event(&garbled, "MalformedGpuReport")
+    s.wait_event(&garbled, FindingKind::MalformedGpuReport.as_str())
         .await
         .expect("the garbled report seen");
 
@@ -178,9 +181,13 @@ async fn metrics_tell_the_incident_and_alerts_use_only_served_ones() {
         "no reboot"
     );
     let policy_is = ("policy", policy);
-    let reset_ok = [policy_is, ("action", "GpuReset"), ("outcome", "Succeeded")];
+    let reset_ok = [
+        policy_is,
+        ("action", AttemptAction::GpuReset.as_str()),
+        ("outcome", AttemptOutcome::Succeeded.as_str()),
+    ];
     assert_eq!(o("gpuhealth_remediations_total", &reset_ok), 1.0);
-    let recovered = [policy_is, ("outcome", "Recovered")];
+    let recovered = [policy_is, ("outcome", IncidentOutcome::Recovered.as_str())];
     assert_eq!(o("gpuhealth_incidents_total", &recovered), 1.0);
     assert_eq!(o("gpuhealth_time_to_quarantine_seconds_count", &[]), 1.0);
     assert_eq!(o("gpuhealth_time_to_recovery_seconds_count", &[]), 1.0);

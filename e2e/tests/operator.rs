@@ -4,9 +4,10 @@
 use std::time::{Duration, Instant};
 
 use gpuhealth_api::{
-    GpuHealthPolicy,
+    GpuHealthPolicy, RecoveryAction,
     contract::{AnnotationValue, ResetRequest},
     node_health::Phase,
+    vocabulary::{Attempt, AttemptOutcome},
 };
 use gpuhealth_e2e::{
     operator::{self, LEASE_DURATION, Options, RETRY_PERIOD},
@@ -112,8 +113,12 @@ async fn a_crash_in_any_phase_is_resumed_and_no_request_is_repeated() {
         let request = ResetRequest::parse(&written[0]).expect("a reset request");
         assert!(request.id.to_string().ends_with("-reset-1"), "{request:?}");
         assert_eq!(
-            status.history[0].actions,
-            vec!["GpuReset#1 Succeeded".to_owned()],
+            status.history[0].attempts,
+            [Attempt::new(
+                RecoveryAction::GpuReset,
+                1,
+                AttemptOutcome::Succeeded
+            )],
             "after a crash in {phase:?}"
         );
         let pods_after = s.pods_on(&node).await.expect("pods");

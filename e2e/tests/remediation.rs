@@ -19,7 +19,7 @@ use gpuhealth_api::{
     vocabulary::{
         Attempt, AttemptAction,
         AttemptOutcome::{Failed, Succeeded},
-        FindingKind, Reason, WorkloadOutcome,
+        FindingKind, IncidentOutcome, Reason, WorkloadOutcome,
     },
 };
 use gpuhealth_e2e::{
@@ -145,13 +145,18 @@ async fn the_incident_gpu_7_is_reset_and_the_node_returns_to_service() {
         status.history[0].attempts,
         [Attempt::new(RecoveryAction::GpuReset, 1, Succeeded)]
     );
-    for reason in ["Draining", "ActionRequested", "Verifying", "Recovered"] {
+    for reason in [
+        Reason::Draining.as_str(),
+        Reason::ActionRequested.as_str(),
+        Reason::Verifying.as_str(),
+        IncidentOutcome::Recovered.as_str(),
+    ] {
         s.wait_event(&node, reason)
             .await
             .expect("an Event for each step");
     }
     // The pod on GPU 7 was told, on itself, before it was moved.
-    s.wait_event(&pods_before[7], "PodOnBadGpu")
+    s.wait_event(&pods_before[7], FindingKind::PodOnBadGpu.as_str())
         .await
         .expect("an Event on the pod that held the bad GPU");
     assert!(
@@ -467,7 +472,7 @@ async fn a_malformed_gpu_report_is_an_event_not_an_action() {
         .await
         .expect("finding");
     assert_eq!(status.phase, Phase::Healthy);
-    s.wait_event(&node, "MalformedGpuReport")
+    s.wait_event(&node, FindingKind::MalformedGpuReport.as_str())
         .await
         .expect("an Event");
     let n = s.node(&node).await.expect("node");

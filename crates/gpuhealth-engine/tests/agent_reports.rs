@@ -8,10 +8,11 @@ use std::time::Duration;
 
 use common::{BAD_GPU, World};
 use gpuhealth_api::{
+    RecoveryAction,
     contract::{Capabilities, RebootMethod},
     node_health::{Phase, ReportProblemKind},
     policy::Mode,
-    vocabulary::{FindingKind, Reason},
+    vocabulary::{Attempt, AttemptOutcome, FindingKind, Reason},
 };
 use gpuhealth_engine::{happening::Happening, machine::Action};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -49,16 +50,12 @@ fn a_rung_the_agent_cannot_carry_out_is_passed_over_not_requested() {
         "no reset requested"
     );
     assert_eq!(w.node.boot_id, "boot-2", "rebooted instead");
-    let attempts: Vec<String> = w.state.history[0]
-        .attempts
-        .iter()
-        .map(ToString::to_string)
-        .collect();
     assert_eq!(
-        attempts,
+        w.state.history[0].attempts,
         [
-            "GpuReset#1 Skipped: the node's agent cannot reset a GPU (its report says reset: false)",
-            "NodeReboot#1 Succeeded"
+            Attempt::new(RecoveryAction::GpuReset, 1, AttemptOutcome::Skipped)
+                .saying("the node's agent cannot reset a GPU (its report says reset: false)"),
+            Attempt::new(RecoveryAction::NodeReboot, 1, AttemptOutcome::Succeeded),
         ]
     );
     let said = findings(&w, FindingKind::RungUnavailable);

@@ -1,7 +1,7 @@
 use gpuhealth_api::{
     GpuNodeHealth,
     contract::{AnnotationValue, GpuReport},
-    vocabulary::{FindingKind, Reason},
+    vocabulary::{FindingKind, IncidentOutcome, Reason},
 };
 use k8s_openapi::{
     api::{core::v1::ObjectReference, events::v1::EventSeries},
@@ -235,7 +235,7 @@ fn a_held_or_working_node_says_why_it_waits() {
 fn events_k8s_io_events_read_like_core_ones() {
     let e = EventsV1Event {
         event_time: Some(MicroTime(t("2026-05-29T08:15:43.215Z"))),
-        reason: Some("Recovered".into()),
+        reason: Some(IncidentOutcome::Recovered.as_str().into()),
         note: Some("incident inc-1 recovered".into()),
         regarding: Some(ObjectReference {
             kind: Some("Node".into()),
@@ -255,7 +255,7 @@ fn events_k8s_io_events_read_like_core_ones() {
         Some(NodeEvent {
             at: t("2026-05-29T08:15:43.215Z"),
             type_: "Normal".into(),
-            reason: "Recovered".into(),
+            reason: IncidentOutcome::Recovered.as_str().into(),
             message: "incident inc-1 recovered".into(),
             reporter: OPERATOR.into(),
             count: 3,
