@@ -5,6 +5,7 @@
 pub mod budget;
 pub mod diagnosis;
 pub mod drain;
+pub mod honour;
 pub mod machine;
 pub mod others;
 pub mod probes;
