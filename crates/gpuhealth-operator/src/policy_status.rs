@@ -1,6 +1,7 @@
 //! A policy's status: how many nodes it manages and in which phase, and its
 //! `Ready`, `CircuitOpen` and `Conflict` conditions, with an Event when the
-//! circuit breaker opens or closes.
+//! circuit breaker opens or closes, and when what cannot be honoured of the
+//! policy changes.
 
 use std::{collections::BTreeMap, sync::Arc};
 
@@ -9,7 +10,10 @@ use gpuhealth_api::{
     node_health::{GpuNodeHealthStatus, Phase, ReportProblemKind},
     policy::GpuHealthPolicyStatus,
 };
-use gpuhealth_engine::budget::Budget;
+use gpuhealth_engine::{
+    budget::Budget,
+    honour::{self, Problem},
+};
 use kube::{
     Api, Resource, ResourceExt,
     api::{Patch, PatchParams},
@@ -27,6 +31,7 @@ use crate::{
     context::{Context, Error, MANAGER, latest},
     metrics::{PhaseLabels, PolicyLabels, ReportProblemLabels},
     selection::Parsed,
+    validation,
 };
 
 /// Whether a node status counts against the circuit breaker: a
@@ -132,6 +137,13 @@ pub async fn reconcile(policy: Arc<GpuHealthPolicy>, ctx: Arc<Context>) -> Resul
     let selector_error = Selector::try_from(policy.spec.node_selector.clone())
         .err()
         .map(|e| e.to_string());
+    let problems = unhonoured(&ctx, &policy);
+    ctx.metrics
+        .unhonoured_fields
+        .get_or_create(&PolicyLabels {
+            policy: name.clone(),
+        })
+        .set(problems.len() as i64);
     let status = GpuHealthPolicyStatus {
         observed_generation: generation,
         nodes: nodes as u32,
@@ -139,7 +151,13 @@ pub async fn reconcile(policy: Arc<GpuHealthPolicy>, ctx: Arc<Context>) -> Resul
         remediating,
         failed,
         conditions: vec![
-            conditions::ready(&previous.conditions, selector_error, nodes, generation),
+            conditions::ready(
+                &previous.conditions,
+                selector_error,
+                &problems,
+                nodes,
+                generation,
+            ),
             conditions::circuit_open(&previous.conditions, &budget, generation),
             conditions::conflict(&previous.conditions, &lost_to, generation),
         ],
@@ -162,9 +180,24 @@ pub async fn reconcile(policy: Arc<GpuHealthPolicy>, ctx: Arc<Context>) -> Resul
             .iter()
             .any(|c| c.type_ == type_ && c.status == "True")
     };
+    let ready = &status.conditions[0];
     let circuit = &status.conditions[1];
     let conflict = &status.conditions[2];
     let mut events = Vec::new();
+    // Once per change of what cannot be honoured, and once when all can.
+    let was_ready = previous.conditions.iter().find(|c| c.type_ == "Ready");
+    let was_unhonoured = was_ready.is_some_and(|c| c.reason == honour::REASON);
+    if ready.reason == honour::REASON
+        && !(was_unhonoured && was_ready.is_some_and(|c| c.message == ready.message))
+    {
+        events.push((EventType::Warning, honour::REASON, ready.message.clone()));
+    } else if was_unhonoured && ready.status == "True" {
+        events.push((
+            EventType::Normal,
+            "Honoured",
+            "every field of the policy can be honoured again".to_owned(),
+        ));
+    }
     if was("CircuitOpen") != budget.circuit_open() {
         events.push(if budget.circuit_open() {
             (EventType::Warning, "CircuitOpen", circuit.message.clone())
@@ -179,7 +212,8 @@ pub async fn reconcile(policy: Arc<GpuHealthPolicy>, ctx: Arc<Context>) -> Resul
         let event = Event {
             type_,
             reason: reason.into(),
-            note: Some(note),
+            // An Event's note is at most 1 kB; the condition has it all.
+            note: Some(note.chars().take(1000).collect()),
             action: "Status".into(),
             secondary: None,
         };
@@ -188,6 +222,23 @@ pub async fn reconcile(policy: Arc<GpuHealthPolicy>, ctx: Arc<Context>) -> Resul
         }
     }
     Ok(Requeue::await_change())
+}
+
+/// What in `policy` the operator cannot honour: what its spec alone shows
+/// (the engine's check), a validation pod template no pod can be made
+/// from, and the locks it names that cannot be read.
+fn unhonoured(ctx: &Context, policy: &GpuHealthPolicy) -> Vec<Problem> {
+    let spec = &policy.spec;
+    let mut problems = honour::problems(spec);
+    for (i, actor) in spec.other_actors.iter().enumerate() {
+        if let Some(why) = ctx.locks.unreadable(actor) {
+            problems.push(honour::lock_unreadable(i, actor, &why));
+        }
+    }
+    if let Some(template) = &spec.verification.validation_pod {
+        problems.extend(validation::template_problem(template, &ctx.validation));
+    }
+    problems
 }
 
 pub fn error_policy(policy: Arc<GpuHealthPolicy>, error: &Error, ctx: Arc<Context>) -> Requeue {
