@@ -100,12 +100,12 @@ fn other_actors(actors: &[OtherActor]) -> Vec<Problem> {
 /// The operator could not read the lock `actor` (at `index` in the
 /// policy's `otherActors`) points at: `error` is why.
 pub fn lock_unreadable(index: usize, actor: &OtherActor, error: &str) -> Problem {
-    let unseen = "gpuhealth does not see which nodes it names";
+    let unseen = "so gpuhealth does not see which nodes it names";
     match actor.source {
         SignalSource::NodeMaintenance => Problem::new(
             format!("spec.otherActors[{index}].key"),
             format!(
-                "NodeMaintenance objects of {} cannot be listed ({error}); {unseen}",
+                "NodeMaintenance objects of {} cannot be listed ({error}), {unseen}",
                 actor.key
             ),
         ),
@@ -114,7 +114,7 @@ pub fn lock_unreadable(index: usize, actor: &OtherActor, error: &str) -> Problem
             Problem::new(
                 format!("spec.otherActors[{index}].object"),
                 format!(
-                    "{}'s lock on DaemonSet {ns}/{name} cannot be read ({error}); {unseen}",
+                    "{}'s lock on DaemonSet {ns}/{name} cannot be read ({error}), {unseen}",
                     actor.name
                 ),
             )
@@ -237,7 +237,7 @@ mod tests {
         assert_eq!(kured.field, "spec.otherActors[1].object");
         assert_eq!(
             kured.message,
-            "kured's lock on DaemonSet kube-system/kured cannot be read (403 Forbidden); gpuhealth does not see which nodes it names"
+            "kured's lock on DaemonSet kube-system/kured cannot be read (403 Forbidden), so gpuhealth does not see which nodes it names"
         );
         let medik8s = lock_unreadable(3, &actors[3], "403 Forbidden");
         assert_eq!(medik8s.field, "spec.otherActors[3].key");

@@ -69,21 +69,21 @@ fn parse(w: &MaintenanceWindow) -> Result<(TimeZone, Time, Time), String> {
 /// does any listed after it ([`is_open`] stops there), so each is worth
 /// saying before a node waits on it.
 pub fn problems(windows: &[MaintenanceWindow]) -> Vec<Problem> {
-    const SHUT: &str = "this window never opens, nor does any listed after it";
+    const SHUT: &str = "so this window never opens, nor does any listed after it";
     let mut out = Vec::new();
     for (i, w) in windows.iter().enumerate() {
         let field = |name: &str| format!("spec.maintenanceWindows[{i}].{name}");
         if TimeZone::get(&w.time_zone).is_err() {
             out.push(Problem::new(
                 field("timeZone"),
-                format!("unknown time zone {:?}; {SHUT}", w.time_zone),
+                format!("unknown time zone {:?}, {SHUT}", w.time_zone),
             ));
         }
         for (name, value) in [("start", &w.start), ("end", &w.end)] {
             if Time::strptime("%H:%M", value).is_err() {
                 out.push(Problem::new(
                     field(name),
-                    format!("{value:?} is not a 24-hour HH:MM time; {SHUT}"),
+                    format!("{value:?} is not a 24-hour HH:MM time, {SHUT}"),
                 ));
             }
         }
@@ -195,9 +195,9 @@ mod tests {
         assert_eq!(
             found,
             [
-                "spec.maintenanceWindows[1].timeZone: unknown time zone \"Mars/Base\"; this window never opens, nor does any listed after it",
-                "spec.maintenanceWindows[2].start: \"25:00\" is not a 24-hour HH:MM time; this window never opens, nor does any listed after it",
-                "spec.maintenanceWindows[2].end: \"7h\" is not a 24-hour HH:MM time; this window never opens, nor does any listed after it",
+                "spec.maintenanceWindows[1].timeZone: unknown time zone \"Mars/Base\", so this window never opens, nor does any listed after it",
+                "spec.maintenanceWindows[2].start: \"25:00\" is not a 24-hour HH:MM time, so this window never opens, nor does any listed after it",
+                "spec.maintenanceWindows[2].end: \"7h\" is not a 24-hour HH:MM time, so this window never opens, nor does any listed after it",
             ]
         );
         // What is named is what keeps windows shut: the one before it still
