@@ -260,6 +260,7 @@ async fn run(args: Args) -> Result<(), Fatal> {
         decisions: Default::default(),
         holders_seen: Default::default(),
         report_seen: Default::default(),
+        honour_announced: Default::default(),
         locks: locks.clone(),
         metrics: metrics.clone(),
         leadership: elector.leadership(),

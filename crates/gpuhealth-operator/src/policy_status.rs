@@ -185,19 +185,24 @@ pub async fn reconcile(policy: Arc<GpuHealthPolicy>, ctx: Arc<Context>) -> Resul
     let conflict = &status.conditions[2];
     let mut events = Vec::new();
     // Once per change of what cannot be honoured, and once when all can.
-    let was_ready = previous.conditions.iter().find(|c| c.type_ == "Ready");
-    let was_unhonoured = was_ready.is_some_and(|c| c.reason == honour::REASON);
-    if ready.reason == honour::REASON
-        && !(was_unhonoured && was_ready.is_some_and(|c| c.message == ready.message))
-    {
-        events.push((EventType::Warning, honour::REASON, ready.message.clone()));
-    } else if was_unhonoured && ready.status == "True" {
-        events.push((
-            EventType::Normal,
-            "Honoured",
-            "every field of the policy can be honoured again".to_owned(),
-        ));
-    }
+    let now = (ready.reason == honour::REASON).then(|| ready.message.clone());
+    let before = {
+        let mut announced = ctx
+            .honour_announced
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        announced
+            .insert(name.clone(), now.clone())
+            .unwrap_or_else(|| {
+                // Nothing announced by this process yet: what the status said.
+                previous
+                    .conditions
+                    .iter()
+                    .find(|c| c.type_ == "Ready" && c.reason == honour::REASON)
+                    .map(|c| c.message.clone())
+            })
+    };
+    events.extend(honour_event(before.as_deref(), now, ready.status == "True"));
     if was("CircuitOpen") != budget.circuit_open() {
         events.push(if budget.circuit_open() {
             (EventType::Warning, "CircuitOpen", circuit.message.clone())
@@ -224,6 +229,26 @@ pub async fn reconcile(policy: Arc<GpuHealthPolicy>, ctx: Arc<Context>) -> Resul
     Ok(Requeue::await_change())
 }
 
+/// The Event for a change in what cannot be honoured of a policy: `before`
+/// and `now` are the `Ready` messages that said it (`None`: all could be).
+fn honour_event(
+    before: Option<&str>,
+    now: Option<String>,
+    ready: bool,
+) -> Option<(EventType, &'static str, String)> {
+    match now {
+        Some(now) if before != Some(now.as_str()) => {
+            Some((EventType::Warning, honour::REASON, now))
+        }
+        None if before.is_some() && ready => Some((
+            EventType::Normal,
+            "Honoured",
+            "every field of the policy can be honoured again".into(),
+        )),
+        _ => None,
+    }
+}
+
 /// What in `policy` the operator cannot honour: what its spec alone shows
 /// (the engine's check), a validation pod template no pod can be made
 /// from, and the locks it names that cannot be read.
@@ -243,4 +268,35 @@ fn unhonoured(ctx: &Context, policy: &GpuHealthPolicy) -> Vec<Problem> {
 
 pub fn error_policy(policy: Arc<GpuHealthPolicy>, error: &Error, ctx: Arc<Context>) -> Requeue {
     crate::reconcile::retry(&policy.name_any(), "policy", error, &ctx)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn what_cannot_be_honoured_is_announced_once_per_change() {
+        let zone = "spec.maintenanceWindows[1].timeZone: unknown time zone";
+        let lock = "spec.otherActors[1].object: cannot be read";
+        let reason = |e: Option<(EventType, &'static str, String)>| e.map(|(_, r, _)| r);
+        assert_eq!(
+            reason(honour_event(None, Some(zone.into()), false)),
+            Some("CannotHonour")
+        );
+        assert_eq!(
+            reason(honour_event(Some(zone), Some(zone.into()), false)),
+            None
+        );
+        assert_eq!(
+            reason(honour_event(Some(zone), Some(lock.into()), false)),
+            Some("CannotHonour")
+        );
+        assert_eq!(
+            reason(honour_event(Some(lock), None, true)),
+            Some("Honoured")
+        );
+        assert_eq!(reason(honour_event(None, None, true)), None);
+        // Ready False for its selector: nothing to say of honouring.
+        assert_eq!(reason(honour_event(Some(lock), None, false)), None);
+    }
 }
