@@ -198,6 +198,7 @@ async fn metrics_tell_the_incident_and_alerts_use_only_served_ones() {
     );
     assert_eq!(o("gpuhealth_nodes", &[policy_is, ("phase", "Failed")]), 0.0);
     assert_eq!(o("gpuhealth_circuit_open", &[policy_is]), 0.0);
+    assert_eq!(o("gpuhealth_policy_unhonoured_fields", &[policy_is]), 0.0);
     assert!(o("gpuhealth_malformed_gpu_reports_total", &[policy_is]) >= 1.0);
     assert!(o("gpuhealth_reconcile_duration_seconds_count", &[]) > 0.0);
     // Every error kind is served from the start, so rate() has a series.

@@ -1,5 +1,6 @@
 //! The operator process itself on the real API server: crashes at the worst
-//! moments, two replicas behind one Lease, and overlapping policies.
+//! moments, two replicas behind one Lease, overlapping policies, and
+//! policies it cannot honour as written.
 
 use std::time::{Duration, Instant};
 
@@ -7,19 +8,29 @@ use gpuhealth_api::{
     GpuHealthPolicy, RecoveryAction,
     contract::{AnnotationValue, ResetRequest},
     node_health::Phase,
+    policy::{MaintenanceWindow, SignalSource},
     vocabulary::{Attempt, AttemptOutcome},
 };
 use gpuhealth_e2e::{
+    cluster::kubeconfig_with_token,
+    identities,
     operator::{self, LEASE_DURATION, Options, RETRY_PERIOD},
     scenario::{Scenario, WAIT},
     sim::is_cordoned,
     wait::until,
 };
-use k8s_openapi::api::{coordination::v1::Lease, core::v1::Event};
+use k8s_openapi::api::{
+    coordination::v1::Lease,
+    core::v1::Event,
+    rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule},
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::{
     Api,
-    api::{ListParams, PostParams},
+    api::{ListParams, Patch, PatchParams, PostParams},
 };
+use serde::Deserialize;
+use serde_json::json;
 
 /// The Lease of `name` held by `holder`.
 async fn lease_held_by(s: &Scenario, name: &str, holder: &str, timeout: Duration) {
@@ -235,4 +246,205 @@ async fn of_two_overlapping_policies_the_loser_shows_a_conflict() {
         .delete(&loser, &Default::default())
         .await
         .expect("clean up");
+}
+
+fn ready(p: &GpuHealthPolicy) -> Option<&Condition> {
+    p.status
+        .as_ref()
+        .and_then(|st| st.conditions.iter().find(|c| c.type_ == "Ready"))
+}
+
+/// Waits until the policy's `Ready` is `status` with `reason`.
+async fn ready_is(s: &Scenario, status: &str, reason: &str) -> Condition {
+    let policies: Api<GpuHealthPolicy> = Api::all(s.client.clone());
+    let p = until(policies, &s.policy, WAIT, |p| {
+        ready(p).is_some_and(|c| c.status == status && c.reason == reason)
+    })
+    .await
+    .unwrap_or_else(|e| panic!("Ready {status} {reason}: {e}"));
+    ready(&p).cloned().expect("Ready")
+}
+
+/// gpuhealth's Events about the policy with `reason`: (type, message, how
+/// many times it was seen).
+async fn policy_events(s: &Scenario, reason: &str) -> Vec<(String, String, i32)> {
+    let events: Api<Event> = Api::all(s.client.clone());
+    let list = events
+        .list(&ListParams::default().fields(&format!("involvedObject.name={}", s.policy)))
+        .await
+        .expect("events");
+    list.items
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some(reason))
+        .map(|e| {
+            let seen = e
+                .series
+                .as_ref()
+                .and_then(|series| series.count)
+                .or(e.count)
+                .unwrap_or(1)
+                .max(1);
+            (
+                e.type_.unwrap_or_default(),
+                e.message.unwrap_or_default(),
+                seen,
+            )
+        })
+        .collect()
+}
+
+/// A maintenance window in a time zone nobody knows is accepted by the API
+/// server (it cannot know), and used to make the policy silently never open
+/// it. Now `Ready` is False, `CannotHonour`, naming the field, with one
+/// Warning Event; fixing the zone makes it Ready again.
+#[tokio::test]
+async fn a_policy_with_an_unknown_time_zone_says_it_cannot_be_honoured() {
+    let window = |zone: &str| MaintenanceWindow {
+        days: Vec::new(),
+        start: "22:00".into(),
+        end: "06:00".into(),
+        time_zone: zone.into(),
+    };
+    let mut spec = Scenario::quick_spec();
+    spec.maintenance_windows = vec![window("Europe/Berlin"), window("Mars/Base")];
+    let mut s = Scenario::new("honour-zone", 1, spec)
+        .await
+        .expect("scenario");
+    s.start().await.expect("start");
+
+    let field = "spec.maintenanceWindows[1].timeZone";
+    let refused = ready_is(&s, "False", "CannotHonour").await;
+    assert!(
+        refused
+            .message
+            .starts_with(&format!("{field}: unknown time zone \"Mars/Base\"")),
+        "{}",
+        refused.message
+    );
+    s.wait_event_saying(&s.policy, "CannotHonour", field)
+        .await
+        .expect("a CannotHonour Event");
+    let policies: Api<GpuHealthPolicy> = Api::all(s.client.clone());
+    let managed = until(policies.clone(), &s.policy, WAIT, |p| {
+        p.status.as_ref().is_some_and(|st| st.nodes == 1)
+    })
+    .await
+    .expect("the rest of the policy still applies to its node");
+    assert_eq!(
+        ready(&managed).map(|c| c.reason.as_str()),
+        Some("CannotHonour")
+    );
+
+    let mut fixed = managed.spec.maintenance_windows.clone();
+    fixed[1].time_zone = "Asia/Tokyo".into();
+    policies
+        .patch(
+            &s.policy,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"maintenanceWindows": fixed}})),
+        )
+        .await
+        .expect("the zone fixed");
+    let honoured = ready_is(&s, "True", "Managing").await;
+    assert_eq!(honoured.message, "managing 1 node(s)");
+    s.wait_event(&s.policy, "Honoured")
+        .await
+        .expect("an Honoured Event");
+    // Once per change, not once per reconcile: one Warning, seen once.
+    let warnings = policy_events(&s, "CannotHonour").await;
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
+    let (type_, message, seen) = &warnings[0];
+    assert_eq!((type_.as_str(), *seen), ("Warning", 1), "{warnings:?}");
+    assert!(message.starts_with(field), "{message}");
+}
+
+/// Every rule the shipped RBAC (config/rbac/operator.yaml) gives the
+/// operator, from its ClusterRoles and its Role.
+fn shipped_rules() -> Vec<PolicyRule> {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../config/rbac/operator.yaml");
+    let text = std::fs::read_to_string(path).expect("config/rbac/operator.yaml");
+    serde_yaml::Deserializer::from_str(&text)
+        .map(|doc| serde_yaml::Value::deserialize(doc).expect("YAML"))
+        .filter(|doc| {
+            doc.get("kind")
+                .and_then(serde_yaml::Value::as_str)
+                .is_some_and(|k| k == "ClusterRole" || k == "Role")
+        })
+        .flat_map(|doc| {
+            let rules = doc.get("rules").cloned().unwrap_or_default();
+            serde_yaml::from_value::<Vec<PolicyRule>>(rules).expect("rules")
+        })
+        .collect()
+}
+
+/// kured's DaemonSet under another name: the shipped RBAC lets the operator
+/// read only DaemonSets named `kured`, so the lock cannot be read, and
+/// `Ready` says which field points at it. Granting the read makes it Ready
+/// again, without a change to the policy.
+#[tokio::test]
+async fn a_lock_the_operator_may_not_read_is_named_in_ready() {
+    let mut spec = Scenario::quick_spec();
+    let kured = spec
+        .other_actors
+        .iter()
+        .position(|a| a.source == SignalSource::KuredLock)
+        .expect("kured's lock is a default actor");
+    spec.other_actors[kured].object = Some("kube-system/kured-gpu".into());
+    let mut s = Scenario::new("honour-lock", 1, spec)
+        .await
+        .expect("scenario");
+    // The operator runs with exactly the rights the install gives it.
+    let account = format!("{}-operator", s.group);
+    let rules = shipped_rules();
+    identities::account_with(&s.client, &s.namespace, &account, rules.clone())
+        .await
+        .expect("the operator's rights");
+    let token = identities::token(&s.client, &s.namespace, &account, None)
+        .await
+        .expect("a token");
+    let kubeconfig = std::env::temp_dir().join(format!("{account}.kubeconfig"));
+    let kubeconfig = kubeconfig_with_token(&token, &kubeconfig)
+        .await
+        .expect("kubeconfig");
+    s.operator_options = Options {
+        kubeconfig: Some(kubeconfig),
+        namespace: Some(s.namespace.clone()),
+        ..Default::default()
+    };
+    s.start().await.expect("start");
+
+    let field = format!("spec.otherActors[{kured}].object");
+    let refused = ready_is(&s, "False", "CannotHonour").await;
+    assert!(
+        refused.message.starts_with(&format!(
+            "{field}: kured's lock on DaemonSet kube-system/kured-gpu cannot be read (403 Forbidden: "
+        )),
+        "{}",
+        refused.message
+    );
+    s.wait_event_saying(&s.policy, "CannotHonour", &field)
+        .await
+        .expect("a CannotHonour Event");
+
+    // The read granted: the next polls succeed and Ready follows.
+    let mut granted = rules;
+    granted.push(PolicyRule {
+        resource_names: Some(vec!["kured-gpu".into()]),
+        ..identities::rule("apps", &["daemonsets"], &["get"])
+    });
+    identities::account_with(&s.client, &s.namespace, &account, granted)
+        .await
+        .expect("the read granted");
+    let honoured = ready_is(&s, "True", "Managing").await;
+    assert_eq!(honoured.message, "managing 1 node(s)");
+
+    if let Some(mut operator) = s.operator.take() {
+        operator.kill().await;
+    }
+    let _ = Api::<ClusterRoleBinding>::all(s.client.clone())
+        .delete(&account, &Default::default())
+        .await;
+    let _ = Api::<ClusterRole>::all(s.client.clone())
+        .delete(&account, &Default::default())
+        .await;
 }

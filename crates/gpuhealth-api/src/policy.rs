@@ -177,7 +177,10 @@ pub struct OtherActor {
     /// annotation; for `NodeMaintenance` the API group.
     #[schemars(length(min = 1, max = 316))]
     pub key: String,
-    /// For `KuredLock`: kured's DaemonSet, as `namespace/name`.
+    /// For `KuredLock`: kured's DaemonSet, as `namespace/name`
+    /// (`kube-system/kured` when unset). The operator must be allowed to
+    /// get it (the shipped RBAC allows DaemonSets named `kured`); while it
+    /// cannot, the policy's `Ready` is False (`CannotHonour`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 3, max = 317))]
     pub object: Option<String>,
@@ -269,7 +272,9 @@ pub struct MaintenanceWindow {
         "message": "maintenanceWindows[].end must be HH:MM (24-hour)"
     }]))]
     pub end: String,
-    /// An IANA time zone (`Europe/Berlin`); `UTC` when unset.
+    /// An IANA time zone (`Europe/Berlin`); `UTC` when unset. One the
+    /// operator does not know keeps the window shut, and makes the policy's
+    /// `Ready` False (`CannotHonour`).
     #[serde(default = "default_time_zone")]
     #[schemars(length(min = 1, max = 64))]
     pub time_zone: String,
@@ -747,7 +752,10 @@ pub struct GpuHealthPolicyStatus {
     pub remediating: u32,
     #[serde(default)]
     pub failed: u32,
-    /// `Ready`, `CircuitOpen`, `Conflict`.
+    /// `Ready`, `CircuitOpen`, `Conflict`. `Ready` is False with reason
+    /// `InvalidSelector` when the selector cannot be used, or `CannotHonour`
+    /// while a field cannot be honoured as written (an unknown time zone, a
+    /// lock the operator may not read); its message names each field.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Vec<Condition>,

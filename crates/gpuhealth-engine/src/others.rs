@@ -42,6 +42,16 @@ pub fn disruptions(actors: &[OtherActor], node: NodeSignals<'_>) -> Vec<String> 
         .collect()
 }
 
+/// kured's DaemonSet as a `KuredLock` actor's `object` names it
+/// (`namespace/name`): `kube-system/kured` when unset, or when it is not
+/// `namespace/name` (which the policy's `Ready` condition then says).
+pub fn kured_daemonset(object: Option<&str>) -> (&str, &str) {
+    object
+        .unwrap_or("kube-system/kured")
+        .split_once('/')
+        .unwrap_or(("kube-system", "kured"))
+}
+
 #[cfg(test)]
 mod tests {
     use gpuhealth_api::policy::default_other_actors;

@@ -7,6 +7,8 @@ use k8s_openapi::jiff::{
     tz::TimeZone,
 };
 
+use crate::honour::Problem;
+
 /// Whether `now` falls in one of `windows`; no windows means always. An
 /// unreadable window (an unknown time zone) is never open: a mistake in the
 /// policy holds disruption back rather than letting it through.
@@ -60,6 +62,33 @@ fn parse(w: &MaintenanceWindow) -> Result<(TimeZone, Time, Time), String> {
         Time::strptime("%H:%M", s).map_err(|e| format!("maintenance window time {s:?}: {e}"))
     };
     Ok((tz, time(&w.start)?, time(&w.end)?))
+}
+
+/// Every field of `windows` that cannot be read, by its path in the policy
+/// (`spec.maintenanceWindows[1].timeZone`). Such a window never opens, nor
+/// does any listed after it ([`is_open`] stops there), so each is worth
+/// saying before a node waits on it.
+pub fn problems(windows: &[MaintenanceWindow]) -> Vec<Problem> {
+    const SHUT: &str = "so this window never opens, nor does any listed after it";
+    let mut out = Vec::new();
+    for (i, w) in windows.iter().enumerate() {
+        let field = |name: &str| format!("spec.maintenanceWindows[{i}].{name}");
+        if TimeZone::get(&w.time_zone).is_err() {
+            out.push(Problem::new(
+                field("timeZone"),
+                format!("unknown time zone {:?}, {SHUT}", w.time_zone),
+            ));
+        }
+        for (name, value) in [("start", &w.start), ("end", &w.end)] {
+            if Time::strptime("%H:%M", value).is_err() {
+                out.push(Problem::new(
+                    field(name),
+                    format!("{value:?} is not a 24-hour HH:MM time, {SHUT}"),
+                ));
+            }
+        }
+    }
+    out
 }
 
 /// The window starting on `day`, if it starts on that weekday.
@@ -153,5 +182,37 @@ mod tests {
         let bad = [window(&[], "00:00", "23:59", "Mars/Olympus")];
         assert!(is_open(&bad, t("2026-05-29T10:00:00Z")).is_err());
         assert_eq!(next_opening(&bad, t("2026-05-29T10:00:00Z")), None);
+    }
+
+    #[test]
+    fn each_field_that_cannot_be_read_is_named() {
+        let windows = [
+            window(&[Weekday::Sat], "22:00", "06:00", "Europe/Berlin"),
+            window(&[], "00:00", "23:59", "Mars/Base"),
+            window(&[], "25:00", "7h", "UTC"),
+        ];
+        let found: Vec<String> = problems(&windows).iter().map(|p| p.to_string()).collect();
+        assert_eq!(
+            found,
+            [
+                "spec.maintenanceWindows[1].timeZone: unknown time zone \"Mars/Base\", so this window never opens, nor does any listed after it",
+                "spec.maintenanceWindows[2].start: \"25:00\" is not a 24-hour HH:MM time, so this window never opens, nor does any listed after it",
+                "spec.maintenanceWindows[2].end: \"7h\" is not a 24-hour HH:MM time, so this window never opens, nor does any listed after it",
+            ]
+        );
+        // What is named is what keeps windows shut: the one before it still
+        // opens (Saturday 23:00 in Berlin); when it is shut (Friday), the
+        // unreadable one is reached and none opens.
+        assert_eq!(is_open(&windows, t("2026-05-30T21:00:00Z")), Ok(true));
+        assert!(is_open(&windows, t("2026-05-29T21:00:00Z")).is_err());
+        assert!(problems(&windows[..1]).is_empty());
+        assert!(problems(&[]).is_empty());
+        // Zones the bundled database knows, including the default.
+        for zone in ["UTC", "America/New_York", "Asia/Kolkata", "Etc/GMT+5"] {
+            assert!(
+                problems(&[window(&[], "01:00", "02:00", zone)]).is_empty(),
+                "{zone}"
+            );
+        }
     }
 }

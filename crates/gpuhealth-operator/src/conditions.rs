@@ -1,6 +1,9 @@
 //! Status conditions of a policy: `Ready`, `CircuitOpen` and `Conflict`.
 
-use gpuhealth_engine::budget::Budget;
+use gpuhealth_engine::{
+    budget::Budget,
+    honour::{self, Problem},
+};
 use k8s_openapi::{
     apimachinery::pkg::apis::meta::v1::{Condition, Time},
     jiff::Timestamp,
@@ -30,23 +33,32 @@ fn condition(
     }
 }
 
-/// `Ready`: the policy can be applied (its selector is valid).
+/// `Ready`: the policy can be applied as written. False with
+/// `InvalidSelector` when its selector cannot be used (it manages no node),
+/// else with `CannotHonour` while some field of it cannot be honoured
+/// (`problems`, each named by its field; the rest of the policy applies).
 pub fn ready(
     previous: &[Condition],
     selector_error: Option<String>,
+    problems: &[Problem],
     managed: usize,
     generation: Option<i64>,
 ) -> Condition {
-    match selector_error {
-        Some(e) => condition(
+    let unhonoured = honour::message(problems);
+    match (selector_error, unhonoured) {
+        (Some(e), unhonoured) => condition(
             previous,
             "Ready",
             false,
             "InvalidSelector",
-            format!("nodeSelector cannot be used, so the policy manages no node: {e}"),
+            format!(
+                "nodeSelector cannot be used, so the policy manages no node: {e}{}",
+                unhonoured.map(|m| format!("; {m}")).unwrap_or_default()
+            ),
             generation,
         ),
-        None => condition(
+        (None, Some(m)) => condition(previous, "Ready", false, honour::REASON, m, generation),
+        (None, None) => condition(
             previous,
             "Ready",
             true,
@@ -119,4 +131,48 @@ pub fn conflict(
         ),
         generation,
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ready_names_what_cannot_be_honoured_and_a_bad_selector_comes_first() {
+        let zone = Problem::new(
+            "spec.maintenanceWindows[1].timeZone",
+            "unknown time zone \"Mars/Base\"",
+        );
+        let lock = Problem::new("spec.otherActors[1].object", "cannot be read");
+        let c = ready(&[], None, &[zone.clone(), lock.clone()], 3, Some(2));
+        assert_eq!(
+            (c.status.as_str(), c.reason.as_str()),
+            ("False", "CannotHonour")
+        );
+        assert_eq!(
+            c.message,
+            "spec.maintenanceWindows[1].timeZone: unknown time zone \"Mars/Base\"; spec.otherActors[1].object: cannot be read"
+        );
+        assert_eq!(c.observed_generation, Some(2));
+
+        let c = ready(&[], Some("bad operator".into()), &[zone], 0, None);
+        assert_eq!(
+            (c.status.as_str(), c.reason.as_str()),
+            ("False", "InvalidSelector")
+        );
+        assert!(
+            c.message.ends_with(
+                "bad operator; spec.maintenanceWindows[1].timeZone: unknown time zone \"Mars/Base\""
+            ),
+            "{}",
+            c.message
+        );
+
+        let fixed = ready(std::slice::from_ref(&c), None, &[], 3, None);
+        assert_eq!(
+            (fixed.status.as_str(), fixed.reason.as_str()),
+            ("True", "Managing")
+        );
+        assert_eq!(fixed.message, "managing 3 node(s)");
+    }
 }

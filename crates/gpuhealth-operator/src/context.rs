@@ -40,6 +40,11 @@ pub struct Context {
     /// it, by its own clock: how old a report is, judged on one clock
     /// whatever the agent's says.
     pub report_seen: Mutex<HashMap<String, (Timestamp, Timestamp)>>,
+    /// Per policy, what this process last announced of what cannot be
+    /// honoured (its `Ready` message, or `None` when all could be): each
+    /// change is announced once, even when a reconcile reads a policy whose
+    /// status the last one's write has not reached yet.
+    pub honour_announced: Mutex<HashMap<String, Option<String>>>,
     /// Other tools' locks that name nodes (kured, Medik8s), kept fresh by
     /// `locks::poll`.
     pub locks: Arc<crate::locks::Locks>,

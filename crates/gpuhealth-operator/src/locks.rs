@@ -1,7 +1,9 @@
 //! What other tools hold outside the Node: kured's reboot lock (an
 //! annotation on its DaemonSet naming the node) and Medik8s
 //! `NodeMaintenance` objects. Read every few seconds for the actors the
-//! policies name; a tool that is not installed is simply absent.
+//! policies name; a tool that is not installed is simply absent. A lock
+//! that cannot be read (the operator may not, or the read fails) is kept
+//! for the policies' `Ready` condition to name.
 
 use std::{
     collections::BTreeMap,
@@ -9,10 +11,12 @@ use std::{
     time::Duration,
 };
 
+use futures::channel::mpsc::UnboundedSender;
 use gpuhealth_api::{
     GpuHealthPolicy,
     policy::{OtherActor, SignalSource},
 };
+use gpuhealth_engine::others::kured_daemonset;
 use k8s_openapi::api::apps::v1::DaemonSet;
 use kube::{
     Api, Client, ResourceExt,
@@ -24,24 +28,61 @@ use tracing::{debug, warn};
 /// How often the locks are read again.
 pub const POLL: Duration = Duration::from_secs(5);
 
+/// How many reads in a row must fail before a lock counts as unreadable:
+/// one lost read is a blip, not a policy that cannot be honoured.
+pub const UNREADABLE_AFTER: u32 = 2;
+
 /// Per node, the actors (by name) that name it now, and how.
 pub type Named = BTreeMap<String, BTreeMap<String, String>>;
 
 #[derive(Default)]
-pub struct Locks(RwLock<Named>);
+pub struct Locks {
+    named: RwLock<Named>,
+    /// The actors whose lock could not be read the last
+    /// [`UNREADABLE_AFTER`] times or more, and why (the first failure's
+    /// words, so that a message does not change with every poll).
+    unreadable: RwLock<Vec<(OtherActor, String)>>,
+}
 
 impl Locks {
     /// The actors naming `node`.
     pub fn of(&self, node: &str) -> BTreeMap<String, String> {
-        self.0
+        self.named
             .read()
             .map(|m| m.get(node).cloned().unwrap_or_default())
             .unwrap_or_default()
     }
+
+    /// Why `actor`'s lock cannot be read, if it cannot.
+    pub fn unreadable(&self, actor: &OtherActor) -> Option<String> {
+        self.unreadable
+            .read()
+            .ok()?
+            .iter()
+            .find(|(a, _)| a == actor)
+            .map(|(_, why)| why.clone())
+    }
 }
 
-/// Reads the locks the policies' actors name, forever.
-pub async fn poll(client: Client, policies: Store<GpuHealthPolicy>, locks: Arc<Locks>) {
+/// The words of a failed read: the API server's own, with its code, when
+/// it answered.
+fn why(e: &kube::Error) -> String {
+    match e {
+        kube::Error::Api(s) => format!("{} {}: {}", s.code, s.reason, s.message),
+        e => e.to_string(),
+    }
+}
+
+/// Reads the locks the policies' actors name, forever; sends on `changed`
+/// whenever the set of unreadable ones changes.
+pub async fn poll(
+    client: Client,
+    policies: Store<GpuHealthPolicy>,
+    locks: Arc<Locks>,
+    changed: UnboundedSender<()>,
+) {
+    // Per actor failing now: reads failed in a row, and the first one's words.
+    let mut failing: Vec<(OtherActor, u32, String)> = Vec::new();
     loop {
         let mut actors: Vec<OtherActor> = Vec::new();
         for a in policies
@@ -59,17 +100,18 @@ pub async fn poll(client: Client, policies: Store<GpuHealthPolicy>, locks: Arc<L
         }
         let mut named = Named::new();
         let mut complete = true;
-        for OtherActor {
-            name,
-            source,
-            key,
-            object,
-            ..
-        } in actors
-        {
+        let mut failed = Vec::new();
+        for actor in &actors {
+            let OtherActor {
+                name,
+                source,
+                key,
+                object,
+                ..
+            } = actor;
             let found = match source {
-                SignalSource::KuredLock => kured(&client, &key, object.as_deref()).await,
-                _ => node_maintenances(&client, &key).await,
+                SignalSource::KuredLock => kured(&client, key, object.as_deref()).await,
+                _ => node_maintenances(&client, key).await,
             };
             match found {
                 Ok(nodes) => {
@@ -81,14 +123,53 @@ pub async fn poll(client: Client, policies: Store<GpuHealthPolicy>, locks: Arc<L
                     // Keep what was known: a lost read must not end a hold.
                     warn!(actor = %name, error = %e, "could not read another tool's lock; keeping the last known");
                     complete = false;
+                    failed.push((actor.clone(), why(&e)));
                 }
             }
         }
-        if complete && let Ok(mut m) = locks.0.write() {
+        failing = streaks(&failing, failed);
+        if complete && let Ok(mut m) = locks.named.write() {
             *m = named;
+        }
+        let unreadable = unreadable(&failing);
+        if let Ok(mut u) = locks.unreadable.write()
+            && *u != unreadable
+        {
+            *u = unreadable;
+            // The policies' status says it; a closed channel means the
+            // controllers have stopped, and so will this.
+            let _ = changed.unbounded_send(());
         }
         tokio::time::sleep(POLL).await;
     }
+}
+
+/// Each actor whose read failed now (with why), and how many reads of it
+/// have failed in a row, given `before`, the same after the last poll: a
+/// read that succeeded ends its actor's streak; the words are the first
+/// failure's.
+fn streaks(
+    before: &[(OtherActor, u32, String)],
+    failed: Vec<(OtherActor, String)>,
+) -> Vec<(OtherActor, u32, String)> {
+    failed
+        .into_iter()
+        .map(
+            |(actor, words)| match before.iter().find(|(a, ..)| *a == actor) {
+                Some((_, n, first)) => (actor, n.saturating_add(1), first.clone()),
+                None => (actor, 1, words),
+            },
+        )
+        .collect()
+}
+
+/// The actors of `streaks` that count as unreadable, and why.
+fn unreadable(streaks: &[(OtherActor, u32, String)]) -> Vec<(OtherActor, String)> {
+    streaks
+        .iter()
+        .filter(|(_, n, _)| *n >= UNREADABLE_AFTER)
+        .map(|(a, _, words)| (a.clone(), words.clone()))
+        .collect()
 }
 
 /// The nodes kured's lock names: one (`"nodeID"`) or several (kured's
@@ -98,10 +179,7 @@ async fn kured(
     annotation: &str,
     object: Option<&str>,
 ) -> Result<Vec<(String, String)>, kube::Error> {
-    let (namespace, name) = object
-        .unwrap_or("kube-system/kured")
-        .split_once('/')
-        .unwrap_or(("kube-system", "kured"));
+    let (namespace, name) = kured_daemonset(object);
     let api: Api<DaemonSet> = Api::namespaced(client.clone(), namespace);
     let Some(ds) = api.get_opt(name).await? else {
         return Ok(Vec::new());
@@ -182,7 +260,9 @@ async fn node_maintenances(
 
 #[cfg(test)]
 mod tests {
-    use super::node_ids;
+    use gpuhealth_api::policy::default_other_actors;
+
+    use super::{node_ids, streaks, unreadable};
 
     #[test]
     fn kured_names_one_node_or_several() {
@@ -198,5 +278,37 @@ mod tests {
         );
         assert!(node_ids("").is_empty());
         assert!(node_ids(r#"{"nodeID":""}"#).is_empty());
+    }
+
+    #[test]
+    fn a_lock_is_unreadable_after_reads_fail_in_a_row_and_readable_at_once() {
+        let actors = default_other_actors();
+        let (kured, medik8s) = (&actors[1], &actors[3]);
+        let forbidden =
+            |a: &gpuhealth_api::policy::OtherActor, words: &str| (a.clone(), words.into());
+        // One failed read is a blip.
+        let first = streaks(&[], vec![forbidden(kured, "403 Forbidden: no")]);
+        assert!(unreadable(&first).is_empty());
+        // Two in a row: unreadable, in the first failure's words.
+        let second = streaks(
+            &first,
+            vec![
+                forbidden(kured, "500 InternalError: other words"),
+                forbidden(medik8s, "timeout"),
+            ],
+        );
+        assert_eq!(
+            unreadable(&second),
+            [(kured.clone(), "403 Forbidden: no".into())]
+        );
+        let third = streaks(
+            &second,
+            vec![forbidden(kured, "again"), forbidden(medik8s, "timeout")],
+        );
+        assert_eq!(unreadable(&third).len(), 2);
+        // A read that succeeds ends it.
+        let read = streaks(&third, vec![forbidden(medik8s, "timeout")]);
+        assert_eq!(unreadable(&read), [(medik8s.clone(), "timeout".into())]);
+        assert!(unreadable(&streaks(&read, Vec::new())).is_empty());
     }
 }

@@ -234,7 +234,15 @@ async fn run(args: Args) -> Result<(), Fatal> {
     metrics.leader.set(1);
 
     let locks = Arc::new(locks::Locks::default());
-    tokio::spawn(locks::poll(client.clone(), policies.clone(), locks.clone()));
+    // When a lock becomes unreadable or readable again, every policy's
+    // `Ready` condition is looked at again.
+    let (unreadable_changed, unreadable_changes) = futures::channel::mpsc::unbounded();
+    tokio::spawn(locks::poll(
+        client.clone(),
+        policies.clone(),
+        locks.clone(),
+        unreadable_changed,
+    ));
     // Nodes are kept slim, and only a change in what a reconcile reads
     // triggers one: at fleet scale whole nodes were most of the memory.
     let (nodes, node_writer) = reflector::store::<Node>();
@@ -253,6 +261,7 @@ async fn run(args: Args) -> Result<(), Fatal> {
         decisions: Default::default(),
         holders_seen: Default::default(),
         report_seen: Default::default(),
+        honour_announced: Default::default(),
         locks: locks.clone(),
         metrics: metrics.clone(),
         leadership: elector.leadership(),
@@ -281,9 +290,11 @@ async fn run(args: Args) -> Result<(), Fatal> {
         .shutdown_on_signal()
         .run(reconcile::reconcile, reconcile::error_policy, ctx.clone())
         .for_each(|_| futures::future::ready(()));
-    // A policy's status follows its nodes' statuses and which nodes it selects.
+    // A policy's status follows its nodes' statuses, which nodes it selects,
+    // and whether the locks it names can be read.
     let selecting = policies.clone();
     let policy_loop = Controller::new(policy_api, watcher::Config::default())
+        .reconcile_all_on(unreadable_changes)
         .watches(
             health_api,
             watcher::Config::default(),

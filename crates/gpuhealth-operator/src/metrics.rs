@@ -87,6 +87,7 @@ pub struct Metrics {
     pub nodes: Family<PhaseLabels, Gauge>,
     pub report_problems: Family<ReportProblemLabels, Gauge>,
     pub circuit_open: Family<PolicyLabels, Gauge>,
+    pub unhonoured_fields: Family<PolicyLabels, Gauge>,
     pub incidents: Family<OutcomeLabels, Counter>,
     pub remediations: Family<RemediationLabels, Counter>,
     pub findings: Family<FindingLabels, Counter>,
@@ -115,6 +116,7 @@ impl Default for Metrics {
             nodes: Family::default(),
             report_problems: Family::default(),
             circuit_open: Family::default(),
+            unhonoured_fields: Family::default(),
             incidents: Family::default(),
             remediations: Family::default(),
             findings: Family::default(),
@@ -176,6 +178,11 @@ impl Default for Metrics {
             "circuit_open",
             "1 while the policy's circuit breaker holds new remediations back",
             m.circuit_open.clone(),
+        );
+        r.register(
+            "policy_unhonoured_fields",
+            "Fields of the policy the operator cannot honour (an unknown time zone, a lock it may not read); its Ready condition names them",
+            m.unhonoured_fields.clone(),
         );
         r.register(
             "incidents",

@@ -1,6 +1,7 @@
 //! A policy's status: how many nodes it manages and in which phase, and its
 //! `Ready`, `CircuitOpen` and `Conflict` conditions, with an Event when the
-//! circuit breaker opens or closes.
+//! circuit breaker opens or closes, and when what cannot be honoured of the
+//! policy changes.
 
 use std::{collections::BTreeMap, sync::Arc};
 
@@ -9,7 +10,10 @@ use gpuhealth_api::{
     node_health::{GpuNodeHealthStatus, Phase, ReportProblemKind},
     policy::GpuHealthPolicyStatus,
 };
-use gpuhealth_engine::budget::Budget;
+use gpuhealth_engine::{
+    budget::Budget,
+    honour::{self, Problem},
+};
 use kube::{
     Api, Resource, ResourceExt,
     api::{Patch, PatchParams},
@@ -27,6 +31,7 @@ use crate::{
     context::{Context, Error, MANAGER, latest},
     metrics::{PhaseLabels, PolicyLabels, ReportProblemLabels},
     selection::Parsed,
+    validation,
 };
 
 /// The nodes `policy` manages (selects and wins), and for the nodes it selects
@@ -124,6 +129,13 @@ pub async fn reconcile(policy: Arc<GpuHealthPolicy>, ctx: Arc<Context>) -> Resul
     let selector_error = Selector::try_from(policy.spec.node_selector.clone())
         .err()
         .map(|e| e.to_string());
+    let problems = unhonoured(&ctx, &policy);
+    ctx.metrics
+        .unhonoured_fields
+        .get_or_create(&PolicyLabels {
+            policy: name.clone(),
+        })
+        .set(problems.len() as i64);
     let status = GpuHealthPolicyStatus {
         observed_generation: generation,
         nodes: nodes as u32,
@@ -131,7 +143,13 @@ pub async fn reconcile(policy: Arc<GpuHealthPolicy>, ctx: Arc<Context>) -> Resul
         remediating,
         failed,
         conditions: vec![
-            conditions::ready(&previous.conditions, selector_error, nodes, generation),
+            conditions::ready(
+                &previous.conditions,
+                selector_error,
+                &problems,
+                nodes,
+                generation,
+            ),
             conditions::circuit_open(&previous.conditions, &budget, generation),
             conditions::conflict(&previous.conditions, &lost_to, generation),
         ],
@@ -154,9 +172,29 @@ pub async fn reconcile(policy: Arc<GpuHealthPolicy>, ctx: Arc<Context>) -> Resul
             .iter()
             .any(|c| c.type_ == type_ && c.status == "True")
     };
+    let ready = &status.conditions[0];
     let circuit = &status.conditions[1];
     let conflict = &status.conditions[2];
     let mut events = Vec::new();
+    // Once per change of what cannot be honoured, and once when all can.
+    let now = (ready.reason == honour::REASON).then(|| ready.message.clone());
+    let before = {
+        let mut announced = ctx
+            .honour_announced
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        announced
+            .insert(name.clone(), now.clone())
+            .unwrap_or_else(|| {
+                // Nothing announced by this process yet: what the status said.
+                previous
+                    .conditions
+                    .iter()
+                    .find(|c| c.type_ == "Ready" && c.reason == honour::REASON)
+                    .map(|c| c.message.clone())
+            })
+    };
+    events.extend(honour_event(before.as_deref(), now, ready.status == "True"));
     if was("CircuitOpen") != budget.circuit_open() {
         events.push(if budget.circuit_open() {
             (EventType::Warning, "CircuitOpen", circuit.message.clone())
@@ -171,7 +209,8 @@ pub async fn reconcile(policy: Arc<GpuHealthPolicy>, ctx: Arc<Context>) -> Resul
         let event = Event {
             type_,
             reason: reason.into(),
-            note: Some(note),
+            // An Event's note is at most 1 kB; the condition has it all.
+            note: Some(note.chars().take(1000).collect()),
             action: "Status".into(),
             secondary: None,
         };
@@ -182,6 +221,74 @@ pub async fn reconcile(policy: Arc<GpuHealthPolicy>, ctx: Arc<Context>) -> Resul
     Ok(Requeue::await_change())
 }
 
+/// The Event for a change in what cannot be honoured of a policy: `before`
+/// and `now` are the `Ready` messages that said it (`None`: all could be).
+fn honour_event(
+    before: Option<&str>,
+    now: Option<String>,
+    ready: bool,
+) -> Option<(EventType, &'static str, String)> {
+    match now {
+        Some(now) if before != Some(now.as_str()) => {
+            Some((EventType::Warning, honour::REASON, now))
+        }
+        None if before.is_some() && ready => Some((
+            EventType::Normal,
+            "Honoured",
+            "every field of the policy can be honoured again".into(),
+        )),
+        _ => None,
+    }
+}
+
+/// What in `policy` the operator cannot honour: what its spec alone shows
+/// (the engine's check), a validation pod template no pod can be made
+/// from, and the locks it names that cannot be read.
+fn unhonoured(ctx: &Context, policy: &GpuHealthPolicy) -> Vec<Problem> {
+    let spec = &policy.spec;
+    let mut problems = honour::problems(spec);
+    for (i, actor) in spec.other_actors.iter().enumerate() {
+        if let Some(why) = ctx.locks.unreadable(actor) {
+            problems.push(honour::lock_unreadable(i, actor, &why));
+        }
+    }
+    if let Some(template) = &spec.verification.validation_pod {
+        problems.extend(validation::template_problem(template, &ctx.validation));
+    }
+    problems
+}
+
 pub fn error_policy(policy: Arc<GpuHealthPolicy>, error: &Error, ctx: Arc<Context>) -> Requeue {
     crate::reconcile::retry(&policy.name_any(), "policy", error, &ctx)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn what_cannot_be_honoured_is_announced_once_per_change() {
+        let zone = "spec.maintenanceWindows[1].timeZone: unknown time zone";
+        let lock = "spec.otherActors[1].object: cannot be read";
+        let reason = |e: Option<(EventType, &'static str, String)>| e.map(|(_, r, _)| r);
+        assert_eq!(
+            reason(honour_event(None, Some(zone.into()), false)),
+            Some("CannotHonour")
+        );
+        assert_eq!(
+            reason(honour_event(Some(zone), Some(zone.into()), false)),
+            None
+        );
+        assert_eq!(
+            reason(honour_event(Some(zone), Some(lock.into()), false)),
+            Some("CannotHonour")
+        );
+        assert_eq!(
+            reason(honour_event(Some(lock), None, true)),
+            Some("Honoured")
+        );
+        assert_eq!(reason(honour_event(None, None, true)), None);
+        // Ready False for its selector: nothing to say of honouring.
+        assert_eq!(reason(honour_event(Some(lock), None, false)), None);
+    }
 }

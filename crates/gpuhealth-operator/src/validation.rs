@@ -2,7 +2,7 @@
 //! verification.
 
 use gpuhealth_api::policy::ValidationPod;
-use gpuhealth_engine::machine::ValidationView;
+use gpuhealth_engine::{honour::Problem, machine::ValidationView};
 use k8s_openapi::api::core::v1::Pod;
 use serde_json::{Value, json};
 
@@ -166,6 +166,20 @@ pub fn build(
         }
     }
     Ok(serde_json::from_value(pod)?)
+}
+
+/// Why no validation pod can be made from the policy's template, if none
+/// can: a problem of the policy, for its `Ready` condition, found before a
+/// node needs the pod.
+pub fn template_problem(template: &ValidationPod, target: &Target) -> Option<Problem> {
+    let why = match build(template, "check", target, "node").err()? {
+        e @ TemplateError::Refused(_) => e.to_string(),
+        TemplateError::Shape(e) => format!("not a pod template ({e})"),
+    };
+    Some(Problem::new(
+        "spec.verification.validationPod.template",
+        format!("{why}, so every validation pod is refused and verification fails at its timeout"),
+    ))
 }
 
 /// The pod as the engine sees it.
@@ -335,5 +349,38 @@ mod tests {
     fn a_template_of_the_wrong_shape_is_an_error_not_a_panic() {
         let t = template(json!({"spec": {"containers": "not a list"}}));
         assert!(build(&t, "v", &target(), "node").is_err());
+    }
+
+    #[test]
+    fn a_template_no_pod_can_be_made_from_is_a_problem_of_the_policy() {
+        let field = "spec.verification.validationPod.template";
+        // The schema leaves a container's fields but two to the pod.
+        let numbered = template(json!({"spec": {"containers": [{"name": 7}]}}));
+        let problem = template_problem(&numbered, &target()).expect("a problem");
+        assert_eq!(problem.field, field);
+        assert!(
+            problem
+                .message
+                .starts_with("not a pod template (invalid type: integer `7`"),
+            "{}",
+            problem.message
+        );
+        assert!(
+            problem
+                .message
+                .ends_with("verification fails at its timeout")
+        );
+        let privileged =
+            template(json!({"spec": {"hostPID": true, "containers": [{"name": "c"}]}}));
+        let problem = template_problem(&privileged, &target()).expect("a problem");
+        assert!(
+            problem
+                .message
+                .starts_with("the template sets spec.hostPID"),
+            "{}",
+            problem.message
+        );
+        let fine = template(json!({"spec": {"containers": [{"name": "c", "image": "dcgm"}]}}));
+        assert_eq!(template_problem(&fine, &target()), None);
     }
 }
