@@ -536,7 +536,7 @@ async fn kubectl_lists_both_kinds_with_their_columns_in_80_columns() {
     assert_eq!(words(&gnh, 0), ["NAME", "PHASE", "REASON", "AGE"], "{gnh}");
     assert_eq!(
         words(&gnh, 1)[..3],
-        [node_name.as_str(), "Quarantined", "XidGpuResetRequired"],
+        [node_name.as_str(), "Quarantined", Reason::Xid.as_str()],
         "{gnh}"
     );
     let gnh = kubectl(&["get", "gnh", &node_name, "-o", "wide"])
