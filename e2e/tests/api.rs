@@ -558,7 +558,7 @@ async fn kubectl_lists_both_kinds_with_their_columns_in_80_columns() {
             "1",
             "GpuReset",
             "1",
-            "XidGpuResetRequired"
+            Reason::Xid.as_str()
         ],
         "{gnh}"
     );
