@@ -1,6 +1,9 @@
 //! The API against a real kube-apiserver: the CRDs install and become
 //! Established, a minimal policy is stored with every default filled in, and
 //! invalid policies are refused with a message that names the field.
+//!
+//! Long because each test is one scenario against a real API server, and
+//! they share the CRDs' setup.
 
 use gpuhealth_api::{
     GpuHealthPolicy, GpuHealthPolicySpec, GpuNodeHealth,
@@ -536,7 +539,7 @@ async fn kubectl_lists_both_kinds_with_their_columns_in_80_columns() {
     assert_eq!(words(&gnh, 0), ["NAME", "PHASE", "REASON", "AGE"], "{gnh}");
     assert_eq!(
         words(&gnh, 1)[..3],
-        [node_name.as_str(), "Quarantined", "XidGpuResetRequired"],
+        [node_name.as_str(), "Quarantined", Reason::Xid.as_str()],
         "{gnh}"
     );
     let gnh = kubectl(&["get", "gnh", &node_name, "-o", "wide"])
@@ -558,7 +561,7 @@ async fn kubectl_lists_both_kinds_with_their_columns_in_80_columns() {
             "1",
             "GpuReset",
             "1",
-            "XidGpuResetRequired"
+            Reason::Xid.as_str()
         ],
         "{gnh}"
     );

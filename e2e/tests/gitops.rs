@@ -154,7 +154,7 @@ fn a_node_is_healthy_progressing_or_degraded_by_its_phase() {
         };
         assert_eq!(status, expected, "{phase:?}");
         assert!(
-            message.contains("(XidGpuResetRequired): Xid 119 on GPU 7"),
+            message.contains("(Xid): Xid 119 on GPU 7"),
             "{phase:?}: {message}"
         );
     }
