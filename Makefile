@@ -23,6 +23,7 @@ docs:
 # nowhere outside it, and every path and test they name exists.
 lint:
 	python3 scripts/check-docs.py
+	python3 scripts/check-structure.py
 	cargo fmt --all -- --check
 	cargo clippy --workspace --all-targets -- -D warnings
 

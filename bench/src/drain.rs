@@ -24,7 +24,7 @@ use kube::{
 use serde_json::json;
 
 use crate::{
-    Args, Result, fleet, phases::create_policy, report::DrainComparison, stats, watch::Cordons,
+    Args, Result, fleet, policy::create_policy, report::DrainComparison, stats, watch::Cordons,
 };
 
 const GROUP: &str = "bench-drain";

@@ -12,6 +12,7 @@ mod drain;
 mod fleet;
 mod peer;
 mod phases;
+mod policy;
 mod report;
 mod stats;
 mod watch;

@@ -6,12 +6,11 @@ use std::{
 };
 
 use futures::future::try_join_all;
-use gpuhealth_agent::backend::{SimHardware, SimOutcome};
+use gpuhealth_agent::fake::{SimHardware, SimOutcome};
 use gpuhealth_api::{
-    GpuHealthPolicy, GpuHealthPolicySpec, GpuNodeHealth,
+    GpuHealthPolicy, GpuNodeHealth,
     contract::{AnnotationValue, GPU_REPORT_ANNOTATION, GpuReport},
     node_health::Phase,
-    policy::Mode,
     vocabulary::IncidentOutcome,
 };
 use gpuhealth_e2e::{
@@ -19,17 +18,9 @@ use gpuhealth_e2e::{
     crds, node_agent,
     operator::{self, Options},
     process::Process,
-    reports,
-    sim::SIM_GROUP_LABEL,
-    wait,
+    reports, wait,
 };
-use k8s_openapi::{
-    api::core::v1::Node,
-    apimachinery::pkg::{
-        apis::meta::v1::{LabelSelector, LabelSelectorRequirement},
-        util::intstr::IntOrString,
-    },
-};
+use k8s_openapi::api::core::v1::Node;
 use kube::{
     Api, Client, ResourceExt,
     api::{Patch, PatchParams, PostParams},
@@ -40,6 +31,7 @@ use serde_json::json;
 use crate::{
     Args, Result, drain,
     fleet::{self, GROUP},
+    policy::policy,
     report::{MemoryPoint, Quiet, Results, StageFigures, Storm, TimeToQuarantine},
     stats::{self, WRITES},
     watch::{self, Cordons},
@@ -179,47 +171,6 @@ async fn stages(operator: &Process) -> Result<BTreeMap<String, stats::Histogram>
 
 fn pods_per_node(args: &Args) -> usize {
     8 + args.cpu_pods
-}
-
-fn policy(group: &str, max_concurrent: &str) -> GpuHealthPolicy {
-    let mut spec = GpuHealthPolicySpec::for_selector(LabelSelector {
-        match_labels: Some([(SIM_GROUP_LABEL.to_owned(), group.to_owned())].into()),
-        match_expressions: Some(vec![LabelSelectorRequirement {
-            key: watch::FLOOR_LABEL.into(),
-            operator: "DoesNotExist".into(),
-            values: None,
-        }]),
-    });
-    spec.mode = Mode::Enforce;
-    spec.max_concurrent = IntOrString::String(max_concurrent.into());
-    spec.max_unhealthy = IntOrString::String("100%".into());
-    spec.verification.stable_for = gpuhealth_api::Duration::from_secs(3);
-    spec.verification.workload_recovery_timeout = gpuhealth_api::Duration::from_secs(0);
-    spec.remediation_limits.cooldown = gpuhealth_api::Duration::from_secs(0);
-    // Each policy is named after the simulation group it selects.
-    GpuHealthPolicy::new(group, spec)
-}
-
-pub async fn create_policy(client: &Client, group: &str, spec: serde_json::Value) -> Result<()> {
-    let mut policy = policy(group, "1");
-    let mut value = serde_json::to_value(&policy.spec)?;
-    merge(&mut value, spec);
-    policy.spec = serde_json::from_value(value)?;
-    Api::<GpuHealthPolicy>::all(client.clone())
-        .create(&PostParams::default(), &policy)
-        .await?;
-    Ok(())
-}
-
-fn merge(into: &mut serde_json::Value, from: serde_json::Value) {
-    match (into, from) {
-        (serde_json::Value::Object(a), serde_json::Value::Object(b)) => {
-            for (k, v) in b {
-                merge(a.entry(k).or_insert(serde_json::Value::Null), v);
-            }
-        }
-        (into, from) => *into = from,
-    }
 }
 
 async fn set_policy(policies: &Api<GpuHealthPolicy>, spec: serde_json::Value) -> Result<()> {

@@ -23,6 +23,7 @@ pub mod proxy;
 pub mod recorder;
 pub mod reports;
 pub mod scenario;
+pub mod shipped;
 pub mod sim;
 pub mod wait;
 

@@ -2,7 +2,7 @@
 
 use std::path::Path;
 
-use gpuhealth_agent::backend::{SIM_HARDWARE_ANNOTATION, SimHardware};
+use gpuhealth_agent::fake::{SIM_HARDWARE_ANNOTATION, SimHardware};
 use k8s_openapi::api::core::v1::Node;
 use kube::{
     Api, Client,

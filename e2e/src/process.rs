@@ -187,7 +187,7 @@ async fn http_get(addr: SocketAddr, path: &str) -> std::io::Result<(u16, String)
 async fn confined(bin: &std::path::Path) -> Result<Command> {
     static CAPABILITIES: tokio::sync::OnceCell<Vec<String>> = tokio::sync::OnceCell::const_new();
     let capabilities = CAPABILITIES
-        .get_or_try_init(|| crate::host::shipped_capabilities("container-toolkit"))
+        .get_or_try_init(|| crate::shipped::shipped_capabilities("container-toolkit"))
         .await?;
     let bounding: String = std::iter::once("-all".to_owned())
         .chain(capabilities.iter().map(|c| format!("+{c}")))

@@ -3,8 +3,6 @@
 //! the fake agent and the operator binary. One scenario runs at a time in a
 //! test process (each starts its own operator, which manages every node).
 
-use std::time::Duration;
-
 use gpuhealth_api::{
     GpuHealthPolicy, GpuHealthPolicySpec, GpuNodeHealth, node_health::GpuNodeHealthStatus,
     vocabulary::IncidentOutcome,
@@ -40,10 +38,10 @@ use crate::{
     unique,
     wait::{Background, until, until_set},
 };
-use gpuhealth_agent::backend::{SimHardware, SimOutcome};
+use gpuhealth_agent::fake::{SimHardware, SimOutcome};
 use gpuhealth_api::contract::{AnnotationValue, GPU_REPORT_ANNOTATION, GpuReport};
 
-pub const WAIT: Duration = Duration::from_secs(180);
+pub use crate::wait::WAIT;
 
 static ONE_AT_A_TIME: Mutex<()> = Mutex::const_new(());
 

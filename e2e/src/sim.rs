@@ -297,7 +297,7 @@ pub async fn ready_gpu_node(client: &kube::Client, prefix: &str) -> crate::Resul
         &gpu_node(&node, &node, &GpuNodeSpec::default()),
     )
     .await?;
-    crate::wait::until(api, &node, crate::scenario::WAIT, node_is_ready).await?;
+    crate::wait::until(api, &node, crate::wait::WAIT, node_is_ready).await?;
     Ok(node)
 }
 

@@ -12,6 +12,9 @@ use serde::de::DeserializeOwned;
 
 use crate::{HarnessError, Result};
 
+/// How long a test waits for something the system should do.
+pub const WAIT: Duration = Duration::from_secs(180);
+
 /// Fails with a `Timeout` naming `what` when `fut` does not finish in time.
 pub async fn within<T>(
     what: &str,
@@ -160,7 +163,7 @@ pub async fn event_saying(
         Api::<k8s_openapi::api::core::v1::Event>::all(client.clone()),
         config,
         &what,
-        crate::scenario::WAIT,
+        WAIT,
         |set| {
             set.values().any(|e| {
                 e.reason.as_deref() == Some(reason)

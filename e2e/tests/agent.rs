@@ -2,6 +2,9 @@
 //! against the real API server: it publishes what the hardware says, only
 //! when it changes, and carries out each request at most once, across
 //! restarts too.
+//!
+//! Long because each test is one scenario against a real API server, and
+//! they share the agent's setup.
 
 use std::{
     collections::BTreeSet,
@@ -11,7 +14,7 @@ use std::{
 };
 
 use futures::StreamExt;
-use gpuhealth_agent::backend::{SimHardware, SimOutcome};
+use gpuhealth_agent::fake::{SimHardware, SimOutcome};
 use gpuhealth_api::{
     GpuHealth, RecoveryAction,
     contract::{
@@ -308,7 +311,7 @@ async fn the_agent_runs_with_only_the_capabilities_its_manifest_adds() {
             .map(|v| v.trim().to_owned())
             .unwrap_or_default()
     };
-    let shipped = gpuhealth_e2e::host::shipped_capabilities("container-toolkit")
+    let shipped = gpuhealth_e2e::shipped::shipped_capabilities("container-toolkit")
         .await
         .expect("the shipped capabilities");
     // Their numbers in linux/capability.h.

@@ -1,6 +1,9 @@
 //! The API against a real kube-apiserver: the CRDs install and become
 //! Established, a minimal policy is stored with every default filled in, and
 //! invalid policies are refused with a message that names the field.
+//!
+//! Long because each test is one scenario against a real API server, and
+//! they share the CRDs' setup.
 
 use gpuhealth_api::{
     GpuHealthPolicy, GpuHealthPolicySpec, GpuNodeHealth,

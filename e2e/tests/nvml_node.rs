@@ -16,10 +16,11 @@ use gpuhealth_api::{
 };
 use gpuhealth_e2e::{
     client,
-    host::{DEVICE_PLUGIN_LABEL, Host, shipped, uuid},
+    host::{DEVICE_PLUGIN_LABEL, Host, uuid},
     in_flight, operator,
     process::Process,
     scenario::{Scenario, WAIT},
+    shipped::shipped,
     sim::{is_cordoned, ready_gpu_node, remove_node},
     wait::until,
 };

@@ -1,6 +1,9 @@
 //! Remediation end to end on the real API server: the operator binary, KWOK
 //! GPU nodes with a vLLM-like Deployment across their eight GPUs, and the
 //! fake agent. One scenario at a time (see `Scenario`).
+//!
+//! Long because each test is one whole remediation against a real API
+//! server, and they share its setup.
 
 use std::{
     sync::{Arc, Mutex},

@@ -7,10 +7,6 @@ use std::future::Future;
 use gpuhealth_api::contract::{Capabilities, GpuEntry, Outcome};
 use k8s_openapi::api::core::v1::Node;
 
-pub use crate::fake::{
-    FakeBackend, SIM_CAPABILITIES, SIM_HARDWARE_ANNOTATION, SimHardware, SimOutcome,
-};
-
 /// What a backend did with a request, and why.
 pub type Done = (Outcome, String);
 

@@ -18,7 +18,7 @@ use std::{
 
 use clap::{Parser, ValueEnum};
 use gpuhealth_agent::{
-    backend::FakeBackend,
+    fake::FakeBackend,
     journal::Journal,
     kmsg::Feed,
     metrics::AgentMetrics,

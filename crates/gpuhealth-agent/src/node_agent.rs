@@ -4,6 +4,9 @@
 //! report from a stale one, and at once when another writer has overwritten
 //! the report. GPUs that cannot be read are said so, in the report, the
 //! condition and the agent's readiness.
+//!
+//! Long because the agent's one loop (serve requests, then publish) and the
+//! tests of each of its orderings belong together.
 
 use std::{
     collections::HashMap,

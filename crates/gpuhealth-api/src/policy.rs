@@ -6,6 +6,9 @@
 //! on bad GPUs, one node at a time, stop when a quarter of the nodes are sick.
 //! The API server refuses invalid values (schema plus CEL rules); each rule's
 //! message names its field.
+//!
+//! Long because the policy is one API type: every field group, documented
+//! for the generated reference, with its defaults and their tests.
 
 use k8s_openapi::apimachinery::pkg::{
     apis::meta::v1::{Condition, LabelSelector},

@@ -53,12 +53,12 @@ const ELSEWHERE: &[(&str, &str, &str)] = &[
         "a pod phase",
     ),
     (
-        "crates/gpuhealth-engine/src/machine.rs",
+        "crates/gpuhealth-engine/src/machine/phases/verify.rs",
         "Succeeded",
         "the validation pod's phase",
     ),
     (
-        "crates/gpuhealth-engine/src/machine.rs",
+        "crates/gpuhealth-engine/src/machine/phases/verify.rs",
         "Failed",
         "the validation pod's phase",
     ),

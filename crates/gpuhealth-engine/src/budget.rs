@@ -1,6 +1,8 @@
 //! How much a policy may disrupt at once: `maxConcurrent` nodes in a
 //! disruptive phase, and the `maxUnhealthy` circuit breaker.
 
+use std::collections::HashSet;
+
 use gpuhealth_api::{
     node_health::{GpuNodeHealthStatus, Phase},
     policy::GpuHealthPolicySpec,
@@ -8,12 +10,73 @@ use gpuhealth_api::{
 };
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
+/// Whether a phase holds a node out of service on gpuhealth's account (what
+/// `maxConcurrent` counts).
+pub fn is_disruptive(phase: Phase) -> bool {
+    matches!(
+        phase,
+        Phase::Quarantined
+            | Phase::Draining
+            | Phase::Remediating
+            | Phase::AwaitingMaintenance
+            | Phase::Verifying
+    )
+}
+
 /// Whether a node counts against the circuit breaker: a signal not yet
 /// firm, or a scheduled maintenance, says nothing about the fleet's health.
 pub fn unhealthy(s: &GpuNodeHealthStatus) -> bool {
     s.phase != Phase::Healthy
         && s.reason.is_none_or(Reason::counts_as_unhealthy)
         && s.maintenance.is_none()
+}
+
+/// A policy's nodes as its budget counts them: the one place they are
+/// counted, for a node's decision and for the policy's status alike.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Fleet<'a> {
+    /// Nodes out of service on gpuhealth's account.
+    pub disruptive: HashSet<&'a str>,
+    /// Nodes counted by the circuit breaker.
+    pub unhealthy: usize,
+}
+
+impl<'a> Fleet<'a> {
+    /// Counts `statuses`: every node of the policy, less any the caller
+    /// leaves out (the node deciding counts itself apart).
+    pub fn count(statuses: impl IntoIterator<Item = (&'a str, &'a GpuNodeHealthStatus)>) -> Self {
+        let mut fleet = Fleet::default();
+        for (name, status) in statuses {
+            if is_disruptive(status.phase) {
+                fleet.disruptive.insert(name);
+            }
+            fleet.unhealthy += usize::from(unhealthy(status));
+        }
+        fleet
+    }
+
+    /// The budget of a node about to decide, counted apart from `self`:
+    /// `managed` nodes in all, and `disrupted_by_others` (nodes other tools
+    /// are disrupting) taking capacity too unless gpuhealth counts them
+    /// already. The node counts itself as unhealthy: it asks only when it
+    /// wants to start, the one time the engine consults the breaker.
+    pub fn budget_for_one_more(
+        &self,
+        spec: &GpuHealthPolicySpec,
+        managed: usize,
+        disrupted_by_others: &[String],
+    ) -> Budget {
+        let by_others = disrupted_by_others
+            .iter()
+            .filter(|n| !self.disruptive.contains(n.as_str()))
+            .count();
+        Budget::new(spec, managed, self.disruptive.len(), self.unhealthy + 1).with_others(by_others)
+    }
+
+    /// The budget as the policy's status shows it: whether the breaker is open.
+    pub fn budget(&self, spec: &GpuHealthPolicySpec, managed: usize) -> Budget {
+        Budget::new(spec, managed, self.disruptive.len(), self.unhealthy)
+    }
 }
 
 /// A policy's budget, resolved against its fleet right now.

@@ -5,39 +5,14 @@
 //! needs them, or never. The operator reports them in the policy's `Ready`
 //! condition; nothing acts differently because of them.
 
-use std::fmt;
-
 use gpuhealth_api::policy::{GpuHealthPolicySpec, OtherActor, SignalSource};
 
+pub use crate::problem::Problem;
 use crate::{others::kured_daemonset, windows};
 
 /// The `Ready` condition's reason (and the Event's) while a field of the
 /// policy cannot be honoured.
 pub const REASON: &str = "CannotHonour";
-
-/// One field the operator cannot honour.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Problem {
-    /// Its path from the object: `spec.maintenanceWindows[1].timeZone`.
-    pub field: String,
-    /// What is wrong, and what follows from it.
-    pub message: String,
-}
-
-impl Problem {
-    pub fn new(field: impl Into<String>, message: impl Into<String>) -> Problem {
-        Problem {
-            field: field.into(),
-            message: message.into(),
-        }
-    }
-}
-
-impl fmt::Display for Problem {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}: {}", self.field, self.message)
-    }
-}
 
 /// What the spec alone shows cannot be honoured; what only the cluster can
 /// show (a lock the operator may not read) the operator adds.

@@ -10,6 +10,7 @@ pub mod honour;
 pub mod machine;
 pub mod others;
 pub mod probes;
+pub mod problem;
 pub mod restarts;
 pub mod windows;
 pub mod workload;

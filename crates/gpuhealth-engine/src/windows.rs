@@ -7,7 +7,7 @@ use k8s_openapi::jiff::{
     tz::TimeZone,
 };
 
-use crate::honour::Problem;
+use crate::problem::Problem;
 
 /// Whether `now` falls in one of `windows`; no windows means always. An
 /// unreadable window (an unknown time zone) is never open: a mistake in the

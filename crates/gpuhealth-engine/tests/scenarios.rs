@@ -1,5 +1,8 @@
 //! The engine walked through the incident and its harder variants, with no
 //! server: the in-memory world applies its actions as the operator would.
+//!
+//! Long because each test is one whole story, short on its own, and they
+//! share one simulated world.
 
 mod common;
 

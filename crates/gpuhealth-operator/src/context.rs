@@ -5,13 +5,11 @@ use std::{
     sync::{Arc, Mutex, MutexGuard},
 };
 
-use gpuhealth_api::{
-    GpuHealthPolicy, GpuNodeHealth,
-    node_health::{GpuNodeHealthStatus, Phase},
-};
+use gpuhealth_api::{GpuHealthPolicy, GpuNodeHealth, node_health::GpuNodeHealthStatus};
 use k8s_openapi::{api::core::v1::Node, jiff::Timestamp};
 use kube::{Client, runtime::events::Recorder, runtime::reflector::Store};
 
+pub use crate::error::Error;
 use crate::{leader::Leadership, metrics::Metrics};
 
 /// The field manager for everything gpuhealth writes.
@@ -36,6 +34,8 @@ pub struct Context {
     /// when that changes, the node's pods are listed once, to set a new
     /// holder's readiness gate.
     pub holders_seen: Mutex<HashMap<String, HoldersSeen>>,
+    /// Failed reconciles in a row, per object, for the back-off.
+    pub failures: crate::error::Failures,
     /// Per node, its report's `observedAt` and when this process first saw
     /// it, by its own clock: how old a report is, judged on one clock
     /// whatever the agent's says.
@@ -51,11 +51,8 @@ pub struct Context {
     /// Checked before every write: a replica that is not the leader (or no
     /// longer sure it is) writes nothing.
     pub leadership: Leadership,
-    /// Test hook for crash safety (`GPUHEALTH_TEST_CRASH_AFTER=<phase>[:<node>]`):
-    /// exit the process right after recording a node's entry into this phase
-    /// and before carrying out its actions, as a crash at the worst moment
-    /// would. Only for the named node, if one is named.
-    pub crash_after: Option<(Phase, Option<String>)>,
+    /// Where the crash-safety tests make the process exit (`failpoint`).
+    pub crash_after: crate::failpoint::CrashAfter,
     /// Where validation pods run, and as whom.
     pub validation: crate::validation::Target,
 }
@@ -79,35 +76,6 @@ pub fn latest<'a>(
         (!written.contains_key(name)).then_some((name, g.status.as_ref()?))
     });
     watched.chain(written.iter().map(|(k, v)| (k.as_str(), v)))
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    #[error("kubernetes API: {0}")]
-    Kube(#[from] kube::Error),
-    #[error("serialising: {0}")]
-    Json(#[from] serde_json::Error),
-    /// Never written: the agent would refuse it, and the operator, seeing no
-    /// request it can read, would ask again on every reconcile.
-    #[error("the engine made a request the agent would refuse: {0}")]
-    InvalidRequest(String),
-    #[error("not the leader: this replica does not act")]
-    NotLeader,
-}
-
-impl Error {
-    /// Every [`Error::metric_label`].
-    pub const KINDS: &'static [&'static str] = &["kube", "json", "invalid_request", "not_leader"];
-
-    /// A short, stable label for metrics and logs.
-    pub fn metric_label(&self) -> &'static str {
-        match self {
-            Error::Kube(_) => "kube",
-            Error::Json(_) => "json",
-            Error::InvalidRequest(_) => "invalid_request",
-            Error::NotLeader => "not_leader",
-        }
-    }
 }
 
 /// What a node's last reconcile saw of the pods holding its GPUs.

@@ -5,12 +5,15 @@ mod account;
 mod actions;
 mod conditions;
 mod context;
+mod error;
+mod failpoint;
 mod leader;
 mod locks;
 mod metrics;
 mod observe;
 mod policy_status;
 mod reconcile;
+mod retry;
 mod selection;
 mod slim;
 mod validation;
@@ -21,7 +24,7 @@ use std::{collections::HashMap, net::SocketAddr, process::ExitCode, sync::Arc, t
 use clap::{Parser, ValueEnum};
 
 use futures::StreamExt;
-use gpuhealth_api::{GpuHealthPolicy, GpuNodeHealth, node_health::Phase};
+use gpuhealth_api::{GpuHealthPolicy, GpuNodeHealth};
 use gpuhealth_http::api_requests::CountRequests;
 use k8s_openapi::api::core::v1::Node;
 use kube::{
@@ -144,19 +147,7 @@ async fn run(args: Args) -> Result<(), Fatal> {
             args.retry_period, args.renew_deadline, args.lease_duration
         )));
     }
-    let crash_after = match std::env::var("GPUHEALTH_TEST_CRASH_AFTER") {
-        Ok(value) => {
-            let (phase, node) = match value.split_once(':') {
-                Some((p, n)) => (p.to_owned(), Some(n.to_owned())),
-                None => (value.clone(), None),
-            };
-            let phase = serde_json::from_value::<Phase>(serde_json::Value::String(phase)).map_err(
-                |_| Fatal::Flags(format!("GPUHEALTH_TEST_CRASH_AFTER: no phase in {value}")),
-            )?;
-            Some((phase, node))
-        }
-        Err(_) => None,
-    };
+    let crash_after = failpoint::CrashAfter::from_env().map_err(Fatal::Flags)?;
     let mut config = Config::infer().await.map_err(kube::Error::InferConfig)?;
     // A 429 from the Eviction API means a PodDisruptionBudget says "not now":
     // the reconcile requeues; it must not block in the client's retry loop.
@@ -260,6 +251,7 @@ async fn run(args: Args) -> Result<(), Fatal> {
         node_health,
         decisions: Default::default(),
         holders_seen: Default::default(),
+        failures: Default::default(),
         report_seen: Default::default(),
         honour_announced: Default::default(),
         locks: locks.clone(),

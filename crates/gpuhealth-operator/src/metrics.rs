@@ -130,7 +130,7 @@ impl Default for Metrics {
         };
         // Every kind from the start, at 0: rate() needs a series to exist
         // before the first error does.
-        for kind in crate::context::Error::KINDS {
+        for kind in crate::error::Error::KINDS {
             drop(m.reconcile_errors.get_or_create(&ErrorLabels {
                 kind: (*kind).into(),
             }));

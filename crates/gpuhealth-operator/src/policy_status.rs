@@ -3,7 +3,7 @@
 //! circuit breaker opens or closes, and when what cannot be honoured of the
 //! policy changes.
 
-use std::{collections::BTreeMap, sync::Arc};
+use std::sync::Arc;
 
 use gpuhealth_api::{
     GpuHealthPolicy,
@@ -11,7 +11,7 @@ use gpuhealth_api::{
     policy::GpuHealthPolicyStatus,
 };
 use gpuhealth_engine::{
-    budget::Budget,
+    budget,
     honour::{self, Problem},
 };
 use kube::{
@@ -30,45 +30,9 @@ use crate::{
     conditions,
     context::{Context, Error, MANAGER, latest},
     metrics::{PhaseLabels, PolicyLabels, ReportProblemLabels},
-    selection::Parsed,
+    selection::managed,
     validation,
 };
-
-/// The nodes `policy` manages (selects and wins), and for the nodes it selects
-/// but another policy wins, how many each winner took.
-/// The nodes `policy` manages (selects, and wins).
-pub fn policy_nodes(
-    ctx: &Context,
-    policy: &GpuHealthPolicy,
-) -> Vec<Arc<k8s_openapi::api::core::v1::Node>> {
-    let name = policy.name_any();
-    let parsed = Parsed::new(&ctx.policies.state());
-    ctx.nodes
-        .state()
-        .into_iter()
-        .filter(|n| parsed.selects(&name, n) && parsed.winner(n) == Some(name.as_str()))
-        .collect()
-}
-
-pub fn managed(ctx: &Context, policy: &GpuHealthPolicy) -> (usize, Vec<(String, usize)>) {
-    let name = policy.name_any();
-    let parsed = Parsed::new(&ctx.policies.state());
-    let mut managed = 0;
-    let mut lost: BTreeMap<String, usize> = BTreeMap::new();
-    for node in ctx
-        .nodes
-        .state()
-        .iter()
-        .filter(|n| parsed.selects(&name, n))
-    {
-        match parsed.winner(node) {
-            Some(w) if w == name => managed += 1,
-            Some(w) => *lost.entry(w.to_owned()).or_default() += 1,
-            None => {}
-        }
-    }
-    (managed, lost.into_iter().collect())
-}
 
 pub async fn reconcile(policy: Arc<GpuHealthPolicy>, ctx: Arc<Context>) -> Result<Requeue, Error> {
     if !ctx.leadership.is_held() {
@@ -77,13 +41,14 @@ pub async fn reconcile(policy: Arc<GpuHealthPolicy>, ctx: Arc<Context>) -> Resul
     let name = policy.name_any();
     let (nodes, lost_to) = managed(&ctx, &policy);
     // Counted under the decisions lock, borrowing the statuses; no I/O here.
-    let (failed, remediating, sick) = {
+    let (failed, remediating, budget) = {
         let store = ctx.node_health.state();
         let written = ctx.lock_decisions();
-        let statuses: Vec<&GpuNodeHealthStatus> = latest(&store, &written)
-            .map(|(_, s)| s)
-            .filter(|s| s.policy.as_deref() == Some(name.as_str()))
+        let of_policy: Vec<(&str, &GpuNodeHealthStatus)> = latest(&store, &written)
+            .filter(|(_, s)| s.policy.as_deref() == Some(name.as_str()))
             .collect();
+        let budget = budget::Fleet::count(of_policy.iter().copied()).budget(&policy.spec, nodes);
+        let statuses: Vec<&GpuNodeHealthStatus> = of_policy.iter().map(|(_, s)| *s).collect();
         for phase in Phase::ALL {
             let n = statuses.iter().filter(|s| s.phase == phase).count();
             ctx.metrics
@@ -113,10 +78,9 @@ pub async fn reconcile(policy: Arc<GpuHealthPolicy>, ctx: Arc<Context>) -> Resul
         (
             count(&|s| s.phase == Phase::Failed),
             count(&|s| !matches!(s.phase, Phase::Healthy | Phase::Failed)),
-            count(&gpuhealth_engine::budget::unhealthy) as usize,
+            budget,
         )
     };
-    let budget = Budget::new(&policy.spec, nodes, 0, sick);
     ctx.metrics
         .circuit_open
         .get_or_create(&PolicyLabels {
@@ -259,7 +223,7 @@ fn unhonoured(ctx: &Context, policy: &GpuHealthPolicy) -> Vec<Problem> {
 }
 
 pub fn error_policy(policy: Arc<GpuHealthPolicy>, error: &Error, ctx: Arc<Context>) -> Requeue {
-    crate::reconcile::retry(&policy.name_any(), "policy", error, &ctx)
+    crate::retry::retry(&policy.name_any(), "policy", error, &ctx)
 }
 
 #[cfg(test)]

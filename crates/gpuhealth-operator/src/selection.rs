@@ -1,7 +1,7 @@
 //! Which policy manages a node when selectors overlap: the highest priority,
-//! then the name.
+//! then the name; and which nodes each policy manages.
 
-use std::sync::Arc;
+use std::{collections::BTreeMap, sync::Arc};
 
 use gpuhealth_api::GpuHealthPolicy;
 use k8s_openapi::api::core::v1::Node;
@@ -9,6 +9,8 @@ use kube::{
     ResourceExt,
     core::{Selector, SelectorExt},
 };
+
+use crate::context::Context;
 
 /// Whether `policy` selects `node`. A selector that does not parse selects
 /// nothing: bad input never triggers an action.
@@ -70,4 +72,37 @@ impl Parsed {
             })
             .and_then(|p| p.metadata.name.as_deref())
     }
+}
+
+/// The nodes `policy` manages (selects, and wins).
+pub fn policy_nodes(ctx: &Context, policy: &GpuHealthPolicy) -> Vec<Arc<Node>> {
+    let name = policy.name_any();
+    let parsed = Parsed::new(&ctx.policies.state());
+    ctx.nodes
+        .state()
+        .into_iter()
+        .filter(|n| parsed.selects(&name, n) && parsed.winner(n) == Some(name.as_str()))
+        .collect()
+}
+
+/// How many nodes `policy` manages, and for the nodes it selects but
+/// another policy wins, how many each winner took.
+pub fn managed(ctx: &Context, policy: &GpuHealthPolicy) -> (usize, Vec<(String, usize)>) {
+    let name = policy.name_any();
+    let parsed = Parsed::new(&ctx.policies.state());
+    let mut managed = 0;
+    let mut lost: BTreeMap<String, usize> = BTreeMap::new();
+    for node in ctx
+        .nodes
+        .state()
+        .iter()
+        .filter(|n| parsed.selects(&name, n))
+    {
+        match parsed.winner(node) {
+            Some(w) if w == name => managed += 1,
+            Some(w) => *lost.entry(w.to_owned()).or_default() += 1,
+            None => {}
+        }
+    }
+    (managed, lost.into_iter().collect())
 }

@@ -5,6 +5,9 @@
 //! but the API server forgets them after an hour or so), and the findings
 //! from the status. Rendering is a pure function of those, so a golden file
 //! pins it.
+//!
+//! Long because each section of the story renders here (what to do next
+//! is in `explain/next.rs`, the tests in `explain/tests.rs`).
 
 mod next;
 

@@ -2,6 +2,8 @@
 //! counts and breakers, nodes per phase, the nodes that are not Healthy,
 //! the bad GPUs with the pods on them, and the findings. Built from the two
 //! lists alone, so it is tested without a cluster.
+//!
+//! Long because half of it is the tests of the fleet's summary.
 
 use gpuhealth_api::{
     GpuHealth, GpuHealthPolicy, GpuNodeHealth,

@@ -5,7 +5,7 @@
 use std::{process::ExitCode, time::Duration};
 
 use clap::{Parser, Subcommand};
-use gpuhealth_agent::backend::{SIM_HARDWARE_ANNOTATION, SimHardware, SimOutcome};
+use gpuhealth_agent::fake::{SIM_HARDWARE_ANNOTATION, SimHardware, SimOutcome};
 use gpuhealth_api::contract::PodRef;
 use gpuhealth_e2e::{
     client,

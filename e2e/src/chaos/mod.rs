@@ -13,7 +13,7 @@ pub mod storm;
 
 use std::{fmt::Write as _, time::Duration};
 
-use gpuhealth_agent::backend::{SimHardware, SimOutcome};
+use gpuhealth_agent::fake::{SimHardware, SimOutcome};
 use gpuhealth_api::{
     GpuHealth, GpuHealthPolicySpec, contract::DISRUPTION_TOLERANCE_ANNOTATION, node_health::Phase,
 };
@@ -35,7 +35,7 @@ use crate::{
     scenario::Scenario,
     sim::set_cordon,
 };
-use gpuhealth_agent::backend::SIM_HARDWARE_ANNOTATION;
+use gpuhealth_agent::fake::SIM_HARDWARE_ANNOTATION;
 
 /// A small, seeded pseudo-random source (SplitMix64): a run is repeated by
 /// passing the seed it printed.

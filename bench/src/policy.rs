@@ -1,0 +1,55 @@
+//! The policies the benchmark applies.
+
+use gpuhealth_api::{GpuHealthPolicy, GpuHealthPolicySpec, policy::Mode};
+use gpuhealth_e2e::sim::SIM_GROUP_LABEL;
+use k8s_openapi::apimachinery::pkg::{
+    apis::meta::v1::{LabelSelector, LabelSelectorRequirement},
+    util::intstr::IntOrString,
+};
+use kube::{Api, Client, api::PostParams};
+
+use crate::{Result, watch};
+
+/// The benchmark's policy for simulation group `group`: Enforce, no
+/// cooldown or aftercare, so that only the reaction is measured.
+pub fn policy(group: &str, max_concurrent: &str) -> GpuHealthPolicy {
+    let mut spec = GpuHealthPolicySpec::for_selector(LabelSelector {
+        match_labels: Some([(SIM_GROUP_LABEL.to_owned(), group.to_owned())].into()),
+        match_expressions: Some(vec![LabelSelectorRequirement {
+            key: watch::FLOOR_LABEL.into(),
+            operator: "DoesNotExist".into(),
+            values: None,
+        }]),
+    });
+    spec.mode = Mode::Enforce;
+    spec.max_concurrent = IntOrString::String(max_concurrent.into());
+    spec.max_unhealthy = IntOrString::String("100%".into());
+    spec.verification.stable_for = gpuhealth_api::Duration::from_secs(3);
+    spec.verification.workload_recovery_timeout = gpuhealth_api::Duration::from_secs(0);
+    spec.remediation_limits.cooldown = gpuhealth_api::Duration::from_secs(0);
+    // Each policy is named after the simulation group it selects.
+    GpuHealthPolicy::new(group, spec)
+}
+
+/// Creates `group`'s policy with `spec` merged over the benchmark's own.
+pub async fn create_policy(client: &Client, group: &str, spec: serde_json::Value) -> Result<()> {
+    let mut policy = policy(group, "1");
+    let mut value = serde_json::to_value(&policy.spec)?;
+    merge(&mut value, spec);
+    policy.spec = serde_json::from_value(value)?;
+    Api::<GpuHealthPolicy>::all(client.clone())
+        .create(&PostParams::default(), &policy)
+        .await?;
+    Ok(())
+}
+
+fn merge(into: &mut serde_json::Value, from: serde_json::Value) {
+    match (into, from) {
+        (serde_json::Value::Object(a), serde_json::Value::Object(b)) => {
+            for (k, v) in b {
+                merge(a.entry(k).or_insert(serde_json::Value::Null), v);
+            }
+        }
+        (into, from) => *into = from,
+    }
+}

@@ -1,0 +1,72 @@
+//! What one step decides: the next status, the side effects that get
+//! there, and what to say about it.
+
+use std::time::Duration;
+
+use gpuhealth_api::{contract::RequestId, node_health::GpuNodeHealthStatus};
+use k8s_openapi::jiff::Timestamp;
+
+use crate::happening::Happening;
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Action {
+    /// Set `spec.unschedulable` and `gpuhealth.io/cordoned-by` in one write.
+    Cordon {
+        incident: String,
+    },
+    /// Clear both, only if `gpuhealth.io/cordoned-by` still names `incident`.
+    Uncordon {
+        incident: String,
+    },
+    /// Evict through the Eviction API (PodDisruptionBudgets hold).
+    Evict {
+        pod: String,
+    },
+    /// Delete with no grace, bypassing budgets: only where the policy says so.
+    ForceDelete {
+        pod: String,
+    },
+    /// Ask the agent to reset `gpus`. `requested_at` is the attempt's own
+    /// time, so that a request re-issued after a crash is the same value,
+    /// not a new one.
+    RequestReset {
+        id: RequestId,
+        gpus: Vec<String>,
+        requested_at: Timestamp,
+    },
+    RequestReboot {
+        id: RequestId,
+        requested_at: Timestamp,
+    },
+    /// Create the validation pod `name` from the policy's template, pinned
+    /// to the node; one that exists already is left as it is.
+    CreateValidationPod {
+        name: String,
+    },
+    DeleteValidationPod {
+        name: String,
+    },
+    /// Set the pod's `gpuhealth.io/gpu-healthy` condition (its readiness gate).
+    SetGpuHealthy {
+        pod: String,
+        healthy: bool,
+        message: String,
+    },
+    /// Remove `gpuhealth.io/break-glass` once its use is recorded.
+    ClearBreakGlass,
+    /// Label the node (for replacement); it stays cordoned.
+    LabelNode {
+        key: String,
+        value: String,
+    },
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Decision {
+    pub status: GpuNodeHealthStatus,
+    pub actions: Vec<Action>,
+    /// What to say about it, in Events and metrics.
+    pub happenings: Vec<Happening>,
+    /// When to look again if nothing changes before.
+    pub requeue_after: Option<Duration>,
+}

@@ -1,0 +1,89 @@
+//! One round of a drain: evict what may go, wait for the rest, and fail or
+//! force at the drain's timeout.
+
+use gpuhealth_api::{
+    node_health::{Phase, WORKLOADS_LIMIT},
+    policy::DrainTimeoutAction,
+    vocabulary::Reason,
+};
+
+use crate::drain::DrainPlan;
+
+use crate::machine::{Action, DRAIN_POLL, core::Stepper};
+
+impl Stepper<'_> {
+    /// One round of a drain that is not done: evict what may go, wait for
+    /// the rest, and fail or force at `drain.timeout`.
+    pub(super) fn drain(&mut self, plan: DrainPlan, reason: Reason) {
+        let drain = &self.spec().drain;
+        // Counted from the start of this drain: time held back before it
+        // (cordoned, outside a window) is not the pods' fault.
+        let timed_out =
+            self.status.phase == Phase::Draining && self.phase_age() >= drain.timeout.as_std();
+        if timed_out && drain.on_timeout == DrainTimeoutAction::ForceDelete {
+            for pod in plan.evict.iter().chain(&plan.waiting) {
+                self.note_evicted(pod);
+                self.actions.push(Action::ForceDelete { pod: pod.clone() });
+            }
+        } else if timed_out {
+            let left: Vec<String> = plan
+                .evict
+                .iter()
+                .chain(&plan.waiting)
+                .cloned()
+                .chain(plan.blocked.iter().map(|(p, why)| format!("{p} ({why})")))
+                .collect();
+            return self.fail(
+                Reason::DrainTimeout,
+                format!(
+                    "pods still on the node after drain.timeout {}: {}; the node stays cordoned: move or delete them, then uncordon",
+                    drain.timeout,
+                    left.join(", ")
+                ),
+            );
+        } else {
+            for pod in &plan.evict {
+                self.note_evicted(pod);
+                self.actions.push(Action::Evict { pod: pod.clone() });
+            }
+        }
+        match plan.blocked.first() {
+            Some((pod, why)) => {
+                let message = format!("waiting for pod {pod} to leave: {why}");
+                self.enter(Phase::Draining, Reason::WaitingForPod, message);
+            }
+            None => {
+                let mut message = format!(
+                    "{} to evict, {} to finish",
+                    plan.evict.len(),
+                    plan.waiting.len()
+                );
+                if let Some(why) = &plan.widened {
+                    message.push_str(&format!("; {why}"));
+                }
+                self.enter(Phase::Draining, reason, message);
+            }
+        }
+        self.wait(DRAIN_POLL);
+    }
+
+    /// Remembers the controller of a pod about to be evicted: after the
+    /// node recovers, what it runs must be serving again.
+    pub(super) fn note_evicted(&mut self, pod: &str) {
+        let Some(workload) = self
+            .input
+            .pods
+            .iter()
+            .find(|p| p.key() == pod)
+            .and_then(|p| p.workload.clone())
+        else {
+            return;
+        };
+        if let Some(incident) = self.status.history.first_mut() {
+            let w = incident.workloads.get_or_insert_with(Default::default);
+            if !w.evicted.contains(&workload) && w.evicted.len() < WORKLOADS_LIMIT {
+                w.evicted.push(workload);
+            }
+        }
+    }
+}

@@ -1,0 +1,157 @@
+//! Opening an incident, the cordon it takes over, the repeat offenders it
+//! hands over, and break glass.
+
+use gpuhealth_api::{
+    node_health::{HISTORY_LIMIT, Incident, Phase},
+    policy::Mode,
+    vocabulary::{Attempt, AttemptOutcome, FindingKind, IncidentOutcome, Reason},
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+use crate::happening::Happening;
+
+use crate::machine::{Action, core::Stepper};
+
+impl Stepper<'_> {
+    /// Starts an incident: recorded first, then the cordon (unless the
+    /// node is cordoned already by anyone else; a cordon of ours left from
+    /// the last incident is taken over by this one).
+    pub(super) fn open_incident(
+        &mut self,
+        trigger: String,
+        gpus: Vec<String>,
+        maintenance_deadline: Option<Time>,
+    ) {
+        let leftover = self.leftover_cordon();
+        let incident = format!("inc-{}", self.now().as_second());
+        self.supersede_workload_watch(&incident);
+        self.status.incident = Some(incident.clone());
+        self.status.action = None;
+        self.status.clear_since = None;
+        self.status.history.insert(
+            0,
+            Incident {
+                id: incident.clone(),
+                started_at: Time(self.now()),
+                ended_at: None,
+                trigger,
+                attempts: Vec::new(),
+                actions: Vec::new(),
+                outcome: None,
+                gpus,
+                maintenance_deadline,
+                workloads: None,
+            },
+        );
+        self.status.history.truncate(HISTORY_LIMIT);
+        if !self.input.node.unschedulable || leftover.is_some() {
+            self.actions.push(Action::Cordon { incident });
+            // Only a report that shows the fault dates it: a cordon for a node
+            // condition or a maintenance notice says nothing of reaction time.
+            if let Some(Ok(report)) = &self.input.node.report
+                && report.bad_gpus().next().is_some()
+            {
+                let observed_at = report.observed_at.0;
+                self.tell(Happening::CordonedForReport { observed_at });
+            }
+        }
+    }
+
+    /// Our cordon from an incident that ended with the node back in service
+    /// (its record still on the node, no incident open): the uncordon was
+    /// decided and recorded but did not land (refused as a conflict, or the
+    /// operator stopped between the two). The incident's id, if so; only
+    /// under Enforce, since finishing it is a side effect.
+    pub(super) fn leftover_cordon(&self) -> Option<String> {
+        if self.spec().mode != Mode::Enforce {
+            return None;
+        }
+        let last = self.status.history.first()?;
+        let ended_in_service = matches!(
+            last.outcome,
+            Some(IncidentOutcome::Recovered | IncidentOutcome::Cancelled)
+        );
+        let node = self.input.node;
+        (self.status.incident.is_none()
+            && ended_in_service
+            && node.unschedulable
+            && node.cordoned_by.as_deref() == Some(last.id.as_str()))
+        .then(|| last.id.clone())
+    }
+
+    /// Whether this GPU or node was remediated as often as the policy
+    /// allows in its window; why, if so.
+    pub(super) fn repeat_offender(&self, gpus: &[String]) -> Option<String> {
+        let limits = &self.spec().remediation_limits;
+        let since = self
+            .now()
+            .checked_sub(k8s_openapi::jiff::SignedDuration::try_from(limits.window.as_std()).ok()?)
+            .ok()?;
+        // Remediations that acted: not maintenance, not a hand-over.
+        let recent: Vec<&Incident> = self
+            .status
+            .history
+            .iter()
+            .filter(|i| i.started_at.0 >= since && !i.attempts.is_empty())
+            .filter(|i| i.maintenance_deadline.is_none())
+            .collect();
+        if limits.per_node > 0 && recent.len() >= limits.per_node as usize {
+            return Some(format!(
+                "the node was remediated {} times in the last {} (remediationLimits.perNode {})",
+                recent.len(),
+                limits.window,
+                limits.per_node
+            ));
+        }
+        gpus.iter().find_map(|g| {
+            let count = recent.iter().filter(|i| i.gpus.contains(g)).count();
+            (limits.per_gpu > 0 && count >= limits.per_gpu as usize).then(|| {
+                format!(
+                    "GPU {g} was remediated {count} times in the last {} (remediationLimits.perGpu {})",
+                    limits.window, limits.per_gpu
+                )
+            })
+        })
+    }
+
+    /// An administrator cleared a request or gpuhealth's cordon record by
+    /// hand (admission lets them only with a reason): a request in flight is
+    /// abandoned, never re-issued, and the node is left to them, cordoned,
+    /// as after any failure. Their reason is a finding (an Event, and
+    /// `gpuhealth_findings_total{type="BreakGlass"}`) either way.
+    pub(super) fn break_glass(&mut self, reason: &str) {
+        self.actions.push(Action::ClearBreakGlass);
+        let in_flight = self
+            .status
+            .action
+            .clone()
+            .filter(|a| self.status.phase == Phase::Remediating && a.requested_at.is_some());
+        let what = match &in_flight {
+            Some(a) => format!(
+                "{:?} attempt {} ({}) abandoned, never re-issued; the node stays cordoned for you: repair it, then uncordon",
+                a.type_, a.attempt, a.id
+            ),
+            None => format!(
+                "no request was in flight ({:?}); nothing else changed",
+                self.status.phase
+            ),
+        };
+        self.finding(
+            FindingKind::BreakGlass,
+            None,
+            format!("cleared by hand, gpuhealth.io/break-glass: {reason:?}: {what}"),
+        );
+        if let Some(a) = in_flight {
+            self.record(
+                Attempt::new(a.type_, a.attempt, AttemptOutcome::Cancelled).saying("by hand"),
+            );
+            self.fail(
+                Reason::BreakGlass,
+                format!(
+                    "an administrator cleared {} by hand ({reason:?}); {what}",
+                    a.id
+                ),
+            );
+        }
+    }
+}

@@ -1,0 +1,81 @@
+//! What one step decides on: the node as observed, its pods and budgets,
+//! the stored status.
+
+use gpuhealth_api::{
+    GpuHealthPolicySpec,
+    contract::{ContractError, GpuReport, MaintenanceNotice, RequestId, RequestResult},
+    node_health::GpuNodeHealthStatus,
+};
+use k8s_openapi::jiff::Timestamp;
+
+use crate::{
+    budget::Budget,
+    diagnosis::ObservedCondition,
+    drain::{BudgetView, PodView},
+    workload::WorkloadView,
+};
+
+/// The node as observed.
+#[derive(Clone, Debug, PartialEq)]
+pub struct NodeView {
+    pub name: String,
+    pub unschedulable: bool,
+    /// The incident named by `gpuhealth.io/cordoned-by`, if gpuhealth cordoned it.
+    pub cordoned_by: Option<String>,
+    pub boot_id: String,
+    pub conditions: Vec<ObservedCondition>,
+    pub report: Option<Result<GpuReport, ContractError>>,
+    /// The ids of the request annotations now on the node.
+    pub reset_request: Option<RequestId>,
+    pub reboot_request: Option<RequestId>,
+    pub result: Option<Result<RequestResult, ContractError>>,
+    /// Other tools disrupting the node now, in words (see `others`).
+    pub disrupted_by: Vec<String>,
+    /// The `gpuhealth.io/maintenance` notice, if any.
+    pub maintenance: Option<Result<MaintenanceNotice, ContractError>>,
+    /// When the operator first saw the report as it is (a new `observedAt`),
+    /// by the operator's clock: a report's age is judged on it, whatever the
+    /// agent's clock says. None: the report's own time is taken.
+    pub report_refreshed_at: Option<Timestamp>,
+    /// The reason an administrator gave in `gpuhealth.io/break-glass` when
+    /// clearing a request or the cordon record by hand.
+    pub break_glass: Option<String>,
+}
+
+/// The validation pod of the attempt in flight, as observed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ValidationView {
+    /// `status.phase`: `Pending`, `Running`, `Succeeded` or `Failed`.
+    pub phase: String,
+    /// Why it ended, from its status or its containers' termination.
+    pub message: String,
+}
+
+/// The validation pod's name for an attempt on a node: one per attempt, so
+/// a restarted operator finds the pod it created and a new attempt starts afresh.
+pub fn validation_pod_name(node: &str, action_id: &RequestId) -> String {
+    let mut name = format!("gpuhealth-validate-{node}-{action_id}");
+    name.truncate(253);
+    name.trim_end_matches(['-', '.']).to_owned()
+}
+
+/// Everything one step decides on.
+pub struct Input<'a> {
+    pub now: Timestamp,
+    pub policy: &'a str,
+    pub spec: &'a GpuHealthPolicySpec,
+    pub node: &'a NodeView,
+    /// The pods on the node; listed only while the node is under remediation.
+    pub pods: &'a [PodView],
+    /// The PodDisruptionBudgets covering those pods; read only for a
+    /// `DryRun` plan (during a drain the Eviction API applies them).
+    pub disruption_budgets: &'a [BudgetView],
+    /// The validation pod of the attempt in flight, if the policy has one
+    /// and it exists.
+    pub validation: Option<&'a ValidationView>,
+    /// The pods, wherever they run, of the workloads named by
+    /// [`workloads_to_watch`]; empty otherwise.
+    pub workloads: &'a [WorkloadView],
+    pub budget: Budget,
+    pub state: &'a GpuNodeHealthStatus,
+}

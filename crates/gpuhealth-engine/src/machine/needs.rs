@@ -1,0 +1,71 @@
+//! What the operator must read for a node's step, beyond the node itself:
+//! only what the step will look at, so that the operator's reads (and its
+//! memory) follow the work in flight rather than the size of the fleet.
+
+use gpuhealth_api::{
+    GpuHealthPolicySpec,
+    node_health::{GpuNodeHealthStatus, Phase},
+    policy::Mode,
+};
+
+use super::{NodeView, validation_pod_name, workloads_to_watch};
+
+/// What the operator knows of the pods holding a node's GPUs since its
+/// last step.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HoldersSince {
+    /// The same pods as at the last step.
+    Same,
+    /// Other pods, or never looked at.
+    Changed,
+    /// Not listed at the last step (a quarantine decided on the report
+    /// alone): they are due now, for their readiness gates.
+    GatesPending,
+}
+
+/// What to read before the step.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Needs {
+    /// The pods on the node.
+    pub pods: bool,
+    /// The pods were due but wait one step: a healthy node newly reporting a
+    /// bad GPU is quarantined on the report alone (one round trip fewer
+    /// before the cordon), and its pods are listed at the next step, a
+    /// second later at most, for their readiness gates, before any eviction.
+    pub gates_later: bool,
+    /// The PodDisruptionBudgets of those pods, for a `DryRun` plan (when
+    /// acting, the Eviction API applies them).
+    pub disruption_budgets: bool,
+    /// The workloads still watched after the last recovery.
+    pub workloads: Vec<String>,
+    /// The validation pod of the attempt being verified.
+    pub validation_pod: Option<String>,
+}
+
+pub fn needs(
+    spec: &GpuHealthPolicySpec,
+    state: &GpuNodeHealthStatus,
+    node: &NodeView,
+    holders: HoldersSince,
+) -> Needs {
+    let has_bad_gpu = matches!(&node.report, Some(Ok(r)) if r.bad_gpus().next().is_some());
+    let gates_later = has_bad_gpu
+        && state.phase == Phase::Healthy
+        && spec.mode == Mode::Enforce
+        && holders != HoldersSince::GatesPending;
+    let pods = (state.phase != Phase::Healthy || has_bad_gpu || holders != HoldersSince::Same)
+        && !gates_later;
+    let validation_pod = match (&spec.verification.validation_pod, &state.action) {
+        (Some(_), Some(action)) if state.phase == Phase::Verifying => {
+            Some(validation_pod_name(&node.name, &action.id))
+        }
+        _ => None,
+    };
+    Needs {
+        pods,
+        gates_later,
+        disruption_budgets: pods && spec.mode == Mode::DryRun,
+        workloads: workloads_to_watch(state),
+        validation_pod,
+    }
+}

@@ -1,0 +1,112 @@
+//! `Quarantined` and `Draining`: the attempt is chosen, then its pods leave.
+
+use std::time::Duration;
+
+use gpuhealth_api::{RecoveryAction, node_health::Phase, vocabulary::Reason};
+
+use crate::{diagnosis::after, windows};
+
+use crate::machine::{
+    POLL,
+    core::{Stage, Stepper, Then},
+};
+
+impl Stepper<'_> {
+    pub(in crate::machine) fn quarantined(&mut self) -> Then {
+        if !self.cordoned() || self.held_by_other_actor(Phase::Quarantined) || self.cooling_down() {
+            return Then::Done;
+        }
+        let required = self
+            .diagnosis
+            .required()
+            .unwrap_or(RecoveryAction::GpuReset);
+        let ladder = &self.spec().escalation;
+        let rung = ladder
+            .iter()
+            .position(|r| r.action >= required)
+            .unwrap_or(ladder.len().saturating_sub(1));
+        self.start_attempt(rung, 1)
+    }
+
+    pub(in crate::machine) fn draining(&mut self) -> Then {
+        let Some(action) = self.status.action.clone() else {
+            // Draining with no attempt recorded: decide one afresh.
+            return Then::Run(Stage::Quarantined);
+        };
+        if self.held_by_other_actor(Phase::Draining) {
+            return Then::Done;
+        }
+        let plan = self.drain_plan(action.type_, &action.gpus);
+        if self.disrupts_healthy_gpus(action.type_, &action.gpus, &plan)
+            && let Some(why) = self.outside_window()
+        {
+            // Cordoned, nothing evicted yet: the drain's timeout starts
+            // when the drain does.
+            self.enter(Phase::Quarantined, Reason::OutsideMaintenanceWindow, why);
+            return Then::Done;
+        }
+        if plan.is_done() {
+            return self.request(action);
+        }
+        self.drain(plan, Reason::Draining);
+        Then::Done
+    }
+
+    /// Holds the node cordoned until the cooldown after its last
+    /// remediation has passed.
+    fn cooling_down(&mut self) -> bool {
+        let cooldown = self.spec().remediation_limits.cooldown;
+        let Some(ended) = self
+            .status
+            .history
+            .get(1)
+            .and_then(|i| i.ended_at.as_ref())
+            .map(|t| t.0)
+        else {
+            return false;
+        };
+        let until = after(ended, cooldown.as_std());
+        if cooldown.as_std().is_zero() || self.now() >= until {
+            return false;
+        }
+        let message = format!(
+            "the last remediation of this node ended at {ended}; the next waits for remediationLimits.cooldown {cooldown}, until {until}"
+        );
+        self.enter(Phase::Quarantined, Reason::Cooldown, message);
+        let left = until
+            .duration_since(self.now())
+            .try_into()
+            .unwrap_or(Duration::ZERO);
+        self.wait(left);
+        true
+    }
+
+    /// Why a step that disrupts healthy GPUs must wait now, if it must.
+    fn outside_window(&mut self) -> Option<String> {
+        let windows_ = &self.spec().maintenance_windows;
+        let why = match windows::is_open(windows_, self.now()) {
+            Ok(true) => return None,
+            Ok(false) => match windows::next_opening(windows_, self.now()) {
+                Some(at) => {
+                    let left = at
+                        .duration_since(self.now())
+                        .try_into()
+                        .unwrap_or(Duration::ZERO);
+                    self.wait(left.min(POLL));
+                    format!("the next maintenance window opens at {at}")
+                }
+                None => {
+                    self.wait(POLL);
+                    "no maintenance window opens within a week".into()
+                }
+            },
+            Err(e) => {
+                self.wait(POLL);
+                format!("the policy's maintenanceWindows cannot be read ({e}); fix the policy")
+            }
+        };
+        Some(format!(
+            "this step disrupts GPUs that are not broken (a reboot, or pods on healthy GPUs), which the policy allows only in its maintenance windows; {why}"
+        ))
+    }
+}

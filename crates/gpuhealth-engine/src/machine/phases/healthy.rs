@@ -1,0 +1,212 @@
+//! `Healthy` and `Suspect`: whether to act, and what holds it back. `Failed`:
+//! whether a person has handed the node back.
+
+use std::time::Duration;
+
+use gpuhealth_api::{
+    RecoveryAction,
+    contract::{MaintenanceNotice, NEEDS_REPLACEMENT_LABEL},
+    node_health::{MaintenanceStatus, Phase},
+    policy::Mode,
+    vocabulary::Reason,
+};
+
+use crate::budget;
+
+use crate::machine::{
+    Action, POLL,
+    core::{Stepper, Then},
+    maintenance_headline,
+};
+
+/// What there is to act on: a signal, or a maintenance notice whose time
+/// has come.
+struct Trigger {
+    notice: Option<MaintenanceNotice>,
+    required: Option<RecoveryAction>,
+    /// Both in words, for the status message.
+    headline: String,
+}
+
+/// Why a node with something to act on stays `Suspect` for now.
+struct Hold {
+    reason: Reason,
+    why: String,
+    /// When to look again, if nothing changes before.
+    recheck: Option<Duration>,
+}
+
+/// What may hold a node back from acting, in order: the first that holds
+/// wins (a paused policy says so even while the budget is spent).
+const HOLDS: [fn(&mut Stepper<'_>, &Trigger) -> Option<Hold>; 4] =
+    [paused, disrupted_by_other, out_of_budget, dry_run];
+
+fn paused(s: &mut Stepper<'_>, t: &Trigger) -> Option<Hold> {
+    (s.spec().mode == Mode::Paused).then(|| Hold {
+        reason: Reason::Paused,
+        why: format!("policy is Paused; would act on: {}", t.headline),
+        recheck: None,
+    })
+}
+
+fn disrupted_by_other(s: &mut Stepper<'_>, t: &Trigger) -> Option<Hold> {
+    let others = &s.input.node.disrupted_by;
+    (!others.is_empty()).then(|| Hold {
+        reason: Reason::DisruptedByOther,
+        why: format!(
+            "another tool is disrupting the node ({}); gpuhealth starts nothing until it is done; waiting to act on: {}",
+            others.join("; "),
+            t.headline
+        ),
+        recheck: Some(POLL),
+    })
+}
+
+fn out_of_budget(s: &mut Stepper<'_>, t: &Trigger) -> Option<Hold> {
+    let b = s.input.budget;
+    let hold = b.may_start().err()?;
+    let why = match hold {
+        budget::Hold::CircuitOpen => format!(
+            "{} of the policy's nodes are unhealthy, more than maxUnhealthy allows ({}); no new remediation starts",
+            b.unhealthy, b.max_unhealthy
+        ),
+        budget::Hold::Concurrency => format!(
+            "{} node(s) already being remediated and {} disrupted by other tools (maxConcurrent {})",
+            b.disruptive_elsewhere, b.disrupted_by_others, b.max_concurrent
+        ),
+    };
+    Some(Hold {
+        reason: hold.reason(),
+        why: format!("{why}; waiting to act on: {}", t.headline),
+        recheck: Some(POLL),
+    })
+}
+
+/// A DryRun policy records what it would do instead of doing it.
+fn dry_run(s: &mut Stepper<'_>, t: &Trigger) -> Option<Hold> {
+    if s.spec().mode != Mode::DryRun {
+        return None;
+    }
+    let (action, what) = match (&t.notice, t.required) {
+        (Some(_), _) | (None, None) => (
+            RecoveryAction::NodeReboot,
+            "drain for maintenance".to_owned(),
+        ),
+        (None, Some(r)) => (r, format!("{r:?}")),
+    };
+    s.status.plan = Some(s.dry_run_plan(action));
+    Some(Hold {
+        reason: Reason::DryRun,
+        why: format!("DryRun: would quarantine and {what} for: {}", t.headline),
+        recheck: None,
+    })
+}
+
+impl Stepper<'_> {
+    pub(super) fn healthy_or_suspect(&mut self) -> Then {
+        self.status.plan = None;
+        self.watch_workloads();
+        let notice = self.maintenance_due();
+        let required = self.diagnosis.required();
+        if required.is_none() && notice.is_none() {
+            self.nothing_to_act_on();
+            return Then::Done;
+        }
+        let headline = match &notice {
+            Some(n) => maintenance_headline(n),
+            None => self.headline(),
+        };
+        let trigger = Trigger {
+            notice,
+            required,
+            headline,
+        };
+        if let Some(hold) = HOLDS.iter().find_map(|check| check(self, &trigger)) {
+            self.enter(Phase::Suspect, hold.reason, hold.why);
+            if let Some(after) = hold.recheck {
+                self.wait(after);
+            }
+            return Then::Done;
+        }
+        self.act_on(trigger);
+        Then::Done
+    }
+
+    /// No firm signal, no maintenance due: a signal may be on its way, or
+    /// the node is healthy (and a cordon of ours left over is lifted).
+    fn nothing_to_act_on(&mut self) {
+        match self.diagnosis.pending_until {
+            Some(at) => {
+                let left = at
+                    .duration_since(self.now())
+                    .try_into()
+                    .unwrap_or(Duration::ZERO);
+                self.enter(
+                    Phase::Suspect,
+                    Reason::SignalPending,
+                    "a signal holds but not yet for its `for` duration".into(),
+                );
+                self.wait(left);
+            }
+            None => {
+                if let Some(incident) = self.leftover_cordon() {
+                    self.actions.push(Action::Uncordon { incident });
+                }
+                self.back_in_service()
+            }
+        }
+    }
+
+    /// Nothing holds it back: an incident opens, and the node is
+    /// quarantined for it (or handed over, if it is a repeat offender).
+    fn act_on(&mut self, trigger: Trigger) {
+        let headline = trigger.headline;
+        if let Some(notice) = trigger.notice {
+            self.open_incident(headline.clone(), Vec::new(), Some(notice.deadline.clone()));
+            self.status.maintenance = Some(MaintenanceStatus {
+                deadline: notice.deadline,
+                source: notice.source,
+                reason: notice.reason,
+                drained_at: None,
+            });
+            self.enter(
+                Phase::Quarantined,
+                Reason::MaintenanceScheduled,
+                format!("cordoned ahead of {headline}"),
+            );
+            return;
+        }
+        let gpus = self.diagnosis.gpus();
+        if let Some(why) = self.repeat_offender(&gpus) {
+            self.open_incident(headline.clone(), gpus, None);
+            self.actions.push(Action::LabelNode {
+                key: NEEDS_REPLACEMENT_LABEL.into(),
+                value: "true".into(),
+            });
+            return self.fail(
+                Reason::RepeatedFailures,
+                format!(
+                    "{why}: handed over for replacement instead of another remediation; the node stays cordoned and is labelled {NEEDS_REPLACEMENT_LABEL}=true (now: {headline})"
+                ),
+            );
+        }
+        self.open_incident(headline.clone(), gpus, None);
+        self.enter(
+            Phase::Quarantined,
+            self.headline_reason(),
+            format!("cordoned for: {headline}"),
+        );
+    }
+
+    /// A person takes over from `Failed`: once they uncordon the node and
+    /// its signals are clear, it is `Healthy` again.
+    pub(in crate::machine) fn failed(&mut self) -> Then {
+        if !self.input.node.unschedulable && self.diagnosis.is_clear() {
+            self.status.action = None;
+            self.status.incident = None;
+            self.status.maintenance = None;
+            self.back_in_service();
+        }
+        Then::Done
+    }
+}

@@ -1,0 +1,170 @@
+//! `Verifying`: every signal must stay clear (and the validation pod
+//! succeed) before the node is back in service.
+
+use std::time::Duration;
+
+use gpuhealth_api::{
+    node_health::{ActionStatus, Phase},
+    vocabulary::{Attempt, AttemptAction, AttemptOutcome, IncidentOutcome, Reason},
+};
+use k8s_openapi::{apimachinery::pkg::apis::meta::v1::Time, jiff::Timestamp};
+
+use crate::diagnosis::after;
+
+use crate::machine::{
+    Action, POLL, VALIDATION_POLL,
+    core::{Stage, Stepper, Then},
+    validation_pod_name,
+};
+
+impl Stepper<'_> {
+    pub(in crate::machine) fn verifying(&mut self) -> Then {
+        let Some(action) = self.status.action.clone() else {
+            return Then::Run(Stage::Quarantined);
+        };
+        let requested = action.requested_at.as_ref().map_or(self.now(), |t| t.0);
+        // Only a report written after the action says anything about it:
+        // after the request by the operator's clock, or after the answer by
+        // the agent's.
+        let answered = self.answered_at();
+        let fresh = match &self.input.node.report {
+            Some(Ok(r)) => {
+                (r.observed_at.0 >= requested || answered.is_some_and(|a| r.observed_at.0 >= a))
+                    && self.diagnosis.report_problem.is_none()
+            }
+            _ => !self.spec().detection.gpu_report.enabled,
+        };
+        let verification = &self.spec().verification;
+        if fresh && self.diagnosis.is_clear() {
+            let since = self.status.clear_since.get_or_insert(Time(self.now())).0;
+            let stable = after(since, verification.stable_for.as_std());
+            if self.now() >= stable {
+                return match &verification.validation_pod {
+                    Some(pod) => self.validate(&action, stable, pod.timeout),
+                    None => {
+                        self.recovered();
+                        Then::Done
+                    }
+                };
+            }
+            let left = stable
+                .duration_since(self.now())
+                .try_into()
+                .unwrap_or(Duration::ZERO);
+            self.wait(left);
+            return Then::Done;
+        }
+        self.status.clear_since = None;
+        if self.phase_age() >= verification.timeout.as_std() {
+            let why = match (&self.diagnosis.report_problem, fresh) {
+                (Some(problem), _) => problem.message.clone(),
+                (None, true) => self.headline(),
+                (None, false) => "no GPU report newer than the action".into(),
+            };
+            return self.attempt_failed(format!(
+                "not healthy {} after {:?}: {why}",
+                verification.timeout, action.type_
+            ));
+        }
+        self.wait(POLL);
+        Then::Done
+    }
+
+    /// Signals have stayed clear: the validation pod must succeed too.
+    fn validate(
+        &mut self,
+        action: &ActionStatus,
+        since: Timestamp,
+        timeout: gpuhealth_api::Duration,
+    ) -> Then {
+        let name = validation_pod_name(&self.input.node.name, &action.id);
+        match self.input.validation {
+            Some(pod) if pod.phase == "Succeeded" => {
+                self.actions
+                    .push(Action::DeleteValidationPod { name: name.clone() });
+                self.record(
+                    Attempt::new(
+                        AttemptAction::ValidationPod,
+                        action.attempt,
+                        AttemptOutcome::Succeeded,
+                    )
+                    .saying(name.clone()),
+                );
+                self.recovered();
+                Then::Done
+            }
+            Some(pod) if pod.phase == "Failed" => {
+                // Kept for its logs.
+                self.record(
+                    Attempt::new(
+                        AttemptAction::ValidationPod,
+                        action.attempt,
+                        AttemptOutcome::Failed,
+                    )
+                    .saying(name.clone()),
+                );
+                self.escalate(format!(
+                    "validation pod {name} failed: {}; it is kept for its logs (kubectl logs)",
+                    pod.message
+                ))
+            }
+            _ if self.now() >= after(since, timeout.as_std()) => {
+                let seen = self.input.validation.is_some();
+                self.actions
+                    .push(Action::DeleteValidationPod { name: name.clone() });
+                self.record(
+                    Attempt::new(
+                        AttemptAction::ValidationPod,
+                        action.attempt,
+                        AttemptOutcome::TimedOut,
+                    )
+                    .saying(name.clone()),
+                );
+                let why = if seen {
+                    "did not succeed"
+                } else {
+                    "could not be created (see the node's Events)"
+                };
+                self.escalate(format!("validation pod {name} {why} within {timeout}"))
+            }
+            observed => {
+                if observed.is_none() {
+                    self.actions
+                        .push(Action::CreateValidationPod { name: name.clone() });
+                }
+                self.enter(
+                    Phase::Verifying,
+                    Reason::Validating,
+                    format!("signals clear; waiting for validation pod {name} to succeed"),
+                );
+                self.wait(VALIDATION_POLL);
+                Then::Done
+            }
+        }
+    }
+
+    fn recovered(&mut self) {
+        let incident = self.status.incident.clone().unwrap_or_default();
+        let ours = self.ours();
+        if ours {
+            self.actions.push(Action::Uncordon {
+                incident: incident.clone(),
+            });
+        }
+        let message = if ours || !self.input.node.unschedulable {
+            format!("incident {incident} recovered; node back in service")
+        } else {
+            format!(
+                "incident {incident} recovered; the node stays cordoned: someone else cordoned it"
+            )
+        };
+        self.close(IncidentOutcome::Recovered, message);
+        self.start_workload_watch();
+        self.status.maintenance = None;
+        self.status.action = None;
+        self.status.incident = None;
+        self.status.clear_since = None;
+        self.status.boot_id_before_reboot = None;
+        self.back_in_service();
+    }
+}

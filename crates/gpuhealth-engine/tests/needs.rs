@@ -1,0 +1,73 @@
+//! What the operator must read for a step: only what the step looks at.
+
+mod common;
+
+use std::time::Duration;
+
+use common::World;
+use gpuhealth_api::{GpuHealth, node_health::Phase, policy::Mode};
+use gpuhealth_engine::{
+    budget::Fleet,
+    machine::{HoldersSince, needs},
+};
+
+const HOUR: Duration = Duration::from_secs(3600);
+
+#[test]
+fn a_healthy_node_with_the_same_holders_needs_no_pods() {
+    let mut w = World::incident();
+    w.heal();
+    let n = needs(&w.spec, &w.state, &w.node, HoldersSince::Same);
+    assert!(!n.pods && !n.gates_later && !n.disruption_budgets, "{n:?}");
+    assert!(
+        n.workloads.is_empty() && n.validation_pod.is_none(),
+        "{n:?}"
+    );
+    // Other holders: their readiness gates may need setting.
+    assert!(needs(&w.spec, &w.state, &w.node, HoldersSince::Changed).pods);
+}
+
+#[test]
+fn a_new_bad_gpu_is_quarantined_first_and_its_pods_read_next() {
+    let mut w = World::incident();
+    w.spec.mode = Mode::Enforce;
+    let first = needs(&w.spec, &w.state, &w.node, HoldersSince::Same);
+    assert!(first.gates_later && !first.pods, "{first:?}");
+    let next = needs(&w.spec, &w.state, &w.node, HoldersSince::GatesPending);
+    assert!(next.pods && !next.gates_later, "{next:?}");
+    // DryRun plans from the pods and their budgets at once.
+    w.spec.mode = Mode::DryRun;
+    let dry = needs(&w.spec, &w.state, &w.node, HoldersSince::Same);
+    assert!(
+        dry.pods && dry.disruption_budgets && !dry.gates_later,
+        "{dry:?}"
+    );
+}
+
+#[test]
+fn a_node_under_remediation_always_needs_its_pods() {
+    let mut w = World::incident();
+    w.spec.mode = Mode::Enforce;
+    w.run_until(|w| w.state.phase == Phase::Draining, HOUR);
+    w.set_gpu_health(7, GpuHealth::Healthy);
+    let n = needs(&w.spec, &w.state, &w.node, HoldersSince::Same);
+    assert!(n.pods && !n.gates_later, "{n:?}");
+}
+
+#[test]
+fn the_fleet_counts_disruptive_and_unhealthy_nodes_once() {
+    let mut w = World::incident();
+    w.spec.mode = Mode::Enforce;
+    w.run_until(|w| w.state.phase == Phase::Draining, HOUR);
+    let draining = w.state.clone();
+    let healthy = Default::default();
+    let fleet = Fleet::count([("a", &draining), ("b", &healthy)]);
+    assert_eq!(fleet.disruptive.len(), 1);
+    assert_eq!(fleet.unhealthy, 1);
+    // Deciding for a third node: it counts itself too, and a node another
+    // tool disrupts takes capacity unless already counted.
+    let budget = fleet.budget_for_one_more(&w.spec, 10, &["a".into(), "c".into()]);
+    assert_eq!(budget.disruptive_elsewhere, 1);
+    assert_eq!(budget.disrupted_by_others, 1);
+    assert_eq!(budget.unhealthy, 2);
+}

@@ -1,0 +1,62 @@
+//! The fourth stage: the recorded decision's actions, in order, each
+//! carried out only while this replica still leads.
+
+use gpuhealth_api::vocabulary::Reason;
+use gpuhealth_engine::machine::Decision;
+use k8s_openapi::api::core::v1::Node;
+use tracing::{debug, info};
+
+use super::read::Read;
+use crate::{
+    actions,
+    context::{Context, Error},
+};
+
+pub async fn act(
+    ctx: &Context,
+    node: &Node,
+    read: &Read,
+    decision: &Decision,
+) -> Result<(), Error> {
+    ctx.crash_after
+        .before_acting(&read.name, read.stored.phase, decision.status.phase);
+    log_transition(read, decision);
+    let acting = std::time::Instant::now();
+    for action in &decision.actions {
+        if !ctx.leadership.is_held() {
+            return Err(Error::NotLeader);
+        }
+        debug!(node = %read.name, ?action, "carrying out");
+        actions::run(ctx, node, &read.policy.spec, action).await?;
+    }
+    if !decision.actions.is_empty() {
+        ctx.metrics.stage("act", acting);
+    }
+    Ok(())
+}
+
+/// One line per transition, with what an SRE greps for.
+fn log_transition(read: &Read, decision: &Decision) {
+    let (before, st) = (&read.stored, &decision.status);
+    if before.phase != st.phase || before.reason != st.reason {
+        info!(
+            node = %read.name,
+            policy = %read.policy_name,
+            from = ?before.phase,
+            phase = ?st.phase,
+            reason = st.reason.map_or("", Reason::as_str),
+            action = st.action.as_ref().map(|a| format!("{:?}#{}", a.type_, a.attempt)).unwrap_or_default(),
+            incident = st.incident.as_deref().or(st.history.first().map(|i| i.id.as_str())).unwrap_or(""),
+            // Not `message`: that is the event's own text in JSON logs.
+            detail = st.message.as_deref().unwrap_or(""),
+            "transition"
+        );
+    }
+    debug!(
+        node = %read.name,
+        phase = ?st.phase,
+        reason = st.reason.map_or("", Reason::as_str),
+        requeue = ?decision.requeue_after,
+        "decided"
+    );
+}

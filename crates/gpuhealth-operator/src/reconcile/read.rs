@@ -1,0 +1,171 @@
+//! The first stage: what a node's step decides on. The node itself comes
+//! from the watch; the engine's `needs` says what else to read, so that
+//! reads (and memory) follow the work in flight, not the fleet's size.
+
+use std::{collections::BTreeSet, sync::Arc};
+
+use gpuhealth_api::{GpuHealthPolicy, node_health::GpuNodeHealthStatus};
+use gpuhealth_engine::{
+    drain::{BudgetView, PodView},
+    machine::{HoldersSince, Needs, NodeView, ValidationView, needs},
+    workload::WorkloadView,
+};
+use k8s_openapi::{
+    api::{
+        core::v1::{Node, Pod},
+        policy::v1::PodDisruptionBudget,
+    },
+    jiff::Timestamp,
+};
+use kube::{Api, ResourceExt, api::ListParams, runtime::reflector::ObjectRef};
+use tracing::warn;
+
+use crate::{
+    context::{Context, Error, HoldersSeen},
+    observe::{budget_views, gpu_holders, holders_hash, node_view, pod_view},
+    selection::winner,
+    validation, workloads,
+};
+
+/// Everything a node's step decides on.
+pub struct Read {
+    pub name: String,
+    pub policy: Arc<GpuHealthPolicy>,
+    pub policy_name: String,
+    pub view: NodeView,
+    /// The status the step starts from: this process's last decision for
+    /// the node if the watch does not show it yet, else the cluster's.
+    pub stored: GpuNodeHealthStatus,
+    /// The status as the watch shows it.
+    pub in_cluster: Option<GpuNodeHealthStatus>,
+    /// This process's record of its last decision, if it keeps one.
+    pub recorded: Option<GpuNodeHealthStatus>,
+    pub needs: Needs,
+    /// The pods holding the node's GPUs now, as a hash.
+    holders_now: HoldersSeen,
+    pub pods: Vec<PodView>,
+    pub disruption_budgets: Vec<BudgetView>,
+    pub workloads: Vec<WorkloadView>,
+    pub validation: Option<ValidationView>,
+}
+
+/// Reads what `node`'s step needs; None when no policy manages it.
+pub async fn read(ctx: &Context, node: &Node) -> Result<Option<Read>, Error> {
+    let policies = ctx.policies.state();
+    let Some(policy) = winner(&policies, node) else {
+        return Ok(None);
+    };
+    let name = node.name_any();
+    let policy_name = policy.name_any();
+    let mut view = node_view(node, &policy.spec.other_actors, &ctx.locks.of(&name));
+    view.report_refreshed_at = report_refreshed_at(ctx, &name, &view);
+    if let Some(Err(e)) = &view.report {
+        warn!(node = %name, error = %e, "malformed GPU report; ignoring it");
+    }
+
+    // What this process decided last for the node, which the watch-fed
+    // store may not show yet. A node is never reconciled twice at once, so
+    // its record cannot change before this reconcile makes its own.
+    let in_cluster = ctx
+        .node_health
+        .get(&ObjectRef::new(&name))
+        .and_then(|g| g.status.clone());
+    let recorded = ctx.lock_decisions().get(&name).cloned();
+    let stored = recorded.clone().or(in_cluster.clone()).unwrap_or_default();
+
+    let holders = gpu_holders(&view);
+    let holders_now = HoldersSeen::Holders(holders_hash(&holders));
+    let seen = ctx
+        .holders_seen
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .get(&name)
+        .copied();
+    let since = match seen {
+        Some(HoldersSeen::GatesPending) => HoldersSince::GatesPending,
+        Some(h) if h == holders_now => HoldersSince::Same,
+        _ => HoldersSince::Changed,
+    };
+    let needs = needs(&policy.spec, &stored, &view, since);
+
+    let pods: Vec<PodView> = if needs.pods {
+        let api: Api<Pod> = Api::all(ctx.client.clone());
+        let list = api
+            .list(&ListParams::default().fields(&format!("spec.nodeName={name}")))
+            .await?;
+        list.items.iter().map(|p| pod_view(p, &holders)).collect()
+    } else {
+        Vec::new()
+    };
+    let disruption_budgets = if needs.disruption_budgets && !pods.is_empty() {
+        let namespaces: BTreeSet<&str> = pods.iter().map(|p| p.namespace.as_str()).collect();
+        let mut pdbs = Vec::new();
+        for ns in namespaces {
+            let api: Api<PodDisruptionBudget> = Api::namespaced(ctx.client.clone(), ns);
+            pdbs.extend(api.list(&ListParams::default()).await?.items);
+        }
+        budget_views(&pdbs, &pods)
+    } else {
+        Vec::new()
+    };
+    let workloads = if needs.workloads.is_empty() {
+        Vec::new()
+    } else {
+        workloads::watched(ctx, &needs.workloads).await?
+    };
+    let validation = match &needs.validation_pod {
+        Some(pod) => {
+            let api: Api<Pod> = Api::namespaced(ctx.client.clone(), &ctx.validation.namespace);
+            api.get_opt(pod).await?.map(|p| validation::view(&p))
+        }
+        None => None,
+    };
+    Ok(Some(Read {
+        name,
+        policy,
+        policy_name,
+        view,
+        stored,
+        in_cluster,
+        recorded,
+        needs,
+        holders_now,
+        pods,
+        disruption_budgets,
+        workloads,
+        validation,
+    }))
+}
+
+impl Read {
+    /// After the step: what was seen of the GPUs' holders, so that the next
+    /// step lists the pods only if they change (or their gates are due).
+    pub fn remember_holders(&self, ctx: &Context) {
+        let seen = if self.needs.gates_later {
+            HoldersSeen::GatesPending
+        } else {
+            self.holders_now
+        };
+        ctx.holders_seen
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(self.name.clone(), seen);
+    }
+}
+
+/// When this process first saw the node's report as it is now (its
+/// `observedAt`), by its own clock.
+fn report_refreshed_at(ctx: &Context, node: &str, view: &NodeView) -> Option<Timestamp> {
+    let Some(Ok(report)) = &view.report else {
+        return None;
+    };
+    let observed = report.observed_at.0;
+    let mut seen = ctx.report_seen.lock().unwrap_or_else(|e| e.into_inner());
+    let entry = seen
+        .entry(node.to_owned())
+        .or_insert((observed, Timestamp::now()));
+    if entry.0 != observed {
+        *entry = (observed, Timestamp::now());
+    }
+    Some(entry.1)
+}

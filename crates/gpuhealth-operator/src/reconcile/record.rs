@@ -1,0 +1,127 @@
+//! The third stage: intent first. The decided status is written before any
+//! side effect; if it cannot be, this process's record of the decision goes
+//! back to what it was (other decisions made meanwhile counted an intent
+//! that did not happen, which errs on the safe side).
+
+use std::{sync::Arc, time::Duration};
+
+use gpuhealth_api::{GpuNodeHealth, node_health::GpuNodeHealthStatus, policy::Mode};
+use gpuhealth_engine::machine::{Decision, is_disruptive};
+use k8s_openapi::api::core::v1::Node;
+use kube::{
+    Api, Resource, ResourceExt,
+    api::{ListParams, Patch, PatchParams},
+    runtime::reflector::ObjectRef,
+};
+use serde_json::json;
+use tracing::info;
+
+use super::{decide::Decided, read::Read};
+use crate::context::{Context, Error, MANAGER};
+
+/// How long after a takeover remediation starts are confirmed against a
+/// fresh list: the previous leader's last writes reach this replica's
+/// watch within seconds (seven, at worst, in the chaos runs on two loaded
+/// cores); a minute leaves a wide margin.
+const FRESH_BUDGET_AFTER_TAKEOVER: Duration = Duration::from_secs(60);
+
+pub enum Recorded {
+    /// The status is written (or already was): its actions may follow.
+    Written(Box<Decision>),
+    /// Not now: the API server shows less budget than the cache did.
+    HeldBack,
+}
+
+/// Writes the decided status, keeping this process's record of it; on any
+/// other way out, the record is rolled back (`Pending`).
+pub async fn record(
+    ctx: &Context,
+    node: &Node,
+    read: &Read,
+    decided: Decided<'_>,
+) -> Result<Recorded, Error> {
+    let Decided {
+        decision,
+        pending,
+        fleet,
+    } = decided;
+    let status = &decision.status;
+    if starts_after_takeover(ctx, read, status) {
+        let fresh = Api::<GpuNodeHealth>::all(ctx.client.clone())
+            .list(&ListParams::default())
+            .await?;
+        let store: Vec<Arc<GpuNodeHealth>> = fresh.items.into_iter().map(Arc::new).collect();
+        let hold = {
+            let written = ctx.lock_decisions();
+            fleet
+                .budget(&store, &written, &read.policy, &read.name)
+                .may_start()
+                .err()
+        };
+        if let Some(hold) = hold {
+            info!(node = %read.name, policy = %read.policy_name, ?hold, "not starting: the API server shows less budget than the cache did");
+            return Ok(Recorded::HeldBack);
+        }
+    }
+    if !ctx.leadership.is_held() {
+        return Err(Error::NotLeader);
+    }
+    if read.in_cluster.as_ref() != Some(status) {
+        let writing = std::time::Instant::now();
+        let result = write_status(ctx, node, status).await;
+        ctx.metrics.stage("write", writing);
+        result?;
+    }
+    pending.keep();
+    Ok(Recorded::Written(Box::new(decision)))
+}
+
+/// Starting a remediation takes from the budget, and the budget was
+/// counted from this process's cache and its own records: a replica that
+/// has just taken over may not yet have seen the last writes of the leader
+/// before it (the chaos runs saw a third node started under maxConcurrent 2
+/// right after a takeover, its view seven seconds old). Its own writes it
+/// always counts, and the leader is the only writer, so only the first
+/// while after a takeover is at risk: a start then is confirmed against a
+/// fresh list first (one LIST of every GpuNodeHealth, too heavy for every
+/// start of a large fleet: the benchmark's time to quarantine quadrupled).
+fn starts_after_takeover(ctx: &Context, read: &Read, status: &GpuNodeHealthStatus) -> bool {
+    let starts = read.policy.spec.mode == Mode::Enforce
+        && !is_disruptive(read.stored.phase)
+        && is_disruptive(status.phase);
+    starts
+        && ctx
+            .leadership
+            .held_for()
+            .is_some_and(|d| d < FRESH_BUDGET_AFTER_TAKEOVER)
+}
+
+async fn write_status(
+    ctx: &Context,
+    node: &Node,
+    status: &GpuNodeHealthStatus,
+) -> Result<(), Error> {
+    let api: Api<GpuNodeHealth> = Api::all(ctx.client.clone());
+    let name = node.name_any();
+    let params = PatchParams::apply(MANAGER).force();
+    if ctx.node_health.get(&ObjectRef::new(&name)).is_none() {
+        // One GpuNodeHealth per node, named after it and owned by it, so it
+        // goes when the node goes.
+        let owner = node.controller_owner_ref(&()).map(|mut o| {
+            o.controller = Some(false);
+            o
+        });
+        let object = json!({
+            "apiVersion": "gpuhealth.io/v1alpha1",
+            "kind": "GpuNodeHealth",
+            "metadata": {"name": name, "ownerReferences": owner.into_iter().collect::<Vec<_>>()},
+            "spec": {},
+        });
+        api.patch(&name, &params, &Patch::Apply(object)).await?;
+    }
+    let patch =
+        json!({"apiVersion": "gpuhealth.io/v1alpha1", "kind": "GpuNodeHealth", "status": status});
+    api.patch_status(&name, &params, &Patch::Apply(patch))
+        .await?;
+    Ok(())
+}

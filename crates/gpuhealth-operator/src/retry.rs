@@ -1,0 +1,30 @@
+//! A failed reconcile, counted and tried again in its kind's time.
+
+use kube::runtime::controller::Action as Requeue;
+use tracing::{debug, warn};
+
+use crate::{
+    context::{Context, Error},
+    metrics::ErrorLabels,
+};
+
+/// Counts a failed reconcile of `name` (a `what`) and says when to try again.
+pub fn retry(name: &str, what: &str, error: &Error, ctx: &Context) -> Requeue {
+    let kind = error.metric_label();
+    ctx.metrics
+        .reconcile_errors
+        .get_or_create(&ErrorLabels { kind: kind.into() })
+        .inc();
+    let retry = error.retry();
+    let key = format!("{what}/{name}");
+    let after = retry.after(ctx.failures.one_more(&key));
+    match error {
+        // Expected on a standby replica, or for the moment after losing the lease.
+        Error::NotLeader => debug!(%name, what, "not the leader; not acting"),
+        _ => warn!(%name, what, error = %error, kind, ?retry, ?after, "reconcile failed"),
+    }
+    match after {
+        Some(after) => Requeue::requeue(after),
+        None => Requeue::await_change(),
+    }
+}
