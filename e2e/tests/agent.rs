@@ -231,9 +231,10 @@ async fn with_nothing_new_the_report_and_condition_are_refreshed_at_the_refresh_
     let last = report(&moved).expect("report");
     assert!(last.observed_at.0 > first.0);
     assert_eq!(last.bad_gpus().count(), 0);
-    // Each refresh is two writes, the report and the condition, and only those.
-    let metrics = agent.scrape().await.expect("metrics");
-    let patches = |resource: &str| -> u64 {
+    // Each refresh is two writes, the report and the condition, and only
+    // those. The agent counts a write when its answer arrives, which may be
+    // after the watch above saw it: look until the third is counted.
+    let patches = |metrics: &str, resource: &str| -> u64 {
         metrics
             .lines()
             .find_map(|l| {
@@ -244,7 +245,18 @@ async fn with_nothing_new_the_report_and_condition_are_refreshed_at_the_refresh_
             .and_then(|v| v.trim().parse().ok())
             .unwrap_or(0)
     };
-    let (reports, conditions) = (patches("nodes"), patches("nodes/status"));
+    let deadline = std::time::Instant::now() + WAIT;
+    let metrics = loop {
+        let metrics = agent.scrape().await.expect("metrics");
+        if patches(&metrics, "nodes") >= 3 || std::time::Instant::now() > deadline {
+            break metrics;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    };
+    let (reports, conditions) = (
+        patches(&metrics, "nodes"),
+        patches(&metrics, "nodes/status"),
+    );
     assert!(reports >= 3, "{metrics}");
     assert!(
         conditions.abs_diff(reports) <= 1,
