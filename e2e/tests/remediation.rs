@@ -22,7 +22,7 @@ use gpuhealth_api::{
     vocabulary::{
         Attempt, AttemptAction,
         AttemptOutcome::{Failed, Succeeded},
-        FindingKind, IncidentOutcome, Reason, WorkloadOutcome,
+        FindingKind, IncidentOutcome, PodKey, Reason, WorkloadOutcome,
     },
 };
 use gpuhealth_e2e::{
@@ -420,7 +420,7 @@ async fn dry_run_records_the_plan_and_writes_no_node_or_pod() {
     assert_eq!(status.reason, Some(Reason::DryRun));
     assert!(plan.cordon);
     assert_eq!(plan.action, Some(gpuhealth_api::RecoveryAction::GpuReset));
-    assert_eq!(plan.evict, [format!("{}/{}", s.namespace, pods_before[7])]);
+    assert_eq!(plan.evict, [PodKey::new(&s.namespace, &pods_before[7])]);
     assert_eq!(
         plan.disruption_budgets,
         [format!(

@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 use crate::{
     contract::RequestId,
     types::{GpuHealth, RecoveryAction},
-    vocabulary::{Attempt, FindingKind, IncidentOutcome, Reason, WorkloadOutcome},
+    vocabulary::{Attempt, FindingKind, IncidentOutcome, PodKey, Reason, WorkloadOutcome},
 };
 
 /// How many past incidents a node keeps in `status.history`.
@@ -189,9 +189,9 @@ pub struct GpuStatus {
     pub uuid: String,
     pub pci_bus_id: String,
     pub health: GpuHealth,
-    /// Pods holding this GPU, as `namespace/name`.
+    /// Pods holding this GPU.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub pods: Vec<String>,
+    pub pods: Vec<PodKey>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -229,12 +229,12 @@ pub struct Plan {
     /// GPU UUIDs the action would target (empty: the whole node).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub gpus: Vec<String>,
-    /// Pods it would evict, as `namespace/name`.
+    /// Pods it would evict.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub evict: Vec<String>,
+    pub evict: Vec<PodKey>,
     /// Pods it would wait for.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub wait_for: Vec<String>,
+    pub wait_for: Vec<PodKey>,
     /// Pods that would hold the node back, with why.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub blocked_by: Vec<String>,

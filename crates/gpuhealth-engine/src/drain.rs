@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use gpuhealth_api::{
     contract::{ContractError, DisruptionTolerance},
     policy::{Drain, DrainScope},
+    vocabulary::PodKey,
 };
 use kube::core::{Selector, SelectorExt};
 
@@ -48,8 +49,8 @@ pub enum GpuGate {
 }
 
 impl PodView {
-    pub fn key(&self) -> String {
-        format!("{}/{}", self.namespace, self.name)
+    pub fn key(&self) -> PodKey {
+        PodKey::new(&self.namespace, &self.name)
     }
 }
 
@@ -60,14 +61,14 @@ pub struct BudgetView {
     pub name: String,
     /// `status.disruptionsAllowed`.
     pub allowed: i32,
-    /// The pods on the node it covers, as `namespace/name`.
-    pub pods: Vec<String>,
+    /// The pods on the node it covers.
+    pub pods: Vec<PodKey>,
 }
 
 impl BudgetView {
     /// How the budget stands against the pods a plan would evict, if it
     /// covers any of them.
-    pub fn against(&self, evict: &[String]) -> Option<String> {
+    pub fn against(&self, evict: &[PodKey]) -> Option<String> {
         let covered = evict.iter().filter(|p| self.pods.contains(p)).count();
         (covered > 0).then(|| {
             let verdict = if self.allowed as usize >= covered {
@@ -88,11 +89,11 @@ impl BudgetView {
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct DrainPlan {
     /// Evict these now (through the Eviction API).
-    pub evict: Vec<String>,
+    pub evict: Vec<PodKey>,
     /// Wait for these: terminating, or tolerance `wait` and still running.
-    pub waiting: Vec<String>,
+    pub waiting: Vec<PodKey>,
     /// These hold the node back until they go away, with why.
-    pub blocked: Vec<(String, String)>,
+    pub blocked: Vec<(PodKey, String)>,
     /// Why the drain takes more than the GPUs' holders, when it does.
     pub widened: Option<String>,
 }
@@ -226,10 +227,7 @@ mod tests {
         assert!(p.evict.is_empty());
         assert_eq!(p.waiting, ["ml/batch", "ml/leaving"]);
         assert_eq!(
-            p.blocked
-                .iter()
-                .map(|(k, _)| k.as_str())
-                .collect::<Vec<_>>(),
+            p.blocked.iter().map(|(k, _)| k).collect::<Vec<_>>(),
             ["ml/trainer", "ml/odd"]
         );
         assert!(p.blocked[0].1.contains("never"));

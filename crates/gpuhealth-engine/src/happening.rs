@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use gpuhealth_api::{
     node_health::Phase,
-    vocabulary::{Attempt, FindingKind, IncidentOutcome, Reason},
+    vocabulary::{Attempt, FindingKind, IncidentOutcome, PodKey, Reason},
 };
 use k8s_openapi::jiff::Timestamp;
 
@@ -24,8 +24,8 @@ pub enum Happening {
     Found {
         kind: FindingKind,
         message: String,
-        /// The pod it is about (`namespace/name`), if it is about one.
-        pod: Option<String>,
+        /// The pod it is about, if it is about one.
+        pod: Option<PodKey>,
     },
     /// An attempt ended and is on the incident's record.
     Attempted(Attempt),

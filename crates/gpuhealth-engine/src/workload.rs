@@ -6,7 +6,7 @@
 
 use std::{collections::BTreeMap, time::Duration};
 
-use gpuhealth_api::contract::XidEvent;
+use gpuhealth_api::{contract::XidEvent, vocabulary::PodKey};
 use k8s_openapi::{
     api::core::v1::{Event, Pod, Probe},
     jiff::Timestamp,
@@ -35,8 +35,7 @@ pub struct ContainerObservation {
 /// of the GPUs it holds.
 #[derive(Clone, Debug, PartialEq)]
 pub struct PodObservation {
-    /// `namespace/name`.
-    pub pod: String,
+    pub pod: PodKey,
     /// Its controller, as `Kind/namespace/name`.
     pub workload: Option<String>,
     pub phase: String,
@@ -131,7 +130,7 @@ pub struct ContainerVerdict {
 /// A restart seen on one of the workload's pods.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Restart {
-    pub pod: String,
+    pub pod: PodKey,
     pub container: String,
     pub count: u32,
     pub cause: RestartCause,
@@ -142,7 +141,7 @@ pub struct Restart {
 pub struct Assessment {
     pub pods: usize,
     pub fine: usize,
-    pub not_ready: Vec<String>,
+    pub not_ready: Vec<PodKey>,
     pub restarts: Vec<Restart>,
     pub containers: Vec<ContainerVerdict>,
 }
@@ -173,7 +172,11 @@ impl Assessment {
             self.fine,
             self.pods,
             self.not_ready.len(),
-            self.not_ready.join(", ")
+            self.not_ready
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join(", ")
         )];
         for r in &self.restarts {
             parts.push(format!(
@@ -398,7 +401,7 @@ pub fn observe(pod: &Pod, events: &[Event], xids: Vec<XidEvent>) -> PodObservati
         })
         .collect();
     PodObservation {
-        pod: format!("{namespace}/{name}"),
+        pod: PodKey::new(namespace, name),
         workload: controller_of(pod),
         phase: status.and_then(|s| s.phase.clone()).unwrap_or_default(),
         ready,
@@ -442,7 +445,7 @@ mod tests {
 
     fn looping_pod() -> PodObservation {
         PodObservation {
-            pod: "ml/vllm-1".into(),
+            pod: PodKey::new("ml", "vllm-1"),
             workload: Some("ReplicaSet/ml/vllm-7d9f6".into()),
             phase: "Running".into(),
             ready: false,

@@ -15,7 +15,9 @@ use gpuhealth_api::{
     node_health::Phase,
     policy::{ConditionRule, ConditionStatus, EscalationStep, Mode, ValidationPod},
     types::{RecoveryAction, SignalAction},
-    vocabulary::{Attempt, AttemptAction, AttemptOutcome, FindingKind, IncidentOutcome, Reason},
+    vocabulary::{
+        Attempt, AttemptAction, AttemptOutcome, FindingKind, IncidentOutcome, PodKey, Reason,
+    },
 };
 use gpuhealth_engine::{
     diagnosis::ObservedCondition, drain::BudgetView, happening::Happening, machine::Action,
@@ -415,7 +417,7 @@ fn dry_run_records_the_plan_and_touches_nothing() {
         BudgetView {
             name: "ml-serving/other".into(),
             allowed: 1,
-            pods: vec!["ml-serving/vllm-1".into()],
+            pods: vec![PodKey::new("ml-serving", "vllm-1")],
         },
     ];
     for _ in 0..10 {
@@ -701,7 +703,7 @@ fn a_validation_pod_that_never_appears_times_out() {
 fn a_pod_on_the_bad_gpu_gets_a_finding_and_an_event_once() {
     let mut w = World::incident();
     w.reconcile();
-    let about_pods: Vec<&Option<String>> = w
+    let about_pods: Vec<&Option<PodKey>> = w
         .happenings
         .iter()
         .filter_map(|h| match h {
@@ -726,7 +728,7 @@ fn a_pod_on_the_bad_gpu_gets_a_finding_and_an_event_once() {
         .iter()
         .find(|f| f.type_ == FindingKind::PodOnBadGpu)
         .expect("a finding");
-    assert_eq!(finding.subject.as_ref(), Some(&holder[0]));
+    assert_eq!(finding.subject, Some(holder[0].to_string()));
     assert!(finding.message.contains(BAD_GPU), "{}", finding.message);
     w.reconcile();
     assert!(

@@ -12,7 +12,7 @@ use gpuhealth_api::{
     GpuHealth,
     node_health::Phase,
     policy::Mode,
-    vocabulary::{FindingKind, WorkloadOutcome},
+    vocabulary::{FindingKind, PodKey, WorkloadOutcome},
 };
 use gpuhealth_engine::{
     drain::GpuGate,
@@ -39,7 +39,7 @@ fn recovered_incident() -> World {
 /// The replacement vLLM pod, started at `started`, Ready or not.
 fn replacement(started: Timestamp, ready: bool) -> PodObservation {
     PodObservation {
-        pod: "ml-serving/vllm-7-new".into(),
+        pod: PodKey::new("ml-serving", "vllm-7-new"),
         workload: Some(VLLM_7.into()),
         phase: "Running".into(),
         ready,

@@ -4,7 +4,7 @@
 
 use gpuhealth_api::{
     node_health::Phase,
-    vocabulary::{IncidentOutcome, Reason},
+    vocabulary::{IncidentOutcome, PodKey, Reason},
 };
 use gpuhealth_engine::{happening::Happening, machine::NodeView};
 use k8s_openapi::{
@@ -99,7 +99,7 @@ struct Told<'a> {
     type_: EventType,
     reason: &'a str,
     message: &'a str,
-    pod: Option<&'a str>,
+    pod: Option<&'a PodKey>,
 }
 
 fn event_of(happening: &Happening) -> Option<Told<'_>> {
@@ -127,7 +127,7 @@ fn event_of(happening: &Happening) -> Option<Told<'_>> {
             type_: EventType::Warning,
             reason: kind.as_str(),
             message,
-            pod: pod.as_deref(),
+            pod: pod.as_ref(),
         },
         Happening::AttemptFailed { why } => told(EventType::Warning, "AttemptFailed", why),
         Happening::Closed {
@@ -153,13 +153,12 @@ fn event_of(happening: &Happening) -> Option<Told<'_>> {
     })
 }
 
-fn pod_ref(key: &str) -> ObjectReference {
-    let (namespace, name) = key.split_once('/').unwrap_or(("", key));
+fn pod_ref(key: &PodKey) -> ObjectReference {
     ObjectReference {
         api_version: Some("v1".into()),
         kind: Some("Pod".into()),
-        namespace: Some(namespace.into()),
-        name: Some(name.into()),
+        namespace: Some(key.namespace.clone()),
+        name: Some(key.name.clone()),
         ..Default::default()
     }
 }

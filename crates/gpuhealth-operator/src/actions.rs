@@ -100,9 +100,8 @@ async fn carry_out(
             info!(node = %name, %incident, "uncordoned");
         }
         Action::Evict { pod } => {
-            let (ns, pod_name) = pod.split_once('/').unwrap_or(("", pod));
-            let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
-            match pods.evict(pod_name, &EvictParams::default()).await {
+            let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &pod.namespace);
+            match pods.evict(&pod.name, &EvictParams::default()).await {
                 Ok(_) => info!(node = %name, %pod, "evicted"),
                 // A PodDisruptionBudget says not now: try again next time, never force.
                 Err(kube::Error::Api(s)) if s.code == 429 => {
@@ -114,11 +113,10 @@ async fn carry_out(
             }
         }
         Action::ForceDelete { pod } => {
-            let (ns, pod_name) = pod.split_once('/').unwrap_or(("", pod));
-            let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
+            let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &pod.namespace);
             match pods
                 .delete(
-                    pod_name,
+                    &pod.name,
                     &DeleteParams {
                         grace_period_seconds: Some(0),
                         ..Default::default()
@@ -167,8 +165,7 @@ async fn carry_out(
             healthy,
             message,
         } => {
-            let (ns, pod_name) = pod.split_once('/').unwrap_or(("", pod));
-            let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
+            let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &pod.namespace);
             // Conditions merge by type: only ours changes.
             let patch = json!({"status": {"conditions": [{
                 "type": GPU_HEALTHY_READINESS_GATE,
@@ -178,7 +175,7 @@ async fn carry_out(
                 "lastTransitionTime": now,
             }]}});
             match pods
-                .patch_status(pod_name, &PatchParams::default(), &Patch::Strategic(patch))
+                .patch_status(&pod.name, &PatchParams::default(), &Patch::Strategic(patch))
                 .await
             {
                 Ok(_) => {

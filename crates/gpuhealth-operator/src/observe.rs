@@ -12,7 +12,7 @@ use gpuhealth_api::contract::{
     REBOOT_REQUEST_ANNOTATION, REQUEST_RESULT_ANNOTATION, RESET_REQUEST_ANNOTATION, RebootRequest,
     RequestId, RequestResult, ResetRequest,
 };
-use gpuhealth_api::policy::OtherActor;
+use gpuhealth_api::{policy::OtherActor, vocabulary::PodKey};
 use gpuhealth_engine::{
     diagnosis::ObservedCondition,
     drain::{BudgetView, GpuGate, PodView},
@@ -224,7 +224,7 @@ pub fn budget_views(pdbs: &[PodDisruptionBudget], pods: &[PodView]) -> Vec<Budge
             let namespace = pdb.namespace().unwrap_or_default();
             let selector = pdb.spec.as_ref()?.selector.clone()?;
             let selector = Selector::try_from(selector).ok()?;
-            let covered: Vec<String> = pods
+            let covered: Vec<PodKey> = pods
                 .iter()
                 .filter(|p| p.namespace == namespace && selector.matches(&p.labels))
                 .map(PodView::key)

@@ -17,7 +17,7 @@ use gpuhealth_api::{
     node_health::{Finding, Incident, Phase},
     policy::XidOverride,
     types::SignalAction,
-    vocabulary::{Attempt, IncidentOutcome, WorkloadOutcome},
+    vocabulary::{Attempt, IncidentOutcome, PodKey, WorkloadOutcome},
 };
 use gpuhealth_engine::xid::{self, XidClass};
 use k8s_openapi::{
@@ -574,7 +574,7 @@ fn gpus_line(input: &ExplainInput) -> String {
                 g.index,
                 g.uuid.clone(),
                 format!("{:?}", g.health),
-                g.pods.clone(),
+                g.pods.iter().map(ToString::to_string).collect(),
             )
         })
         .collect();
@@ -589,7 +589,7 @@ fn gpus_line(input: &ExplainInput) -> String {
                         let pods = g
                             .pods
                             .iter()
-                            .map(|p| format!("{}/{}", p.namespace, p.name))
+                            .map(|p| PodKey::new(&p.namespace, &p.name).to_string())
                             .collect();
                         (g.index, g.uuid.clone(), format!("{:?}", g.health), pods)
                     })

@@ -261,12 +261,12 @@ pub fn check(target: &str, namespace: &str, pods: &[PodInput]) -> Check {
                         .flat_map(|pc| p.cold_starts(pc))
                         .map(|cs| match cs {
                             ColdStart::Ready(d) => Observed {
-                                pod: p.pod.clone(),
+                                pod: p.pod.to_string(),
                                 kind: "ready",
                                 seconds: d.as_secs(),
                             },
                             ColdStart::KilledAfter(d) => Observed {
-                                pod: p.pod.clone(),
+                                pod: p.pod.to_string(),
                                 kind: "killedAfter",
                                 seconds: d.as_secs(),
                             },
@@ -316,7 +316,7 @@ pub fn check(target: &str, namespace: &str, pods: &[PodInput]) -> Check {
             .iter()
             .zip(&pods)
             .map(|(o, p)| PodLine {
-                name: o.pod.clone(),
+                name: o.pod.to_string(),
                 phase: o.phase.clone(),
                 ready: o.ready,
                 node: p.pod.spec.as_ref().and_then(|s| s.node_name.clone()),
@@ -332,7 +332,7 @@ pub fn check(target: &str, namespace: &str, pods: &[PodInput]) -> Check {
             .restarts
             .iter()
             .map(|r| RestartLine {
-                pod: r.pod.clone(),
+                pod: r.pod.to_string(),
                 container: r.container.clone(),
                 count: r.count,
                 cause: cause_name(&r.cause),

@@ -8,7 +8,7 @@
 use gpuhealth_api::{
     GpuHealth, GpuHealthPolicy, GpuNodeHealth,
     node_health::{GpuNodeHealthStatus, Phase},
-    vocabulary::{FindingKind, Reason},
+    vocabulary::{FindingKind, PodKey, Reason},
 };
 use k8s_openapi::{apimachinery::pkg::apis::meta::v1::Time, jiff::Timestamp};
 use kube::ResourceExt;
@@ -77,7 +77,7 @@ pub struct BadGpu {
     pub index: u32,
     pub uuid: String,
     pub health: GpuHealth,
-    pub pods: Vec<String>,
+    pub pods: Vec<PodKey>,
 }
 
 #[derive(Debug, Serialize)]
@@ -356,7 +356,11 @@ pub fn text(fleet: &Fleet, now: Timestamp, style: Style) -> String {
                     plain(if g.pods.is_empty() {
                         "none".into()
                     } else {
-                        g.pods.join(", ")
+                        g.pods
+                            .iter()
+                            .map(ToString::to_string)
+                            .collect::<Vec<_>>()
+                            .join(", ")
                     }),
                 ]
             })
@@ -444,7 +448,7 @@ mod tests {
             uuid: format!("GPU-0a1b2c3d-0000-4000-8000-00000000000{index}"),
             pci_bus_id: "00000000:E1:00.0".into(),
             health,
-            pods: pods.iter().map(|p| (*p).to_owned()).collect(),
+            pods: pods.iter().map(|p| p.parse().expect("a pod key")).collect(),
         }
     }
 

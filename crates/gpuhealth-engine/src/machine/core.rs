@@ -6,7 +6,7 @@ use std::time::Duration;
 use gpuhealth_api::{
     node_health::{FINDINGS_LIMIT, Finding, GpuStatus, Phase, ReportProblemKind},
     policy::GpuHealthPolicySpec,
-    vocabulary::{Attempt, FindingKind, IncidentOutcome, Reason},
+    vocabulary::{Attempt, FindingKind, IncidentOutcome, PodKey, Reason},
 };
 use k8s_openapi::{apimachinery::pkg::apis::meta::v1::Time, jiff::Timestamp};
 
@@ -169,7 +169,7 @@ impl<'a> Stepper<'a> {
                     pods: g
                         .pods
                         .iter()
-                        .map(|p| format!("{}/{}", p.namespace, p.name))
+                        .map(|p| PodKey::new(&p.namespace, &p.name))
                         .collect(),
                 })
                 .collect();
@@ -178,14 +178,14 @@ impl<'a> Stepper<'a> {
             let node = node.name.clone();
             for gpu in report.bad_gpus() {
                 for p in &gpu.pods {
-                    let pod = format!("{}/{}", p.namespace, p.name);
+                    let pod = PodKey::new(&p.namespace, &p.name);
                     let message = format!(
                         "pod {pod} holds GPU {} ({}) on node {node}, which is {:?}; it may still look Ready, since its probes do not exercise the GPU",
                         gpu.index, gpu.uuid, gpu.health
                     );
                     self.finding_about(
                         FindingKind::PodOnBadGpu,
-                        Some(pod.clone()),
+                        Some(pod.to_string()),
                         message,
                         Some(pod),
                     );
@@ -282,7 +282,7 @@ impl<'a> Stepper<'a> {
         type_: FindingKind,
         subject: Option<String>,
         message: String,
-        pod: Option<String>,
+        pod: Option<PodKey>,
     ) {
         let known = self
             .status

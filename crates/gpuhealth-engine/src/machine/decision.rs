@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use gpuhealth_api::{contract::RequestId, node_health::GpuNodeHealthStatus};
+use gpuhealth_api::{contract::RequestId, node_health::GpuNodeHealthStatus, vocabulary::PodKey};
 use k8s_openapi::jiff::Timestamp;
 
 use crate::happening::Happening;
@@ -20,11 +20,11 @@ pub enum Action {
     },
     /// Evict through the Eviction API (PodDisruptionBudgets hold).
     Evict {
-        pod: String,
+        pod: PodKey,
     },
     /// Delete with no grace, bypassing budgets: only where the policy says so.
     ForceDelete {
-        pod: String,
+        pod: PodKey,
     },
     /// Ask the agent to reset `gpus`. `requested_at` is the attempt's own
     /// time, so that a request re-issued after a crash is the same value,
@@ -48,7 +48,7 @@ pub enum Action {
     },
     /// Set the pod's `gpuhealth.io/gpu-healthy` condition (its readiness gate).
     SetGpuHealthy {
-        pod: String,
+        pod: PodKey,
         healthy: bool,
         message: String,
     },

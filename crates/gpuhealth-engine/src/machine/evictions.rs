@@ -4,7 +4,7 @@
 use gpuhealth_api::{
     node_health::{Phase, WORKLOADS_LIMIT},
     policy::DrainTimeoutAction,
-    vocabulary::Reason,
+    vocabulary::{PodKey, Reason},
 };
 
 use crate::drain::DrainPlan;
@@ -30,7 +30,7 @@ impl Stepper<'_> {
                 .evict
                 .iter()
                 .chain(&plan.waiting)
-                .cloned()
+                .map(ToString::to_string)
                 .chain(plan.blocked.iter().map(|(p, why)| format!("{p} ({why})")))
                 .collect();
             return self.fail(
@@ -69,12 +69,12 @@ impl Stepper<'_> {
 
     /// Remembers the controller of a pod about to be evicted: after the
     /// node recovers, what it runs must be serving again.
-    pub(super) fn note_evicted(&mut self, pod: &str) {
+    pub(super) fn note_evicted(&mut self, pod: &PodKey) {
         let Some(workload) = self
             .input
             .pods
             .iter()
-            .find(|p| p.key() == pod)
+            .find(|p| &p.key() == pod)
             .and_then(|p| p.workload.clone())
         else {
             return;

@@ -226,7 +226,7 @@ impl World {
                 if let Some(Ok(report)) = &mut self.node.report {
                     for g in &mut report.gpus {
                         g.pods
-                            .retain(|p| &format!("{}/{}", p.namespace, p.name) != pod);
+                            .retain(|p| p.namespace != pod.namespace || p.name != pod.name);
                     }
                 }
             }
@@ -372,7 +372,7 @@ impl World {
         self.log
             .iter()
             .filter_map(|a| match a {
-                Action::Evict { pod } => Some(pod.clone()),
+                Action::Evict { pod } => Some(pod.to_string()),
                 _ => None,
             })
             .collect()
