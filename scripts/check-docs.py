@@ -106,35 +106,32 @@ def text_of(path):
     return data.decode("utf-8", errors="replace")
 
 
+def outside_fences(text):
+    """Each line outside fenced code blocks, as (number, line)."""
+    fenced = None
+    for n, line in enumerate(text.splitlines(), 1):
+        m = FENCE.match(line)
+        if m:
+            if fenced is None:
+                fenced = m.group(1)
+            elif m.group(1) == fenced:
+                fenced = None
+            continue
+        if fenced is None:
+            yield n, line
+
+
 def prose_lines(text):
     """Each line outside fenced code blocks, with inline code spans blanked
     out (links inside code are examples, not links), as (number, line)."""
-    fenced = None
-    for n, line in enumerate(text.splitlines(), 1):
-        m = FENCE.match(line)
-        if m:
-            if fenced is None:
-                fenced = m.group(1)
-            elif m.group(1) == fenced:
-                fenced = None
-            continue
-        if fenced is None:
-            yield n, CODE_SPAN.sub(lambda s: " " * len(s.group(0)), line)
+    for n, line in outside_fences(text):
+        yield n, CODE_SPAN.sub(lambda s: " " * len(s.group(0)), line)
 
 
 def code_spans(text):
-    fenced = None
-    for n, line in enumerate(text.splitlines(), 1):
-        m = FENCE.match(line)
-        if m:
-            if fenced is None:
-                fenced = m.group(1)
-            elif m.group(1) == fenced:
-                fenced = None
-            continue
-        if fenced is None:
-            for s in CODE_SPAN.finditer(line):
-                yield n, s.group(2).strip()
+    for n, line in outside_fences(text):
+        for s in CODE_SPAN.finditer(line):
+            yield n, s.group(2).strip()
 
 
 def slug(heading):

@@ -78,31 +78,20 @@ impl Stepper<'_> {
         timeout: gpuhealth_api::Duration,
     ) -> Then {
         let name = validation_pod_name(&self.input.node.name, &action.id);
+        let ended = |outcome| {
+            Attempt::new(AttemptAction::ValidationPod, action.attempt, outcome).saying(name.clone())
+        };
         match self.input.validation {
             Some(pod) if pod.phase == "Succeeded" => {
                 self.actions
                     .push(Action::DeleteValidationPod { name: name.clone() });
-                self.record(
-                    Attempt::new(
-                        AttemptAction::ValidationPod,
-                        action.attempt,
-                        AttemptOutcome::Succeeded,
-                    )
-                    .saying(name.clone()),
-                );
+                self.record(ended(AttemptOutcome::Succeeded));
                 self.recovered();
                 Then::Done
             }
             Some(pod) if pod.phase == "Failed" => {
                 // Kept for its logs.
-                self.record(
-                    Attempt::new(
-                        AttemptAction::ValidationPod,
-                        action.attempt,
-                        AttemptOutcome::Failed,
-                    )
-                    .saying(name.clone()),
-                );
+                self.record(ended(AttemptOutcome::Failed));
                 self.escalate(format!(
                     "validation pod {name} failed: {}; it is kept for its logs (kubectl logs)",
                     pod.message
@@ -112,14 +101,7 @@ impl Stepper<'_> {
                 let seen = self.input.validation.is_some();
                 self.actions
                     .push(Action::DeleteValidationPod { name: name.clone() });
-                self.record(
-                    Attempt::new(
-                        AttemptAction::ValidationPod,
-                        action.attempt,
-                        AttemptOutcome::TimedOut,
-                    )
-                    .saying(name.clone()),
-                );
+                self.record(ended(AttemptOutcome::TimedOut));
                 let why = if seen {
                     "did not succeed"
                 } else {
