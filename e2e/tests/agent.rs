@@ -30,7 +30,7 @@ use gpuhealth_e2e::{
     reports,
     scenario::WAIT,
     sim::{ready_gpu_node, remove_node, set_cordon},
-    wait::{Background, applied, event_saying, until},
+    wait::{Background, applied, event_saying, until, within},
 };
 use k8s_openapi::{
     api::core::v1::Node,
@@ -245,14 +245,17 @@ async fn with_nothing_new_the_report_and_condition_are_refreshed_at_the_refresh_
             .and_then(|v| v.trim().parse().ok())
             .unwrap_or(0)
     };
-    let deadline = std::time::Instant::now() + WAIT;
-    let metrics = loop {
-        let metrics = agent.scrape().await.expect("metrics");
-        if patches(&metrics, "nodes") >= 3 || std::time::Instant::now() > deadline {
-            break metrics;
+    let metrics = within("the agent counting its third report write", WAIT, async {
+        loop {
+            let metrics = agent.scrape().await?;
+            if patches(&metrics, "nodes") >= 3 {
+                return Ok(metrics);
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
         }
-        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
-    };
+    })
+    .await
+    .expect("three report writes counted");
     let (reports, conditions) = (
         patches(&metrics, "nodes"),
         patches(&metrics, "nodes/status"),

@@ -63,8 +63,9 @@ fn every_saved_status_steps_on_until_the_node_settles() {
                     _ => None,
                 })
                 .collect();
-            assert!(
-                asked.first().is_none_or(|first| *first == id),
+            assert_eq!(
+                asked.first(),
+                Some(&id),
                 "{path}: 0.1's request {id} in flight, but this release asked {asked:?}"
             );
         }

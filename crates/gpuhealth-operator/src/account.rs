@@ -4,7 +4,7 @@
 
 use gpuhealth_api::{
     node_health::Phase,
-    vocabulary::{IncidentOutcome, PodKey, Reason},
+    vocabulary::{FindingKind, IncidentOutcome, PodKey, Reason},
 };
 use gpuhealth_engine::{happening::Happening, machine::NodeView};
 use k8s_openapi::{
@@ -32,6 +32,18 @@ pub fn count(ctx: &Context, policy: &str, view: &NodeView, happenings: &[Happeni
                         finding: kind.as_str().into(),
                     })
                     .inc();
+                // Which way the report is malformed is the operator's to
+                // say: the engine only saw that it was.
+                if *kind == FindingKind::MalformedGpuReport
+                    && let Some(Err(e)) = &view.report
+                {
+                    m.malformed_reports
+                        .get_or_create(&ReportLabels {
+                            policy: policy.into(),
+                            error: e.metric_label().into(),
+                        })
+                        .inc();
+                }
             }
             Happening::Attempted(attempt) if attempt.is_remediation() => {
                 m.remediations
@@ -60,19 +72,6 @@ pub fn count(ctx: &Context, policy: &str, view: &NodeView, happenings: &[Happeni
                 m.time_to_quarantine.observe(since.as_secs_f64().max(0.0));
             }
             _ => {}
-        }
-        // Which way the report is malformed is the operator's to say: the
-        // engine only saw that it was.
-        if let Happening::Found { kind, .. } = happening
-            && *kind == gpuhealth_api::vocabulary::FindingKind::MalformedGpuReport
-            && let Some(Err(e)) = &view.report
-        {
-            m.malformed_reports
-                .get_or_create(&ReportLabels {
-                    policy: policy.into(),
-                    error: e.metric_label().into(),
-                })
-                .inc();
         }
     }
 }

@@ -35,11 +35,17 @@ use crate::{
 };
 
 pub async fn reconcile(policy: Arc<GpuHealthPolicy>, ctx: Arc<Context>) -> Result<Requeue, Error> {
+    let result = reconcile_policy(&policy, &ctx).await;
+    crate::retry::settled(&ctx, "policy", &policy.name_any(), &result);
+    result
+}
+
+async fn reconcile_policy(policy: &GpuHealthPolicy, ctx: &Context) -> Result<Requeue, Error> {
     if !ctx.leadership.is_held() {
         return Err(Error::NotLeader);
     }
     let name = policy.name_any();
-    let (nodes, lost_to) = managed(&ctx, &policy);
+    let (nodes, lost_to) = managed(ctx, policy);
     // Counted under the decisions lock, borrowing the statuses; no I/O here.
     let (failed, remediating, budget) = {
         let store = ctx.node_health.state();
@@ -93,7 +99,7 @@ pub async fn reconcile(policy: Arc<GpuHealthPolicy>, ctx: Arc<Context>) -> Resul
     let selector_error = Selector::try_from(policy.spec.node_selector.clone())
         .err()
         .map(|e| e.to_string());
-    let problems = unhonoured(&ctx, &policy);
+    let problems = unhonoured(ctx, policy);
     ctx.metrics
         .unhonoured_fields
         .get_or_create(&PolicyLabels {

@@ -22,7 +22,7 @@ use kube::{ResourceExt, runtime::controller::Action as Requeue};
 use crate::{
     account,
     context::{Context, Error},
-    retry::retry,
+    retry,
 };
 
 pub async fn reconcile(node: Arc<Node>, ctx: Arc<Context>) -> Result<Requeue, Error> {
@@ -31,18 +31,12 @@ pub async fn reconcile(node: Arc<Node>, ctx: Arc<Context>) -> Result<Requeue, Er
     ctx.metrics
         .reconcile_duration
         .observe(started.elapsed().as_secs_f64());
-    if result.is_ok() {
-        ctx.failures.forget(&failure_key(&node.name_any()));
-    }
+    retry::settled(&ctx, "node", &node.name_any(), &result);
     result
 }
 
 pub fn error_policy(node: Arc<Node>, error: &Error, ctx: Arc<Context>) -> Requeue {
-    retry(&node.name_any(), "node", error, &ctx)
-}
-
-fn failure_key(node: &str) -> String {
-    format!("node/{node}")
+    retry::retry(&node.name_any(), "node", error, &ctx)
 }
 
 async fn reconcile_node(node: &Node, ctx: &Context) -> Result<Requeue, Error> {
