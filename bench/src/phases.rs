@@ -426,11 +426,18 @@ async fn storm(
     let after = stats::requests(&operator.scrape().await?, OPERATOR_REQUESTS);
     let (_, peak) = stats::memory_kib(pid).ok_or("the operator exited")?;
     let n = nodes.len() as f64;
-    let per_remediation: BTreeMap<String, f64> =
-        stats::by_verb(&before, &after, |_, resource| resource != "leases")
-            .into_iter()
-            .map(|(verb, count)| (verb, count / n))
-            .collect();
+    let not_leases = |_: &str, resource: &str| resource != "leases";
+    let per_remediation: BTreeMap<String, f64> = stats::by_verb(&before, &after, not_leases)
+        .into_iter()
+        .map(|(verb, count)| (verb, count / n))
+        .collect();
+    let by_resource: BTreeMap<String, f64> = stats::delta(&before, &after, not_leases)
+        .into_iter()
+        .map(|((verb, resource), count)| (format!("{verb} {resource}"), count / n))
+        .collect();
+    say(&format!(
+        "the storm's requests per remediation: {by_resource:?}"
+    ));
     say(&format!("the storm took {wall:.1}s"));
     Ok(Storm {
         nodes: nodes.len(),
@@ -439,6 +446,7 @@ async fn storm(
         remediations_per_minute: n / wall * 60.0,
         requests_per_remediation: per_remediation.values().sum(),
         requests_per_remediation_by_verb: per_remediation,
+        requests_per_remediation_by_resource: by_resource,
         cpu_seconds_per_remediation: cpu / n,
         peak_rss_mib: peak as f64 / 1024.0,
     })

@@ -121,6 +121,8 @@ pub struct Storm {
     pub remediations_per_minute: f64,
     pub requests_per_remediation: f64,
     pub requests_per_remediation_by_verb: BTreeMap<String, f64>,
+    /// Keyed `verb resource`, so a change in cost names what it is spent on.
+    pub requests_per_remediation_by_resource: BTreeMap<String, f64>,
     pub cpu_seconds_per_remediation: f64,
     pub peak_rss_mib: f64,
 }

@@ -54,6 +54,26 @@ pub fn requests(exposition: &str, family: &str) -> BTreeMap<(String, String), f6
     out
 }
 
+/// Requests between two scrapes, by verb and resource.
+pub fn delta(
+    before: &BTreeMap<(String, String), f64>,
+    after: &BTreeMap<(String, String), f64>,
+    include: impl Fn(&str, &str) -> bool,
+) -> BTreeMap<(String, String), f64> {
+    let mut out = BTreeMap::new();
+    for ((verb, resource), n) in after {
+        if !include(verb, resource) {
+            continue;
+        }
+        let key = (verb.clone(), resource.clone());
+        let was = before.get(&key).copied().unwrap_or(0.0);
+        if n - was > 0.0 {
+            out.insert(key, n - was);
+        }
+    }
+    out
+}
+
 /// Requests between two scrapes, by verb.
 pub fn by_verb(
     before: &BTreeMap<(String, String), f64>,
@@ -61,17 +81,8 @@ pub fn by_verb(
     include: impl Fn(&str, &str) -> bool,
 ) -> BTreeMap<String, f64> {
     let mut out = BTreeMap::new();
-    for ((verb, resource), n) in after {
-        if !include(verb, resource) {
-            continue;
-        }
-        let was = before
-            .get(&(verb.clone(), resource.clone()))
-            .copied()
-            .unwrap_or(0.0);
-        if n - was > 0.0 {
-            *out.entry(verb.clone()).or_insert(0.0) += n - was;
-        }
+    for ((verb, _), n) in delta(before, after, include) {
+        *out.entry(verb).or_insert(0.0) += n;
     }
     out
 }
@@ -259,5 +270,11 @@ mod tests {
         assert_eq!(all.get("update"), Some(&9.0));
         let no_lease = by_verb(&before, &after, |_, r| r != "leases");
         assert_eq!(no_lease.get("update"), None);
+        let by_resource = delta(&before, &after, |_, _| true);
+        assert_eq!(
+            by_resource.get(&("patch".into(), "nodes".into())),
+            Some(&4.0)
+        );
+        assert_eq!(by_resource.len(), 2);
     }
 }
