@@ -424,8 +424,8 @@ async fn dry_run_records_the_plan_and_writes_no_node_or_pod() {
     assert_eq!(
         plan.disruption_budgets,
         [format!(
-            "{}/vllm: allows 1 disruption(s) now for 1 pod(s) to evict; all could go now",
-            s.namespace
+            "{}/vllm: allows 1 disruption(s) now for pod {}/{} to evict; all could go now",
+            s.namespace, s.namespace, pods_before[7]
         )]
     );
     // A second bad GPU: the plan follows, and still nothing is written.
@@ -439,11 +439,12 @@ async fn dry_run_records_the_plan_and_writes_no_node_or_pod() {
         })
         .await
         .expect("plan updated");
+    let plan = status.plan.expect("plan");
     assert_eq!(
-        status.plan.expect("plan").disruption_budgets,
+        plan.disruption_budgets,
         [format!(
-            "{}/vllm: allows 1 disruption(s) now for 2 pod(s) to evict; the rest would wait their turn",
-            s.namespace
+            "{}/vllm: allows 1 disruption(s) now for 2 pods ({}, …) to evict; the rest would wait their turn",
+            s.namespace, plan.evict[0]
         )]
     );
     drop(node_watch);

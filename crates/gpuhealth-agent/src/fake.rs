@@ -7,10 +7,7 @@ use gpuhealth_api::{
     contract::{Capabilities, GpuEntry, Outcome, RebootMethod},
 };
 use k8s_openapi::{api::core::v1::Node, jiff::Timestamp};
-use kube::{
-    Api, Client, ResourceExt,
-    api::{Patch, PatchParams},
-};
+use kube::{Api, Client, ResourceExt, api::Patch};
 use prometheus_client::metrics::{counter::Counter, family::Family};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
@@ -81,7 +78,7 @@ impl FakeBackend {
         Api::<Node>::all(self.client.clone())
             .patch(
                 &node.name_any(),
-                &PatchParams::default(),
+                &crate::patch_params(),
                 &Patch::Merge(patch),
             )
             .await
@@ -164,7 +161,7 @@ impl Backend for FakeBackend {
                 match Api::<Node>::all(self.client.clone())
                     .patch_status(
                         &node.name_any(),
-                        &PatchParams::default(),
+                        &crate::patch_params(),
                         &Patch::Merge(status),
                     )
                     .await

@@ -18,3 +18,23 @@ pub mod pod_resources;
 pub mod reboot;
 pub mod recoveries;
 pub mod reset;
+
+use kube::api::{PatchParams, PostParams};
+
+/// The field manager of every write the agent makes, so that `managedFields`
+/// and the audit log tell its writes from the operator's and anyone else's.
+pub const MANAGER: &str = "gpuhealth-agent";
+
+pub fn patch_params() -> PatchParams {
+    PatchParams {
+        field_manager: Some(MANAGER.to_owned()),
+        ..PatchParams::default()
+    }
+}
+
+pub fn post_params() -> PostParams {
+    PostParams {
+        field_manager: Some(MANAGER.to_owned()),
+        ..PostParams::default()
+    }
+}

@@ -30,7 +30,7 @@ use k8s_openapi::{
 };
 use kube::{
     Api, Client, Resource, ResourceExt,
-    api::{Patch, PatchParams, PostParams},
+    api::Patch,
     runtime::{WatchStreamExt, watcher},
 };
 use serde_json::json;
@@ -329,7 +329,7 @@ impl<B: Backend> NodeAgent<B> {
         // second refusal into the first's series, and its words with it).
         let event = refusal_event(node, &id, &self.settings.node, message);
         let events: Api<events::Event> = Api::namespaced(self.client.clone(), "default");
-        match events.create(&PostParams::default(), &event).await {
+        match events.create(&crate::post_params(), &event).await {
             // Said before this process started.
             Ok(_) => {}
             Err(kube::Error::Api(s)) if s.code == 409 => {}
@@ -407,7 +407,7 @@ impl<B: Backend> NodeAgent<B> {
         self.api()
             .patch(
                 &self.settings.node,
-                &PatchParams::default(),
+                &crate::patch_params(),
                 &Patch::Merge(patch),
             )
             .await
@@ -595,7 +595,7 @@ impl<B: Backend> NodeAgent<B> {
             .api()
             .patch_status(
                 &self.settings.node,
-                &PatchParams::default(),
+                &crate::patch_params(),
                 &Patch::Strategic(patch),
             )
             .await

@@ -17,10 +17,7 @@ use std::{
 };
 
 use k8s_openapi::api::core::v1::Node;
-use kube::{
-    Api, Client, ResourceExt,
-    api::{Patch, PatchParams},
-};
+use kube::{Api, Client, ResourceExt, api::Patch};
 use serde_json::json;
 
 /// The value a label is paused with.
@@ -75,7 +72,7 @@ impl Operands {
         Api::<Node>::all(client.clone())
             .patch(
                 &node.name_any(),
-                &PatchParams::default(),
+                &crate::patch_params(),
                 &Patch::Merge(json!({"metadata": {"labels": labels}})),
             )
             .await
@@ -108,7 +105,7 @@ impl Operands {
             ]))
             .map_err(|e| e.to_string())?;
             match api
-                .patch(node, &PatchParams::default(), &Patch::Json::<()>(patch))
+                .patch(node, &crate::patch_params(), &Patch::Json::<()>(patch))
                 .await
             {
                 Ok(_) => {}

@@ -8,7 +8,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::{
-    contract::RequestId,
+    contract::{RequestId, XidEvent},
     types::{GpuHealth, RecoveryAction},
     vocabulary::{Attempt, FindingKind, IncidentOutcome, PodKey, Reason, WorkloadOutcome},
 };
@@ -284,6 +284,24 @@ pub struct Finding {
     pub observed_at: Time,
 }
 
+/// A signal that held when an incident opened.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct OpeningSignal {
+    pub reason: Reason,
+    /// The GPU's UUID, if the signal is about one GPU.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu: Option<String>,
+    /// The Xid, as the GPU report showed it, if the signal is an Xid.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub xid: Option<XidEvent>,
+    /// In words, with the Xid's text as the driver wrote it.
+    pub message: String,
+}
+
+/// At most this many signals are kept on an incident.
+pub const OPENING_SIGNALS_LIMIT: usize = 8;
+
 // Read through `IncidentRecord`, which also reads what release 0.1 wrote.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", from = "IncidentRecord")]
@@ -294,6 +312,11 @@ pub struct Incident {
     pub ended_at: Option<Time>,
     /// What started it, e.g. `Xid 119 on GPU-...`.
     pub trigger: String,
+    /// Every signal that held when it opened (each Xid with its code and
+    /// text, a GPU's state, a node condition), strongest first: the
+    /// incident is told whole after the report has moved on.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub signals: Vec<OpeningSignal>,
     /// What it tried, in order.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub attempts: Vec<Attempt>,
@@ -365,6 +388,11 @@ struct IncidentRecord {
     ended_at: Option<Time>,
     /// What started it, e.g. `Xid 119 on GPU-...`.
     trigger: String,
+    /// Every signal that held when it opened (each Xid with its code and
+    /// text, a GPU's state, a node condition), strongest first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 8))]
+    signals: Vec<OpeningSignal>,
     /// What it tried, in order.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 32))]
@@ -412,6 +440,7 @@ impl From<IncidentRecord> for Incident {
             started_at: r.started_at,
             ended_at: r.ended_at,
             trigger: r.trigger,
+            signals: r.signals,
             attempts,
             actions: unread,
             outcome: r.outcome,

@@ -3,7 +3,7 @@
 
 use gpuhealth_api::{
     GpuHealth, RecoveryAction,
-    contract::{ContractError, GpuEntry, GpuReport},
+    contract::{ContractError, GpuEntry, GpuReport, XidEvent},
     node_health::{ReportProblem, ReportProblemKind},
     policy::{ConditionStatus, Detection},
     types::SignalAction,
@@ -29,6 +29,8 @@ pub struct Signal {
     pub message: String,
     /// The GPU concerned, if the signal names one.
     pub gpu: Option<String>,
+    /// The Xid it comes from, if it does.
+    pub xid: Option<XidEvent>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -116,6 +118,7 @@ pub fn diagnose(now: Timestamp, detection: &Detection, evidence: &Evidence<'_>) 
                     c.type_, c.status, c.last_transition
                 ),
                 gpu: None,
+                xid: None,
             });
         } else {
             d.pending_until = Some(d.pending_until.map_or(firm_at, |p| p.min(firm_at)));
@@ -134,8 +137,10 @@ pub fn diagnose(now: Timestamp, detection: &Detection, evidence: &Evidence<'_>) 
             None => {}
         }
     }
-    // Strongest first; stable, so equal actions keep the order found.
-    d.signals.sort_by_key(|s| std::cmp::Reverse(s.action));
+    // Strongest first, an Xid first among equals (its code and text say
+    // why); stable, so the rest keep the order found.
+    d.signals
+        .sort_by_key(|s| (std::cmp::Reverse(s.action), s.xid.is_none()));
     d
 }
 
@@ -179,16 +184,18 @@ fn gpu_signals(
     d: &mut Diagnosis,
 ) {
     let name = || format!("GPU {} ({}, {})", gpu.index, gpu.uuid, gpu.pci_bus_id);
-    let mut push = |action: SignalAction, reason: Reason, message: String| {
-        if let Some(action) = action.recovery_action() {
-            d.signals.push(Signal {
-                action,
-                reason,
-                message,
-                gpu: Some(gpu.uuid.clone()),
-            });
-        }
-    };
+    let mut push =
+        |action: SignalAction, reason: Reason, message: String, xid: Option<&XidEvent>| {
+            if let Some(action) = action.recovery_action() {
+                d.signals.push(Signal {
+                    action,
+                    reason,
+                    message,
+                    gpu: Some(gpu.uuid.clone()),
+                    xid: xid.cloned(),
+                });
+            }
+        };
     if detection.gpu_report.unhealthy_states.contains(&gpu.health) {
         let (action, reason) = match gpu.health {
             GpuHealth::ResetRequired => (SignalAction::GpuReset, Reason::GpuResetRequired),
@@ -202,6 +209,7 @@ fn gpu_signals(
             action,
             reason,
             format!("{} reports {:?}", name(), gpu.health),
+            None,
         );
     }
     if let Some(value) = gpu.recovery_action {
@@ -209,6 +217,7 @@ fn gpu_signals(
             xid::recovery_action(value),
             Reason::RecoveryAction,
             format!("{} recovery action {value:#x}", name()),
+            None,
         );
     }
     let recent = gpu.xids.iter().filter(|x| since.is_none_or(|s| x.at.0 > s));
@@ -219,6 +228,7 @@ fn gpu_signals(
                 action,
                 Reason::Xid,
                 format!("Xid {} on {}: {}", x.code, name(), x.text),
+                Some(x),
             ),
             XidClass::RecoveryActionChanged => {
                 if let Some(value) = xid::recovery_action_in_text(&x.text) {
@@ -226,6 +236,7 @@ fn gpu_signals(
                         xid::recovery_action(value),
                         Reason::Xid,
                         format!("Xid 154 on {}: {}", name(), x.text),
+                        Some(x),
                     );
                 }
             }
@@ -245,6 +256,7 @@ fn gpu_signals(
             SignalAction::GpuReset,
             Reason::RepeatedAppXids,
             format!("{app_faults} application Xids within an hour on {}", name()),
+            None,
         );
     }
 }

@@ -69,20 +69,24 @@ impl BudgetView {
     /// How the budget stands against the pods a plan would evict, if it
     /// covers any of them.
     pub fn against(&self, evict: &[PodKey]) -> Option<String> {
-        let covered = evict.iter().filter(|p| self.pods.contains(p)).count();
-        (covered > 0).then(|| {
-            let verdict = if self.allowed as usize >= covered {
-                "all could go now"
-            } else if self.allowed > 0 {
-                "the rest would wait their turn"
-            } else {
-                "each eviction would be refused (429) and retried until it allows one"
-            };
-            format!(
-                "{}: allows {} disruption(s) now for {covered} pod(s) to evict; {verdict}",
-                self.name, self.allowed
-            )
-        })
+        let covered: Vec<&PodKey> = evict.iter().filter(|p| self.pods.contains(p)).collect();
+        let first = covered.first()?;
+        let allowed = usize::try_from(self.allowed).unwrap_or(0);
+        let verdict = if allowed == 0 {
+            "each eviction would be refused (429) and retried until it allows one"
+        } else if allowed >= covered.len() {
+            "all could go now"
+        } else {
+            "the rest would wait their turn"
+        };
+        let pods = match covered.len() {
+            1 => format!("pod {first}"),
+            n => format!("{n} pods ({first}, …)"),
+        };
+        Some(format!(
+            "{}: allows {} disruption(s) now for {pods} to evict; {verdict}",
+            self.name, self.allowed
+        ))
     }
 }
 

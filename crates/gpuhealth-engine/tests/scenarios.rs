@@ -447,7 +447,7 @@ fn dry_run_records_the_plan_and_touches_nothing() {
     assert_eq!(
         plan.disruption_budgets,
         [
-            "ml-serving/vllm: allows 0 disruption(s) now for 1 pod(s) to evict; each eviction would be refused (429) and retried until it allows one"
+            "ml-serving/vllm: allows 0 disruption(s) now for pod ml-serving/vllm-7 to evict; each eviction would be refused (429) and retried until it allows one"
         ]
     );
     assert!(!w.node.unschedulable);

@@ -24,7 +24,7 @@ use serde_json::json;
 use tracing::{info, warn};
 
 use crate::{
-    context::{Context, Error},
+    context::{Context, Error, MANAGER},
     validation,
 };
 
@@ -80,7 +80,7 @@ async fn carry_out(
                 "spec": {"unschedulable": true},
             });
             nodes
-                .patch(&name, &PatchParams::default(), &Patch::Merge(patch))
+                .patch(&name, &patch_params(), &Patch::Merge(patch))
                 .await?;
             info!(node = %name, %incident, "cordoned");
         }
@@ -95,13 +95,22 @@ async fn carry_out(
                 "spec": {"unschedulable": false},
             });
             nodes
-                .patch(&name, &PatchParams::default(), &Patch::Merge(patch))
+                .patch(&name, &patch_params(), &Patch::Merge(patch))
                 .await?;
             info!(node = %name, %incident, "uncordoned");
         }
         Action::Evict { pod } => {
             let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &pod.namespace);
-            match pods.evict(&pod.name, &EvictParams::default()).await {
+            match pods
+                .evict(
+                    &pod.name,
+                    &EvictParams {
+                        post_options: post_params(),
+                        ..EvictParams::default()
+                    },
+                )
+                .await
+            {
                 Ok(_) => info!(node = %name, %pod, "evicted"),
                 // A PodDisruptionBudget says not now: try again next time, never force.
                 Err(kube::Error::Api(s)) if s.code == 429 => {
@@ -175,7 +184,7 @@ async fn carry_out(
                 "lastTransitionTime": now,
             }]}});
             match pods
-                .patch_status(&pod.name, &PatchParams::default(), &Patch::Strategic(patch))
+                .patch_status(&pod.name, &patch_params(), &Patch::Strategic(patch))
                 .await
             {
                 Ok(_) => {
@@ -188,14 +197,14 @@ async fn carry_out(
         Action::ClearBreakGlass => {
             let patch = json!({"metadata": {"annotations": {BREAK_GLASS_ANNOTATION: null}}});
             nodes
-                .patch(&name, &PatchParams::default(), &Patch::Merge(patch))
+                .patch(&name, &patch_params(), &Patch::Merge(patch))
                 .await?;
             warn!(node = %name, "break glass recorded and cleared");
         }
         Action::LabelNode { key, value } => {
             let patch = json!({"metadata": {"labels": {key: value}}});
             nodes
-                .patch(&name, &PatchParams::default(), &Patch::Merge(patch))
+                .patch(&name, &patch_params(), &Patch::Merge(patch))
                 .await?;
             warn!(node = %name, %key, %value, "labelled for replacement");
         }
@@ -207,7 +216,7 @@ async fn carry_out(
             let refused = match validation::build(template, pod, &ctx.validation, &name) {
                 Ok(p) => {
                     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
-                    match pods.create(&PostParams::default(), &p).await {
+                    match pods.create(&post_params(), &p).await {
                         Ok(_) => {
                             info!(node = %name, namespace = %ns, %pod, "validation pod created");
                             None
@@ -280,11 +289,27 @@ pub async fn publish(
 async fn annotate(nodes: &Api<Node>, name: &str, key: &str, value: &str) -> Result<(), Error> {
     let patch = json!({"metadata": {"annotations": {key: value}}});
     nodes
-        .patch(name, &PatchParams::default(), &Patch::Merge(patch))
+        .patch(name, &patch_params(), &Patch::Merge(patch))
         .await?;
     Ok(())
 }
 
 fn id(raw: &str) -> Result<RequestId, Error> {
     raw.parse().map_err(Error::InvalidRequest)
+}
+
+/// Every write names gpuhealth as its field manager, so that `managedFields`
+/// and the audit log tell its cordon from anyone else's.
+fn patch_params() -> PatchParams {
+    PatchParams {
+        field_manager: Some(MANAGER.to_owned()),
+        ..PatchParams::default()
+    }
+}
+
+fn post_params() -> PostParams {
+    PostParams {
+        field_manager: Some(MANAGER.to_owned()),
+        ..PostParams::default()
+    }
 }

@@ -26,7 +26,7 @@ use clap::{Parser, ValueEnum};
 use futures::StreamExt;
 use gpuhealth_api::{GpuHealthPolicy, GpuNodeHealth};
 use gpuhealth_http::api_requests::CountRequests;
-use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::{core::v1::Node, policy::v1::PodDisruptionBudget};
 use kube::{
     Api, Config, ResourceExt,
     client::ClientBuilder,
@@ -279,6 +279,11 @@ async fn run(args: Args) -> Result<(), Fatal> {
             watcher::Config::default(),
             |g: GpuNodeHealth| std::iter::once(ObjectRef::new(&g.name_any())),
         )
+        .watches(
+            Api::<PodDisruptionBudget>::all(client.clone()),
+            watcher::Config::default(),
+            planned_in(ctx.node_health.clone()),
+        )
         .shutdown_on_signal()
         .run(reconcile::reconcile, reconcile::error_policy, ctx.clone())
         .for_each(|_| futures::future::ready(()));
@@ -360,6 +365,30 @@ async fn shutdown_signal() {
     tokio::select! {
         () = term => {}
         _ = tokio::signal::ctrl_c() => {}
+    }
+}
+
+/// The nodes whose DryRun plan has pods in a budget's namespace: a
+/// budget's change is in their plan at once, not at the next poll (a
+/// drain looks again every two seconds anyway).
+fn planned_in(
+    statuses: reflector::Store<GpuNodeHealth>,
+) -> impl Fn(PodDisruptionBudget) -> Vec<ObjectRef<Node>> {
+    move |pdb: PodDisruptionBudget| {
+        let namespace = pdb.namespace().unwrap_or_default();
+        statuses
+            .state()
+            .iter()
+            .filter(|g| {
+                g.status.as_ref().is_some_and(|s| {
+                    s.plan
+                        .iter()
+                        .flat_map(|p| p.evict.iter().chain(&p.wait_for))
+                        .any(|pod| pod.namespace == namespace)
+                })
+            })
+            .map(|g| ObjectRef::new(&g.name_any()))
+            .collect()
     }
 }
 

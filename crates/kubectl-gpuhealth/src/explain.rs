@@ -42,8 +42,11 @@ pub struct ExplainInput {
     pub status: GpuNodeHealthStatus,
     /// The node's GPU report, or why it could not be read.
     pub report: Result<GpuReport, String>,
-    /// The Events about the node, in any order.
+    /// The Events about the node's name, in any order: those of an earlier
+    /// Node object of the same name are left out of the story.
     pub events: Vec<NodeEvent>,
+    /// The Node object now: its uid and when it was made, if it was read.
+    pub node_object: Option<(String, Option<Timestamp>)>,
     /// The managing policy's Xid overrides, to name each Xid's meaning as
     /// the operator saw it.
     pub xid_overrides: Vec<XidOverride>,
@@ -60,9 +63,20 @@ pub struct NodeEvent {
     /// Who wrote it (`gpuhealth-operator`, `kubelet`, ...).
     pub reporter: String,
     pub count: u32,
+    /// The uid of the Node it is about, as the Event names it (the kubelet
+    /// writes the node's name there).
+    pub uid: String,
 }
 
 impl NodeEvent {
+    /// Whether it is about this Node object, not an earlier one of the same
+    /// name: its uid is the node's (or, as the kubelet writes it, the
+    /// node's name, or none), and it is not older than the node.
+    pub fn is_about(&self, name: &str, uid: &str, created: Option<Timestamp>) -> bool {
+        let same_object = self.uid.is_empty() || self.uid == uid || self.uid == name;
+        same_object && created.is_none_or(|c| self.at >= c)
+    }
+
     /// From a core/v1 Event. Events written through events.k8s.io/v1 (as
     /// the operator's Recorder does) read the same here: the API server
     /// maps `regarding` to `involvedObject` and `note` to `message`.
@@ -93,6 +107,7 @@ impl NodeEvent {
             message: e.message.clone().unwrap_or_default(),
             reporter,
             count: u32::try_from(count).unwrap_or(1).max(1),
+            uid: e.involved_object.uid.clone().unwrap_or_default(),
         })
     }
 
@@ -128,6 +143,11 @@ impl NodeEvent {
             message: e.note.clone().unwrap_or_default(),
             reporter,
             count: u32::try_from(count).unwrap_or(1).max(1),
+            uid: e
+                .regarding
+                .as_ref()
+                .and_then(|r| r.uid.clone())
+                .unwrap_or_default(),
         })
     }
 }
@@ -211,6 +231,35 @@ pub fn timeline(input: &ExplainInput) -> (Option<Timestamp>, Vec<Entry>) {
             }
         }
     }
+    // The Xids that opened each incident, kept on its record: the report
+    // forgets them once the GPU is well again.
+    let shown: Vec<(&str, u32, Timestamp)> = match &input.report {
+        Ok(report) => report
+            .gpus
+            .iter()
+            .flat_map(|g| g.xids.iter().map(|x| (g.uuid.as_str(), x.code, x.at.0)))
+            .collect(),
+        Err(_) => Vec::new(),
+    };
+    for i in &input.status.history {
+        for s in &i.signals {
+            let Some(x) = &s.xid else { continue };
+            let gpu = s.gpu.as_deref().unwrap_or_default();
+            if shown.contains(&(gpu, x.code, x.at.0)) {
+                continue;
+            }
+            raw.push((
+                x.at.0,
+                Kind::Signal,
+                format!(
+                    "{} ({})",
+                    s.message,
+                    xid_meaning(x.code, &x.text, &input.xid_overrides)
+                ),
+                Paint::Red,
+            ));
+        }
+    }
     let first_signal = raw.iter().map(|r| r.0).min();
 
     // Oldest incident first: history is stored newest first.
@@ -250,6 +299,9 @@ pub fn timeline(input: &ExplainInput) -> (Option<Timestamp>, Vec<Entry>) {
     // the most precise source still there.
     let mut told: Vec<(String, String)> = Vec::new();
     let mut events = input.events.clone();
+    if let Some((uid, created)) = &input.node_object {
+        events.retain(|e| e.is_about(&input.node, uid, *created));
+    }
     events.sort_by_key(|e| e.at);
     for e in &events {
         told.push((e.reason.clone(), e.message.clone()));
@@ -513,6 +565,17 @@ fn incident(
         style.apply(paint, outcome)
     );
     out.push_str(&format!("  trigger    {}\n", i.trigger));
+    // Every signal that held when it opened, beyond the trigger itself.
+    let others: Vec<&str> = i
+        .signals
+        .iter()
+        .map(|s| s.message.as_str())
+        .filter(|m| *m != i.trigger)
+        .collect();
+    for (n, m) in others.iter().enumerate() {
+        let label = if n == 0 { "also" } else { "" };
+        out.push_str(&format!("  {label:<9}  {m}\n"));
+    }
     out.push_str(&format!("  started    {}\n", at(&i.started_at)));
     let tried = tried(i);
     if tried.is_empty() {

@@ -162,14 +162,17 @@ async fn explain(node: &str, output: Output) -> Result<String, String> {
             }
         })?;
     let status = health.status.unwrap_or_default();
-    let report = match Api::<Node>::all(client.clone()).get(node).await {
-        Ok(n) => match n.annotations().get(GPU_REPORT_ANNOTATION) {
-            Some(raw) => GpuReport::parse(raw).map_err(|e| e.to_string()),
-            None => Err(format!(
-                "node {node} has no {GPU_REPORT_ANNOTATION} report: is gpuhealth-agent running there?"
-            )),
-        },
-        Err(e) => Err(read_error(&format!("node {node}"))(e)),
+    let (report, found) = match Api::<Node>::all(client.clone()).get(node).await {
+        Ok(n) => {
+            let report = match n.annotations().get(GPU_REPORT_ANNOTATION) {
+                Some(raw) => GpuReport::parse(raw).map_err(|e| e.to_string()),
+                None => Err(format!(
+                    "node {node} has no {GPU_REPORT_ANNOTATION} report: is gpuhealth-agent running there?"
+                )),
+            };
+            (report, Some(n))
+        }
+        Err(e) => (Err(read_error(&format!("node {node}"))(e)), None),
     };
     // Only to name what each Xid asks for as the operator saw it: a policy
     // that cannot be read leaves the built-in table.
@@ -182,11 +185,16 @@ async fn explain(node: &str, output: Output) -> Result<String, String> {
         None => Vec::new(),
     };
     let events = node_events(&client, node).await?;
+    let node_object = found.map(|n| {
+        let created = n.metadata.creation_timestamp.as_ref().map(|t| t.0);
+        (n.uid().unwrap_or_default(), created)
+    });
     let input = ExplainInput {
         node: node.to_owned(),
         status,
         report,
         events,
+        node_object,
         xid_overrides,
     };
     let now = Timestamp::now();

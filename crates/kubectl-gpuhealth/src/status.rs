@@ -619,6 +619,7 @@ mod tests {
                 },
             ],
             history: vec![gpuhealth_api::node_health::Incident {
+                signals: Vec::new(),
                 id: "inc-1".into(),
                 started_at: Time(t("2026-05-29T08:15:43Z")),
                 ended_at: None,

@@ -102,7 +102,7 @@ pub struct GpuEntry {
     pub pods_unknown: Option<String>,
 }
 
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct XidEvent {
     pub code: u32,

@@ -25,6 +25,14 @@ impl RequestId {
         &self.0
     }
 
+    /// An incident's id: `inc-<unix seconds>-<node>`, the node as twelve hex
+    /// digits of a hash of its name, so that nodes failing in the same second
+    /// get different ids (a fleet-wide executor keys on them) and the id
+    /// stays short whatever the node is called.
+    pub fn for_incident(node: &str, unix_seconds: i64) -> RequestId {
+        RequestId::made_of(&format!("inc-{unix_seconds}-{:012x}", node_hash(node)))
+    }
+
     /// The id of an incident's attempt at a rung: `<incident>-reset-2`.
     pub fn for_attempt(incident: &str, action: RecoveryAction, attempt: u32) -> RequestId {
         let rung = match action {
@@ -76,6 +84,15 @@ impl FromStr for RequestId {
             ))
         }
     }
+}
+
+/// 48 bits of FNV-1a over a node's name: the same on every build and
+/// release, so an id can be worked out again from the node and the second.
+fn node_hash(node: &str) -> u64 {
+    let hash = node.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+    });
+    hash >> 16
 }
 
 impl fmt::Display for RequestId {
@@ -200,5 +217,31 @@ impl AnnotationValue for CordonRecord {
 
     fn check(&self) -> Result<(), ContractError> {
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn incident_ids_differ_between_nodes_failing_in_the_same_second() {
+        let a = RequestId::for_incident("gpu-node-1", 1_780_042_543);
+        let b = RequestId::for_incident("gpu-node-2", 1_780_042_543);
+        assert_ne!(a, b);
+        assert_eq!(a, RequestId::for_incident("gpu-node-1", 1_780_042_543));
+        assert!(a.as_str().starts_with("inc-1780042543-"), "{a}");
+        assert_eq!(a.as_str().len(), "inc-1780042543-".len() + 12);
+        // A valid id, with room for the longest attempt id after it.
+        let long = RequestId::for_attempt(
+            &RequestId::for_incident(&"n".repeat(253), i64::MAX).to_string(),
+            RecoveryAction::NodeReboot,
+            u32::MAX,
+        );
+        assert!(
+            long.as_str().ends_with(&format!("-reboot-{}", u32::MAX)),
+            "{long}"
+        );
+        assert_eq!(long.as_str().parse::<RequestId>(), Ok(long.clone()));
     }
 }

@@ -54,6 +54,8 @@ words! {
         Draining,
         /// A pod that may not be evicted now holds the drain.
         WaitingForPod,
+        /// A PodDisruptionBudget allows no disruption of a pod to evict.
+        WaitingForDisruptionBudget,
         /// Every pod is leaving ahead of a scheduled maintenance.
         DrainingForMaintenance,
 

@@ -124,6 +124,22 @@ impl<'a> Stepper<'a> {
         }
     }
 
+    /// A finding about a bad input holds while the input is bad: it clears
+    /// once the input reads again or is removed, so that the next bad value
+    /// is a new finding with its own Event. The others are a record.
+    fn clear_findings_of_mended_inputs(&mut self) {
+        let report_bad = self.diagnosis.report_error.is_some();
+        let problem = self.diagnosis.report_problem.as_ref().map(|p| p.kind);
+        let notice_bad = matches!(self.input.node.maintenance, Some(Err(_)));
+        self.status.findings.retain(|f| match f.type_ {
+            FindingKind::MalformedGpuReport => report_bad,
+            FindingKind::StaleReport => problem == Some(ReportProblemKind::Stale),
+            FindingKind::GpusUnreadable => problem == Some(ReportProblemKind::Unreadable),
+            FindingKind::MalformedMaintenanceNotice => notice_bad,
+            _ => true,
+        });
+    }
+
     pub(super) fn observe(&mut self) {
         let node = self.input.node;
         let evidence = Evidence {
@@ -133,6 +149,7 @@ impl<'a> Stepper<'a> {
             xids_since: self.xids_since(),
         };
         self.diagnosis = diagnose(self.now(), &self.spec().detection, &evidence);
+        self.clear_findings_of_mended_inputs();
         if let Some(error) = self.diagnosis.report_error.clone() {
             self.finding(
                 FindingKind::MalformedGpuReport,

@@ -47,10 +47,26 @@ impl Stepper<'_> {
                 self.actions.push(Action::Evict { pod: pod.clone() });
             }
         }
+        let budgets_at_zero: Vec<String> = self
+            .input
+            .disruption_budgets
+            .iter()
+            .filter(|b| b.allowed <= 0)
+            .filter_map(|b| b.against(&plan.evict))
+            .collect();
         match plan.blocked.first() {
             Some((pod, why)) => {
                 let message = format!("waiting for pod {pod} to leave: {why}");
                 self.enter(Phase::Draining, Reason::WaitingForPod, message);
+            }
+            None if !budgets_at_zero.is_empty() => {
+                let message = format!(
+                    "waiting for PodDisruptionBudget {}; {} to evict, {} to finish",
+                    budgets_at_zero.join("; "),
+                    plan.evict.len(),
+                    plan.waiting.len()
+                );
+                self.enter(Phase::Draining, Reason::WaitingForDisruptionBudget, message);
             }
             None => {
                 let mut message = format!(

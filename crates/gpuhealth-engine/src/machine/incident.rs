@@ -2,7 +2,8 @@
 //! hands over, and break glass.
 
 use gpuhealth_api::{
-    node_health::{HISTORY_LIMIT, Incident, Phase},
+    contract::RequestId,
+    node_health::{HISTORY_LIMIT, Incident, OPENING_SIGNALS_LIMIT, OpeningSignal, Phase},
     policy::Mode,
     vocabulary::{Attempt, AttemptOutcome, FindingKind, IncidentOutcome, Reason},
 };
@@ -12,18 +13,38 @@ use crate::happening::Happening;
 
 use crate::machine::{Action, core::Stepper};
 
+/// Who cordoned the node for an incident.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Cordon {
+    /// gpuhealth did, and lifts it at recovery.
+    Made,
+    /// Someone else had: gpuhealth keeps it and never lifts it.
+    Kept,
+}
+
+impl Cordon {
+    /// How a message begins: `cordoned for: …`.
+    pub(super) fn done(self) -> &'static str {
+        match self {
+            Cordon::Made => "cordoned",
+            Cordon::Kept => "kept the cordon someone else made (it stays after recovery)",
+        }
+    }
+}
+
 impl Stepper<'_> {
     /// Starts an incident: recorded first, then the cordon (unless the
     /// node is cordoned already by anyone else; a cordon of ours left from
-    /// the last incident is taken over by this one).
+    /// the last incident is taken over by this one). Whether it cordons:
+    /// someone else's cordon is kept, not made, and stays after recovery.
     pub(super) fn open_incident(
         &mut self,
         trigger: String,
         gpus: Vec<String>,
         maintenance_deadline: Option<Time>,
-    ) {
+    ) -> Cordon {
         let leftover = self.leftover_cordon();
-        let incident = format!("inc-{}", self.now().as_second());
+        let incident = self.new_incident_id();
         self.supersede_workload_watch(&incident);
         self.status.incident = Some(incident.clone());
         self.status.action = None;
@@ -35,6 +56,7 @@ impl Stepper<'_> {
                 started_at: Time(self.now()),
                 ended_at: None,
                 trigger,
+                signals: self.opening_signals(),
                 attempts: Vec::new(),
                 actions: Vec::new(),
                 outcome: None,
@@ -44,17 +66,47 @@ impl Stepper<'_> {
             },
         );
         self.status.history.truncate(HISTORY_LIMIT);
-        if !self.input.node.unschedulable || leftover.is_some() {
-            self.actions.push(Action::Cordon { incident });
-            // Only a report that shows the fault dates it: a cordon for a node
-            // condition or a maintenance notice says nothing of reaction time.
-            if let Some(Ok(report)) = &self.input.node.report
-                && report.bad_gpus().next().is_some()
-            {
-                let observed_at = report.observed_at.0;
-                self.tell(Happening::CordonedForReport { observed_at });
-            }
+        if self.input.node.unschedulable && leftover.is_none() {
+            return Cordon::Kept;
         }
+        self.actions.push(Action::Cordon { incident });
+        // Only a report that shows the fault dates it: a cordon for a node
+        // condition or a maintenance notice says nothing of reaction time.
+        if let Some(Ok(report)) = &self.input.node.report
+            && report.bad_gpus().next().is_some()
+        {
+            let observed_at = report.observed_at.0;
+            self.tell(Happening::CordonedForReport { observed_at });
+        }
+        Cordon::Made
+    }
+
+    fn opening_signals(&self) -> Vec<OpeningSignal> {
+        self.diagnosis
+            .signals
+            .iter()
+            .take(OPENING_SIGNALS_LIMIT)
+            .map(|s| OpeningSignal {
+                reason: s.reason,
+                gpu: s.gpu.clone(),
+                xid: s.xid.clone(),
+                message: s.message.clone(),
+            })
+            .collect()
+    }
+
+    /// Unique across the fleet (the node is in it) and within the node's
+    /// history (a second incident in the same second is numbered).
+    fn new_incident_id(&self) -> String {
+        let base = RequestId::for_incident(&self.input.node.name, self.now().as_second());
+        let taken = |id: &str| self.status.history.iter().any(|i| i.id == id);
+        let mut id = base.to_string();
+        let mut n = 2;
+        while taken(&id) {
+            id = format!("{base}-{n}");
+            n += 1;
+        }
+        id
     }
 
     /// Our cordon from an incident that ended with the node back in service

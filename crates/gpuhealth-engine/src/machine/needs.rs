@@ -33,8 +33,9 @@ pub struct Needs {
     /// before the cordon), and its pods are listed at the next step, a
     /// second later at most, for their readiness gates, before any eviction.
     pub gates_later: bool,
-    /// The PodDisruptionBudgets of those pods, for a `DryRun` plan (when
-    /// acting, the Eviction API applies them).
+    /// The PodDisruptionBudgets of those pods, for a `DryRun` plan and for
+    /// a drain to name the budget that holds it (the Eviction API applies
+    /// them).
     pub disruption_budgets: bool,
     /// The workloads still watched after the last recovery.
     pub workloads: Vec<String>,
@@ -64,7 +65,8 @@ pub fn needs(
     Needs {
         pods,
         gates_later,
-        disruption_budgets: pods && spec.mode == Mode::DryRun,
+        // For a DryRun plan, and for a drain to say which budget holds it.
+        disruption_budgets: pods && (spec.mode == Mode::DryRun || state.phase == Phase::Draining),
         workloads: workloads_to_watch(state),
         validation_pod,
     }

@@ -98,7 +98,9 @@ fn dry_run(s: &mut Stepper<'_>, t: &Trigger) -> Option<Hold> {
     Some(Hold {
         reason: Reason::DryRun,
         why: format!("DryRun: would quarantine and {what} for: {}", t.headline),
-        recheck: None,
+        // The plan says what would happen now: pods, budgets and other
+        // tools' holds change without a word to this node.
+        recheck: Some(POLL),
     })
 }
 
@@ -162,7 +164,8 @@ impl Stepper<'_> {
     fn act_on(&mut self, trigger: Trigger) {
         let headline = trigger.headline;
         if let Some(notice) = trigger.notice {
-            self.open_incident(headline.clone(), Vec::new(), Some(notice.deadline.clone()));
+            let cordon =
+                self.open_incident(headline.clone(), Vec::new(), Some(notice.deadline.clone()));
             self.status.maintenance = Some(MaintenanceStatus {
                 deadline: notice.deadline,
                 source: notice.source,
@@ -172,7 +175,7 @@ impl Stepper<'_> {
             self.enter(
                 Phase::Quarantined,
                 Reason::MaintenanceScheduled,
-                format!("cordoned ahead of {headline}"),
+                format!("{} ahead of {headline}", cordon.done()),
             );
             return;
         }
@@ -190,11 +193,11 @@ impl Stepper<'_> {
                 ),
             );
         }
-        self.open_incident(headline.clone(), gpus, None);
+        let cordon = self.open_incident(headline.clone(), gpus, None);
         self.enter(
             Phase::Quarantined,
             self.headline_reason(),
-            format!("cordoned for: {headline}"),
+            format!("{} for: {headline}", cordon.done()),
         );
     }
 
