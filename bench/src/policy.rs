@@ -27,6 +27,11 @@ pub fn policy(group: &str, max_concurrent: &str) -> GpuHealthPolicy {
     spec.verification.stable_for = gpuhealth_api::Duration::from_secs(3);
     spec.verification.workload_recovery_timeout = gpuhealth_api::Duration::from_secs(0);
     spec.remediation_limits.cooldown = gpuhealth_api::Duration::from_secs(0);
+    // The simulated fleet's reports are written once, and no agent
+    // refreshes them: left at 15 minutes, every idle node's report went
+    // stale during the storm, and 1,000 StaleReport findings and Events
+    // were counted as the storm's cost (bench/FINDINGS.md).
+    spec.detection.gpu_report.stale_after = gpuhealth_api::Duration::from_secs(24 * 3600);
     // Each policy is named after the simulation group it selects.
     GpuHealthPolicy::new(group, spec)
 }

@@ -165,6 +165,12 @@ impl Scenario {
     /// has taken in every node.
     pub async fn start(&mut self) -> Result<()> {
         self.start_agent();
+        self.start_operator().await
+    }
+
+    /// Starts the operator alone: the scenario's test is the node's
+    /// detector and executor.
+    pub async fn start_operator(&mut self) -> Result<()> {
         self.operator = Some(
             operator::start_with(
                 &format!("operator-{}", self.group),

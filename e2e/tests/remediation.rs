@@ -32,9 +32,12 @@ use gpuhealth_e2e::{
     sim::is_cordoned,
     wait::{Background, applied, events, until, until_set},
 };
-use gpuhealth_engine::machine::is_disruptive;
+use gpuhealth_engine::machine::{POLL, is_disruptive};
 use k8s_openapi::{
-    api::core::v1::{Namespace, Node, Pod, ServiceAccount},
+    api::{
+        core::v1::{Namespace, Node, Pod, ServiceAccount},
+        policy::v1::PodDisruptionBudget,
+    },
     apimachinery::pkg::{apis::meta::v1::Time, util::intstr::IntOrString},
     jiff::Timestamp,
 };
@@ -44,6 +47,21 @@ use kube::{
     runtime::watcher,
 };
 use serde_json::json;
+
+/// From a watch on a node: when its report first showed a bad GPU, when it
+/// was first cordoned, and whether that cordon was attributed to gpuhealth.
+type Seen = (Option<Instant>, Option<Instant>, bool);
+
+/// Whether `managedFields` gives `spec.unschedulable` to the operator's
+/// field manager, as `kubectl` and an audit see it.
+fn cordoned_by_gpuhealth(node: &Node) -> bool {
+    node.metadata.managed_fields.iter().flatten().any(|m| {
+        m.manager.as_deref() == Some("gpuhealth-operator")
+            && m.fields_v1
+                .as_ref()
+                .is_some_and(|f| f.0.to_string().contains("\"f:unschedulable\""))
+    })
+}
 
 fn set(answer: &Arc<std::sync::Mutex<Answer>>, value: Answer) {
     if let Ok(mut a) = answer.lock() {
@@ -68,7 +86,7 @@ async fn the_incident_gpu_7_is_reset_and_the_node_returns_to_service() {
 
     // From a watch on the node: when the agent's report shows the bad GPU,
     // and when the node is cordoned.
-    let seen: Arc<Mutex<(Option<Instant>, Option<Instant>)>> = Arc::default();
+    let seen: Arc<Mutex<Seen>> = Arc::default();
     let node_watch = {
         let seen = seen.clone();
         let config = watcher::Config::default().fields(&format!("metadata.name={node}"));
@@ -88,6 +106,7 @@ async fn the_incident_gpu_7_is_reset_and_the_node_returns_to_service() {
                     }
                     if cordoned {
                         s.1.get_or_insert_with(Instant::now);
+                        s.2 |= cordoned_by_gpuhealth(&n);
                     }
                 }
             }
@@ -99,7 +118,11 @@ async fn the_incident_gpu_7_is_reset_and_the_node_returns_to_service() {
     let status = s.wait_recovered(&node).await.expect("the node recovers");
     drop(node_watch);
 
-    let (reported, cordoned) = seen.lock().map(|s| *s).unwrap_or_default();
+    let (reported, cordoned, attributed) = seen.lock().map(|s| *s).unwrap_or_default();
+    assert!(
+        attributed,
+        "the cordon is the operator's in managedFields, not `unknown`"
+    );
     let reported = reported.expect("the agent reported the bad GPU");
     let cordoned = cordoned.expect("the node was cordoned");
     eprintln!(
@@ -301,11 +324,15 @@ async fn xid_79_starts_at_the_reboot_rung_and_drains_every_pod() {
 }
 
 #[tokio::test]
-async fn someone_elses_cordon_is_left_in_place() {
+async fn someone_elses_cordon_is_left_in_place_and_a_budget_at_zero_is_named() {
     let mut s = Scenario::new("foreign", 1, Scenario::quick_spec())
         .await
         .expect("scenario");
     let node = s.nodes[0].clone();
+    let holder = s.pods_on(&node).await.expect("pods")[7].clone();
+    s.add_pdb("vllm", 0)
+        .await
+        .expect("a budget that allows nothing");
     s.start().await.expect("start");
     let nodes: Api<Node> = Api::all(s.client.clone());
     nodes
@@ -317,6 +344,40 @@ async fn someone_elses_cordon_is_left_in_place() {
         .await
         .expect("a person cordons the node");
     s.break_gpu(&node, 7).await.expect("break");
+    // gpuhealth says it kept that cordon, not that it made one.
+    let kept = "kept the cordon someone else made";
+    s.wait_event_saying(&node, Reason::Xid.as_str(), kept)
+        .await
+        .expect("the quarantine's Event");
+    // The drain waits on the budget, which status and an Event name, as
+    // soon as the drain has looked at it.
+    let ns = &s.namespace;
+    let held = s
+        .wait_status(&node, "held by the budget", |st| {
+            st.reason == Some(Reason::WaitingForDisruptionBudget)
+        })
+        .await
+        .expect("the drain names its holder");
+    let named = format!("{ns}/vllm: allows 0 disruption(s) now for pod {ns}/{holder} to evict");
+    let message = held.message.unwrap_or_default();
+    assert!(message.contains(&named), "{message}");
+    s.wait_event_saying(
+        &node,
+        Reason::WaitingForDisruptionBudget.as_str(),
+        &format!("{ns}/vllm"),
+    )
+    .await
+    .expect("an Event names the budget");
+    assert!(s.agent.requests().is_empty(), "no reset while it waits");
+    // The budget allows one again: the drain goes on.
+    Api::<PodDisruptionBudget>::namespaced(s.client.clone(), ns)
+        .patch(
+            "vllm",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"maxUnavailable": 1}})),
+        )
+        .await
+        .expect("the budget allows one");
     s.wait_recovered(&node).await.expect("recovers");
     let n = s.node(&node).await.expect("node");
     assert!(is_cordoned(&n), "the person's cordon stays");
@@ -446,6 +507,45 @@ async fn dry_run_records_the_plan_and_writes_no_node_or_pod() {
             "{}/vllm: allows 1 disruption(s) now for 2 pods ({}, …) to evict; the rest would wait their turn",
             s.namespace, plan.evict[0]
         )]
+    );
+    // The budget drops to zero: the plan says so by the next reconcile
+    // (the budget's change starts one; the plan's poll is the backstop).
+    let pdbs: Api<PodDisruptionBudget> = Api::namespaced(s.client.clone(), &s.namespace);
+    pdbs.patch(
+        "vllm",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"maxUnavailable": 0}})),
+    )
+    .await
+    .expect("the budget drops to zero");
+    until(pdbs, "vllm", WAIT, |p| {
+        p.status.as_ref().and_then(|s| s.disruptions_allowed) == Some(0)
+    })
+    .await
+    .expect("the disruption controller says zero");
+    let next_reconcile = POLL + std::time::Duration::from_secs(5);
+    let zero = format!("{}/vllm: allows 0 disruption(s) now", s.namespace);
+    let status = until(
+        Api::<GpuNodeHealth>::all(s.client.clone()),
+        &node,
+        next_reconcile,
+        |g| {
+            g.status
+                .as_ref()
+                .and_then(|st| st.plan.as_ref())
+                .is_some_and(|p| p.disruption_budgets.iter().any(|b| b.starts_with(&zero)))
+        },
+    )
+    .await
+    .expect("the plan follows the budget");
+    assert!(
+        status
+            .status
+            .and_then(|st| st.plan)
+            .is_some_and(|p| p.disruption_budgets.iter().any(|b| b.ends_with(
+                "each eviction would be refused (429) and retried until it allows one"
+            ))),
+        "the plan says what the budget means"
     );
     drop(node_watch);
     drop(pod_watch);

@@ -79,6 +79,11 @@ pub enum ColdStart {
     /// Killed by its startup (or liveness) probe this long after starting,
     /// never Ready: the cold start is longer than this.
     KilledAfter(Duration),
+    /// Ready this long after starting, sooner than its startup probe's
+    /// `initialDelaySeconds`: no kubelet can produce that (the startup
+    /// probe gates readiness and first runs after its delay), only a
+    /// simulated node can. Shown, never taken as a cold start.
+    BeforeProbe(Duration),
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -109,16 +114,20 @@ pub fn judge(bound: &StartBound, observed: &[ColdStart]) -> Verdict {
         .iter()
         .filter_map(|o| match o {
             ColdStart::Ready(d) => Some(*d),
-            ColdStart::KilledAfter(_) => None,
+            ColdStart::KilledAfter(_) | ColdStart::BeforeProbe(_) => None,
         })
         .max();
     let longest_killed = observed
         .iter()
         .filter_map(|o| match o {
             ColdStart::KilledAfter(d) => Some(*d),
-            ColdStart::Ready(_) => None,
+            ColdStart::Ready(_) | ColdStart::BeforeProbe(_) => None,
         })
         .max();
+    let not_real = observed.iter().find_map(|o| match o {
+        ColdStart::BeforeProbe(d) => Some(*d),
+        _ => None,
+    });
     let Some(probe) = bound.probe() else {
         return match slowest_ready {
             Some(slowest) => Verdict::Ok {
@@ -146,12 +155,19 @@ pub fn judge(bound: &StartBound, observed: &[ColdStart]) -> Verdict {
             recommended: recommend(&probe, needs_at_least),
         };
     }
-    match slowest_ready {
-        Some(slowest) => Verdict::Ok {
+    match (slowest_ready, not_real) {
+        (Some(slowest), _) => Verdict::Ok {
             window: Some(window),
             slowest,
         },
-        None => Verdict::Unknown {
+        (None, Some(d)) => Verdict::Unknown {
+            missing: format!(
+                "the only Ready seen came {}s after the start, before the startup probe's initialDelaySeconds {}s, which no kubelet allows: not a real cold start",
+                d.as_secs(),
+                probe.initial_delay_seconds
+            ),
+        },
+        (None, None) => Verdict::Unknown {
             missing: "no pod of the workload has become Ready or been killed by its probe yet"
                 .into(),
         },
@@ -189,6 +205,29 @@ mod tests {
         timeout_seconds: 5,
         failure_threshold: 30,
     };
+
+    #[test]
+    fn a_ready_before_the_startup_probe_could_run_is_no_evidence() {
+        let slow_delay = ProbeTiming {
+            initial_delay_seconds: 600,
+            ..INCIDENT
+        };
+        let bound = StartBound::Startup(slow_delay);
+        match judge(&bound, &[ColdStart::BeforeProbe(secs(0))]) {
+            Verdict::Unknown { missing } => {
+                assert!(missing.contains("initialDelaySeconds 600s"), "{missing}");
+            }
+            other => panic!("a 0 s start under a 600 s delay judged {other:?}"),
+        }
+        // Beside a real start, it changes nothing.
+        assert_eq!(
+            judge(
+                &bound,
+                &[ColdStart::BeforeProbe(secs(0)), ColdStart::Ready(secs(700))]
+            ),
+            judge(&bound, &[ColdStart::Ready(secs(700))])
+        );
+    }
 
     #[test]
     fn the_window_is_delay_plus_tries_of_the_longer_of_period_and_timeout() {

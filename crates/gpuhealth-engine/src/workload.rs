@@ -72,7 +72,16 @@ impl PodObservation {
             (self.ready, container.running_since, self.ready_since)
             && ready >= started
         {
-            seen.push(ColdStart::Ready(seconds(ready.duration_since(started))));
+            let took = seconds(ready.duration_since(started));
+            // The startup probe gates readiness and first runs after its delay.
+            let earliest = container.startup.map_or(Duration::ZERO, |p| {
+                Duration::from_secs(p.initial_delay_seconds.into())
+            });
+            seen.push(if took < earliest {
+                ColdStart::BeforeProbe(took)
+            } else {
+                ColdStart::Ready(took)
+            });
         }
         if let Some(last) = &container.last
             && let Some(started) = last.started_at

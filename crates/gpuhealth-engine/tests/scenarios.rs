@@ -390,6 +390,97 @@ fn a_never_pod_holds_the_node_until_it_goes() {
 }
 
 #[test]
+fn an_incident_names_its_node_and_keeps_the_signals_it_opened_on() {
+    let mut w = World::incident();
+    w.reconcile();
+    let opened = w.state.history[0].clone();
+    let second = w.now.as_second();
+    assert_eq!(
+        opened.id,
+        RequestId::for_incident(&w.node.name, second).to_string()
+    );
+    // Among signals asking for the same action, an Xid names the incident.
+    assert!(
+        opened.trigger.starts_with("Xid 119 on GPU 7"),
+        "{}",
+        opened.trigger
+    );
+    let xids: Vec<u32> = opened
+        .signals
+        .iter()
+        .filter_map(|s| s.xid.as_ref().map(|x| x.code))
+        .collect();
+    assert_eq!(xids, [119, 154], "{:?}", opened.signals);
+    assert!(
+        opened
+            .signals
+            .iter()
+            .any(|s| s.reason == Reason::GpuResetRequired),
+        "the GPU's state too: {:?}",
+        opened.signals
+    );
+    w.run_until(|w| w.state.phase == Phase::Healthy, HOUR);
+    w.clear();
+    w.reconcile();
+    assert_eq!(
+        w.state.history[0].signals, opened.signals,
+        "the report moved on, the record did not"
+    );
+    // A clock stepped back into that second: the next incident has an id of
+    // its own all the same.
+    w.now = opened.started_at.0;
+    w.node.report = World::incident().node.report;
+    if let Some(Ok(report)) = &mut w.node.report {
+        report.observed_at = Time(w.now);
+    }
+    w.reconcile();
+    assert_eq!(w.state.history[0].id, format!("{}-2", opened.id));
+}
+
+#[test]
+fn a_budget_at_zero_holds_the_drain_and_says_so_by_name() {
+    let mut w = World::incident();
+    w.disruption_budgets = vec![BudgetView {
+        name: "ml-serving/vllm".into(),
+        allowed: 0,
+        pods: w.pods.iter().map(|p| p.key()).collect(),
+    }];
+    w.run_until(
+        |w| w.state.reason == Some(Reason::WaitingForDisruptionBudget),
+        HOUR,
+    );
+    assert_eq!(w.state.phase, Phase::Draining);
+    let message = w.state.message.clone().unwrap_or_default();
+    assert!(
+        message.contains("ml-serving/vllm: allows 0 disruption(s) now for pod ml-serving/vllm-7"),
+        "{message}"
+    );
+    assert!(
+        w.said.iter().any(|h| matches!(
+            h,
+            Happening::Entered {
+                reason: Reason::WaitingForDisruptionBudget,
+                ..
+            }
+        )),
+        "an Event says so"
+    );
+    assert_eq!(
+        w.count(|a| matches!(a, Action::RequestReset { .. })),
+        0,
+        "no reset while the pod holds the GPU"
+    );
+    // The budget allows one again: the drain goes on.
+    w.disruption_budgets[0].allowed = 1;
+    w.run_until(|w| w.state.phase == Phase::Healthy, HOUR);
+    assert!(
+        w.evicted().iter().all(|p| p == "ml-serving/vllm-7"),
+        "only the pod on GPU 7, asked again while refused"
+    );
+    assert!(!w.pods.iter().any(|p| p.name == "vllm-7"), "it left");
+}
+
+#[test]
 fn a_drain_that_times_out_fails_the_node_naming_the_pods() {
     let mut w = World::incident();
     w.pods[7].tolerance = Ok(DisruptionTolerance::Never);

@@ -6,7 +6,10 @@ use std::{
 };
 
 use gpuhealth_api::{GpuHealthPolicy, GpuNodeHealth, node_health::GpuNodeHealthStatus};
-use k8s_openapi::{api::core::v1::Node, jiff::Timestamp};
+use k8s_openapi::{
+    api::{core::v1::Node, policy::v1::PodDisruptionBudget},
+    jiff::Timestamp,
+};
 use kube::{Client, runtime::events::Recorder, runtime::reflector::Store};
 
 pub use crate::error::Error;
@@ -20,6 +23,9 @@ pub struct Context {
     pub nodes: Store<Node>,
     pub policies: Store<GpuHealthPolicy>,
     pub node_health: Store<GpuNodeHealth>,
+    /// Every PodDisruptionBudget, from one watch: what a drain and a DryRun
+    /// plan say of them, read with no request of their own.
+    pub budgets: Store<PodDisruptionBudget>,
     pub recorder: Recorder,
     /// Decisions that may start a remediation are made one at a time, each
     /// seeing the statuses the ones before it wrote: reconciles of different

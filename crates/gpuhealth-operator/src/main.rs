@@ -244,11 +244,33 @@ async fn run(args: Args) -> Result<(), Fatal> {
         .applied_objects()
         .predicate_filter(slim::node_inputs, Default::default());
     let node_controller = Controller::for_stream(node_changes, nodes.clone());
+    // PodDisruptionBudgets, kept from one watch; a change reconciles the
+    // nodes whose DryRun plan it is in.
+    let (budgets, budget_writer) = reflector::store::<PodDisruptionBudget>();
+    let (budget_changed, budget_changes) = futures::channel::mpsc::unbounded();
+    let planned = planned_in(node_health.clone());
+    tokio::spawn(
+        watcher(
+            Api::<PodDisruptionBudget>::all(client.clone()),
+            watcher::Config::default(),
+        )
+        .default_backoff()
+        .modify(|pdb| pdb.managed_fields_mut().clear())
+        .reflect(budget_writer)
+        .applied_objects()
+        .for_each(move |pdb| {
+            for node in pdb.map(&planned).unwrap_or_default() {
+                let _ = budget_changed.unbounded_send(node);
+            }
+            futures::future::ready(())
+        }),
+    );
     let ctx = Arc::new(Context {
         client: client.clone(),
         nodes: nodes.clone(),
         policies: policies.clone(),
         node_health,
+        budgets,
         decisions: Default::default(),
         holders_seen: Default::default(),
         failures: Default::default(),
@@ -279,11 +301,7 @@ async fn run(args: Args) -> Result<(), Fatal> {
             watcher::Config::default(),
             |g: GpuNodeHealth| std::iter::once(ObjectRef::new(&g.name_any())),
         )
-        .watches(
-            Api::<PodDisruptionBudget>::all(client.clone()),
-            watcher::Config::default(),
-            planned_in(ctx.node_health.clone()),
-        )
+        .reconcile_on(budget_changes)
         .shutdown_on_signal()
         .run(reconcile::reconcile, reconcile::error_policy, ctx.clone())
         .for_each(|_| futures::future::ready(()));

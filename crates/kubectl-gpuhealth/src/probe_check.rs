@@ -207,7 +207,9 @@ pub struct ContainerCheck {
 pub struct Observed {
     pub pod: String,
     /// `ready`: started and became Ready; `killedAfter`: killed by its
-    /// probe this long after starting, never Ready.
+    /// probe this long after starting, never Ready; `beforeProbe`: Ready
+    /// sooner than the startup probe's `initialDelaySeconds`, which no
+    /// kubelet allows, so not taken as a cold start.
     pub kind: &'static str,
     pub seconds: u64,
 }
@@ -268,6 +270,11 @@ pub fn check(target: &str, namespace: &str, pods: &[PodInput]) -> Check {
                             ColdStart::KilledAfter(d) => Observed {
                                 pod: p.pod.to_string(),
                                 kind: "killedAfter",
+                                seconds: d.as_secs(),
+                            },
+                            ColdStart::BeforeProbe(d) => Observed {
+                                pod: p.pod.to_string(),
+                                kind: "beforeProbe",
                                 seconds: d.as_secs(),
                             },
                         })
@@ -431,8 +438,12 @@ fn container_text(k: &ContainerCheck, style: Style) -> String {
         let label = if n == 0 { "cold starts" } else { "" };
         let what = match o.kind {
             "ready" => format!("Ready {}s after it started", o.seconds),
+            "beforeProbe" => format!(
+                "Ready {}s after it started, before its startup probe could run: not taken as a cold start",
+                o.seconds
+            ),
             _ => format!(
-                "killed by its probe {}s after it started, never Ready",
+                "killed by its probe {}s after it started, never Ready (the kubelet's Killing Event)",
                 o.seconds
             ),
         };

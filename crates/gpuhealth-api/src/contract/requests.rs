@@ -232,6 +232,11 @@ mod tests {
         assert_eq!(a, RequestId::for_incident("gpu-node-1", 1_780_042_543));
         assert!(a.as_str().starts_with("inc-1780042543-"), "{a}");
         assert_eq!(a.as_str().len(), "inc-1780042543-".len() + 12);
+        // The same in every release: docs/annotations.md names this one.
+        assert_eq!(
+            RequestId::for_incident("gpu-node-7", 1_780_042_543).as_str(),
+            "inc-1780042543-9a371f29eed4"
+        );
         // A valid id, with room for the longest attempt id after it.
         let long = RequestId::for_attempt(
             &RequestId::for_incident(&"n".repeat(253), i64::MAX).to_string(),

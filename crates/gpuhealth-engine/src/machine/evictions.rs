@@ -7,7 +7,7 @@ use gpuhealth_api::{
     vocabulary::{PodKey, Reason},
 };
 
-use crate::drain::DrainPlan;
+use crate::drain::{BudgetView, DrainPlan};
 
 use crate::machine::{Action, DRAIN_POLL, core::Stepper};
 
@@ -47,13 +47,16 @@ impl Stepper<'_> {
                 self.actions.push(Action::Evict { pod: pod.clone() });
             }
         }
-        let budgets_at_zero: Vec<String> = self
-            .input
-            .disruption_budgets
-            .iter()
-            .filter(|b| b.allowed <= 0)
-            .filter_map(|b| b.against(&plan.evict))
-            .collect();
+        // The budget view a DryRun plan shows, for the pods to evict now.
+        let budgets = self.input.disruption_budgets.iter();
+        let (budgets_at_zero, other_budgets): (Vec<_>, Vec<_>) =
+            budgets.partition(|b| b.allowed <= 0);
+        let say = |bs: Vec<&BudgetView>| -> Vec<String> {
+            bs.into_iter()
+                .filter_map(|b| b.against(&plan.evict))
+                .collect()
+        };
+        let (budgets_at_zero, other_budgets) = (say(budgets_at_zero), say(other_budgets));
         match plan.blocked.first() {
             Some((pod, why)) => {
                 let message = format!("waiting for pod {pod} to leave: {why}");
@@ -76,6 +79,9 @@ impl Stepper<'_> {
                 );
                 if let Some(why) = &plan.widened {
                     message.push_str(&format!("; {why}"));
+                }
+                if !other_budgets.is_empty() {
+                    message.push_str(&format!("; budgets: {}", other_budgets.join("; ")));
                 }
                 self.enter(Phase::Draining, reason, message);
             }

@@ -221,6 +221,12 @@ impl World {
                     self.node.cordoned_by = None;
                 }
             }
+            // The Eviction API refuses what a budget at zero covers (429).
+            Action::Evict { pod }
+                if self
+                    .disruption_budgets
+                    .iter()
+                    .any(|b| b.allowed <= 0 && b.pods.contains(pod)) => {}
             Action::Evict { pod } | Action::ForceDelete { pod } => {
                 self.pods.retain(|p| &p.key() != pod);
                 if let Some(Ok(report)) = &mut self.node.report {

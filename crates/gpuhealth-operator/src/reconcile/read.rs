@@ -99,11 +99,16 @@ pub async fn read(ctx: &Context, node: &Node) -> Result<Option<Read>, Error> {
     };
     let disruption_budgets = if needs.disruption_budgets && !pods.is_empty() {
         let namespaces: BTreeSet<&str> = pods.iter().map(|p| p.namespace.as_str()).collect();
-        let mut pdbs = Vec::new();
-        for ns in namespaces {
-            let api: Api<PodDisruptionBudget> = Api::namespaced(ctx.client.clone(), ns);
-            pdbs.extend(api.list(&ListParams::default()).await?.items);
-        }
+        let pdbs: Vec<PodDisruptionBudget> = ctx
+            .budgets
+            .state()
+            .iter()
+            .filter(|b| {
+                b.namespace()
+                    .is_some_and(|ns| namespaces.contains(ns.as_str()))
+            })
+            .map(|b| PodDisruptionBudget::clone(b))
+            .collect();
         budget_views(&pdbs, &pods)
     } else {
         Vec::new()
