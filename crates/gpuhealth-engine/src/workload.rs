@@ -509,6 +509,32 @@ mod tests {
     }
 
     #[test]
+    fn a_ready_before_the_startup_probe_could_run_is_not_a_cold_start() {
+        let mut pod = looping_pod();
+        pod.ready = true;
+        // Ready the instant it ran, as KWOK makes it, under a 600 s delay.
+        pod.ready_since = pod.containers[0].running_since;
+        pod.containers[0].last = None;
+        pod.containers[0].startup = Some(ProbeTiming {
+            initial_delay_seconds: 600,
+            ..VLLM
+        });
+        let c = pod.containers[0].clone();
+        assert_eq!(
+            pod.cold_starts(&c),
+            vec![ColdStart::BeforeProbe(Duration::ZERO)]
+        );
+        let a = assess(&[pod]);
+        assert!(
+            a.containers
+                .iter()
+                .all(|c| matches!(c.verdict, crate::probes::Verdict::Unknown { .. })),
+            "never Ok on no real start: {:?}",
+            a.containers
+        );
+    }
+
+    #[test]
     fn a_liveness_kill_counts_only_at_the_end_of_the_start_window() {
         let liveness = ProbeTiming {
             initial_delay_seconds: 60,
