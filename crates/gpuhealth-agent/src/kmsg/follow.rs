@@ -48,6 +48,19 @@ fn read_bounded_line(reader: &mut impl BufRead, line: &mut String) -> std::io::R
     Ok(consumed)
 }
 
+/// Cuts `line` to at most `max` bytes, at a character's boundary: a
+/// record's text is whatever the kernel was given, and `String::truncate`
+/// inside a character panics.
+fn cut(line: &mut String, max: usize) {
+    if line.len() > max {
+        let end = (0..=max)
+            .rev()
+            .find(|&i| line.is_char_boundary(i))
+            .unwrap_or(0);
+        line.truncate(end);
+    }
+}
+
 /// Follows a kernel log: `/dev/kmsg` (which replays the ring buffer first, so
 /// what happened before the agent started is seen too) or a plain file,
 /// read to its end and then polled for more. Each line goes to `lines`,
@@ -164,7 +177,7 @@ pub fn follow_syslog(
                     .and_then(|b| b.checked_add(SignedDuration::from_micros(us as i64)).ok())
                     .unwrap_or_else(Timestamp::now);
                 let mut record = record;
-                record.truncate(MAX_LINE);
+                cut(&mut record, MAX_LINE);
                 if lines.send((record, at)).is_err() {
                     return;
                 }
@@ -232,6 +245,18 @@ mod tests {
 
     /// Found for issue 9: a kernel log line was read whole, however long; a
     /// file with no newline in it grew the agent without bound.
+    #[test]
+    fn a_long_record_is_cut_between_characters() {
+        // "é" is two bytes: the cut at MAX_LINE falls inside one.
+        let mut line = format!("x{}", "é".repeat(MAX_LINE));
+        cut(&mut line, MAX_LINE);
+        assert_eq!(line.len(), MAX_LINE - 1);
+        assert!(line.ends_with('é'));
+        let mut short = "NVRM: Xid 79".to_owned();
+        cut(&mut short, MAX_LINE);
+        assert_eq!(short, "NVRM: Xid 79");
+    }
+
     #[test]
     fn an_endless_line_is_cut_and_the_next_one_read_whole() {
         let text = format!(
