@@ -5,18 +5,23 @@
 use std::time::Instant;
 
 use futures::{StreamExt, TryStreamExt, future::try_join_all, stream};
-use gpuhealth_api::contract::{
-    AnnotationValue, CORDONED_BY_ANNOTATION, GPU_REPORT_ANNOTATION, GpuReport,
+use gpuhealth_api::{
+    GpuNodeHealth,
+    contract::{AnnotationValue, CORDONED_BY_ANNOTATION, GPU_REPORT_ANNOTATION, GpuReport},
+    node_health::Phase,
+    vocabulary::IncidentOutcome,
 };
 use gpuhealth_e2e::{
     agent::write_report,
     reports,
     sim::{GPU_RESOURCE, GpuNodeSpec, gpu_node},
+    wait,
 };
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
 use kube::{
     Api, Client, ResourceExt,
     api::{Patch, PatchParams, PostParams},
+    runtime::watcher,
 };
 use serde_json::json;
 
@@ -25,6 +30,9 @@ use crate::Result;
 /// The simulation group of every bench node, and the namespace of its pods.
 pub const GROUP: &str = "bench";
 pub const NAMESPACE: &str = "bench";
+/// How long a set of incidents may take to recover before the run is
+/// called failed.
+const RECOVERY: std::time::Duration = std::time::Duration::from_secs(900);
 /// Requests in flight while building the fleet.
 const CONCURRENCY: usize = 32;
 
@@ -166,4 +174,27 @@ async fn report_of(client: &Client, node: &str) -> Result<GpuReport> {
         .cloned()
         .unwrap_or_default();
     Ok(GpuReport::parse(&value).map_err(|e| format!("{}: {e}", node.name_any()))?)
+}
+
+/// Waits until every node of `nodes` has recovered from its incident.
+pub async fn recovered(client: &Client, nodes: &[String]) -> Result<()> {
+    let what = format!("{} nodes recovered", nodes.len());
+    wait::until_set(
+        Api::<GpuNodeHealth>::all(client.clone()),
+        watcher::Config::default(),
+        &what,
+        RECOVERY,
+        |all| {
+            nodes.iter().all(|n| {
+                all.get(n).and_then(|h| h.status.as_ref()).is_some_and(|s| {
+                    s.phase == Phase::Healthy
+                        && s.history
+                            .first()
+                            .is_some_and(|i| i.outcome == Some(IncidentOutcome::Recovered))
+                })
+            })
+        },
+    )
+    .await?;
+    Ok(())
 }

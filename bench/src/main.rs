@@ -5,9 +5,11 @@
 //! Phases, in order: idle memory at the small and the full scale (and with
 //! more pods); a quiet cluster; time to quarantine for the floor, then for
 //! gpuhealth; a storm of sick nodes under `maxConcurrent`; drains against
-//! `kubectl drain`. Timings on a shared machine are noisy: the summary gives
+//! `kubectl drain`; the capacity an incident costs, per-GPU against
+//! node-wide. Timings on a shared machine are noisy: the summary gives
 //! medians, spreads and ratios measured in the same run.
 
+mod capacity;
 mod drain;
 mod fleet;
 mod peer;
@@ -68,6 +70,10 @@ pub struct Args {
     /// Drains by each, alternated.
     #[arg(long, default_value_t = 3)]
     pub drain_repeats: usize,
+    /// Incidents (nodes of the storm, failing at once) under per-GPU
+    /// quarantine and again under node-wide, for the capacity each costs.
+    #[arg(long, default_value_t = 10)]
+    pub capacity_incidents: usize,
     /// Where the results go: `<label>.json`, `<label>.md`, plots.
     #[arg(long, default_value = "bench/results")]
     pub out: PathBuf,

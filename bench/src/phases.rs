@@ -10,8 +10,6 @@ use gpuhealth_agent::fake::{SimHardware, SimOutcome};
 use gpuhealth_api::{
     GpuHealthPolicy, GpuNodeHealth,
     contract::{AnnotationValue, GPU_REPORT_ANNOTATION, GpuReport},
-    node_health::Phase,
-    vocabulary::IncidentOutcome,
 };
 use gpuhealth_e2e::{
     agent::FakeAgent,
@@ -29,8 +27,8 @@ use kube::{
 use serde_json::json;
 
 use crate::{
-    Args, Result, drain,
-    fleet::{self, GROUP},
+    Args, Result, capacity, drain,
+    fleet::{self, GROUP, recovered},
     policy::policy,
     report::{MemoryPoint, Quiet, Results, StageFigures, Storm, TimeToQuarantine},
     stats::{self, WRITES},
@@ -154,6 +152,9 @@ pub async fn run(args: &Args) -> Result<Results> {
 
     results.storm = storm(args, &client, &policies, &operator, pid, &storm_set).await?;
     results.drain = drain::compare(args, &client, &cordons).await?;
+    say("the capacity an incident costs: GPU fenced alone, then node cordoned");
+    let capacity_set = &storm_set[..args.capacity_incidents.min(storm_set.len())];
+    results.capacity = capacity::compare(&client, &policies, capacity_set).await?;
     results.operator_log = operator.log.display().to_string();
     say("the peer controller");
     results.peer = crate::peer::probe();
@@ -376,29 +377,6 @@ async fn inject_one_at_a_time(
         ));
     }
     Ok(samples)
-}
-
-/// Waits until every node of `nodes` has recovered from its incident.
-pub async fn recovered(client: &Client, nodes: &[String]) -> Result<()> {
-    let what = format!("{} nodes recovered", nodes.len());
-    wait::until_set(
-        Api::<GpuNodeHealth>::all(client.clone()),
-        watcher::Config::default(),
-        &what,
-        STEP,
-        |all| {
-            nodes.iter().all(|n| {
-                all.get(n).and_then(|h| h.status.as_ref()).is_some_and(|s| {
-                    s.phase == Phase::Healthy
-                        && s.history
-                            .first()
-                            .is_some_and(|i| i.outcome == Some(IncidentOutcome::Recovered))
-                })
-            })
-        },
-    )
-    .await?;
-    Ok(())
 }
 
 /// `--storm` nodes fail at once under `maxConcurrent: --max-concurrent`.

@@ -25,6 +25,7 @@ pub struct Results {
     pub time_to_quarantine: TimeToQuarantine,
     pub storm: Storm,
     pub drain: DrainComparison,
+    pub capacity: Capacity,
     pub peer: Peer,
     pub operator_log: String,
 }
@@ -134,6 +135,23 @@ pub struct DrainComparison {
     pub gpuhealth_seconds: Vec<f64>,
     pub kubectl_seconds: Vec<f64>,
     /// gpuhealth's median over kubectl drain's: under 1 is faster.
+    pub ratio_of_medians: f64,
+}
+
+/// The capacity an incident costs: per-GPU quarantine against node-wide,
+/// the same incidents on the same nodes.
+#[derive(Debug, Default, Serialize)]
+pub struct Capacity {
+    /// Incidents under each scope.
+    pub incidents: usize,
+    /// Schedulable GPU-seconds each incident took away, fenced alone.
+    pub per_gpu_gpu_seconds: Vec<f64>,
+    /// Incidents under `Auto` that cordoned their node after all.
+    pub per_gpu_cordoned: usize,
+    /// The same, with the node cordoned.
+    pub node_wide_gpu_seconds: Vec<f64>,
+    pub node_wide_cordoned: usize,
+    /// Per-GPU's median over node-wide's: the share of capacity it costs.
     pub ratio_of_medians: f64,
 }
 
@@ -354,6 +372,18 @@ pub fn summary(r: &Results) -> String {
         rounded(&d.gpuhealth_seconds),
         rounded(&d.kubectl_seconds),
         verdict(d.ratio_of_medians <= 1.0)
+    );
+    let c = &r.capacity;
+    let _ = writeln!(
+        s,
+        "| capacity an incident costs (schedulable GPU-seconds, medians of {}): GPU fenced alone ÷ node cordoned | {:.3} ({:.0} against {:.0}; {} of {} per-GPU incidents cordoned) | under 1 | {} |",
+        c.incidents,
+        c.ratio_of_medians,
+        crate::stats::median(&c.per_gpu_gpu_seconds),
+        crate::stats::median(&c.node_wide_gpu_seconds),
+        c.per_gpu_cordoned,
+        c.incidents,
+        verdict(c.incidents > 0 && c.ratio_of_medians < 1.0 && c.per_gpu_cordoned == 0)
     );
     let _ = writeln!(
         s,

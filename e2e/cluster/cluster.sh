@@ -198,7 +198,13 @@ start() {
   # The advertise address is a documentation address nothing connects to:
   # with the endpoint reconciler off, the apiserver never uses it, but it
   # refuses to start on a host without a default route unless one is given.
-  launch kube-apiserver "$bin/kube-apiserver" \
+  # DRA's DeviceTaintRule (per-GPU quarantine) is a beta API off by
+  # default in 1.36: served in resource.k8s.io/v1beta2, and heeded by the
+  # scheduler (and the controller manager's eviction, for NoExecute) only
+  # with DRADeviceTaintRules on.
+  local dra_gates=--feature-gates=DRADeviceTaintRules=true
+  launch kube-apiserver "$bin/kube-apiserver" "$dra_gates" \
+    --runtime-config resource.k8s.io/v1beta2=true \
     --etcd-servers "http://127.0.0.1:$etcd_client" \
     --bind-address 127.0.0.1 --secure-port "$api" \
     --advertise-address 192.0.2.1 --endpoint-reconciler-type none \
@@ -212,12 +218,12 @@ start() {
   wait_for kube-apiserver 120 "$bin/kubectl" "${k[@]}" get --raw /readyz
 
   log "starting kube-controller-manager, kube-scheduler and kwok"
-  launch kube-controller-manager "$bin/kube-controller-manager" "${k[@]}" \
+  launch kube-controller-manager "$bin/kube-controller-manager" "${k[@]}" "$dra_gates" \
     --authentication-kubeconfig "$kubeconfig" --authorization-kubeconfig "$kubeconfig" \
     --bind-address 127.0.0.1 --secure-port "$cm" --leader-elect=false \
     --service-account-private-key-file "$state/pki/sa.key" --root-ca-file "$state/pki/ca.crt" \
     --use-service-account-credentials=false --profiling=false
-  launch kube-scheduler "$bin/kube-scheduler" "${k[@]}" \
+  launch kube-scheduler "$bin/kube-scheduler" "${k[@]}" "$dra_gates" \
     --authentication-kubeconfig "$kubeconfig" --authorization-kubeconfig "$kubeconfig" \
     --bind-address 127.0.0.1 --secure-port "$sched" --leader-elect=false --profiling=false
   kwok_config "$bin"

@@ -35,6 +35,9 @@ use crate::{
 pub enum Answer {
     Succeed,
     Fail,
+    /// Not carried out yet: the request waits until the answer changes and
+    /// the node is written again (see [`FakeAgent::release`]).
+    Hold,
 }
 
 /// What the agent was asked to do, for assertions.
@@ -83,6 +86,19 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl FakeAgent {
+    /// Held requests on `node` are carried out from now on, successfully:
+    /// the node is written so that the agent looks at it again.
+    pub async fn release(&self, client: &Client, node: &str) -> kube::Result<()> {
+        *lock(&self.reset) = Answer::Succeed;
+        *lock(&self.reboot) = Answer::Succeed;
+        let nudge = Timestamp::now().to_string();
+        let patch = json!({"metadata": {"annotations": {"gpuhealth-e2e/nudged-at": nudge}}});
+        Api::<Node>::all(client.clone())
+            .patch(node, &PatchParams::default(), &Patch::Merge(patch))
+            .await?;
+        Ok(())
+    }
+
     pub fn requests(&self) -> Vec<Request> {
         lock(&self.carried_out).clone()
     }
@@ -130,6 +146,7 @@ impl FakeAgent {
         if let Some(req) = annotations
             .get(RESET_REQUEST_ANNOTATION)
             .and_then(|v| ResetRequest::parse(v).ok())
+            && *lock(&self.reset) != Answer::Hold
             && seen.insert(format!("{name}/{}", req.id))
         {
             lock(&self.carried_out).push(Request::Reset {
@@ -152,6 +169,7 @@ impl FakeAgent {
         if let Some(req) = annotations
             .get(REBOOT_REQUEST_ANNOTATION)
             .and_then(|v| RebootRequest::parse(v).ok())
+            && *lock(&self.reboot) != Answer::Hold
             && seen.insert(format!("{name}/{}", req.id))
         {
             lock(&self.carried_out).push(Request::Reboot {

@@ -32,6 +32,12 @@ pub enum Seen {
         id: String,
         value: String,
     },
+    /// One of gpuhealth's `DeviceTaintRule`s for `node`, up or gone.
+    Fence {
+        node: String,
+        rule: String,
+        up: bool,
+    },
 }
 
 /// What the run set up, against which the timeline is judged.
@@ -84,6 +90,17 @@ pub enum Violation {
         phase: Option<Phase>,
         reason: Option<Reason>,
     },
+    /// A node drained or acted on while neither it was cordoned nor any
+    /// GPU of it fenced: new work could land on its bad GPU.
+    Unfenced {
+        node: String,
+        phase: Phase,
+    },
+    /// A rule still up for a node back in service: its GPU fenced forever.
+    RuleOutlivedIncident {
+        node: String,
+        rule: String,
+    },
 }
 
 /// Every promise `timeline` breaks; empty when it keeps them all.
@@ -98,6 +115,10 @@ pub fn check(timeline: &[Seen], expect: &Expectations) -> Vec<Violation> {
     let mut requests: BTreeMap<(&str, &str), &str> = BTreeMap::new();
     // Report each policy's worst moment once, not every event past it.
     let mut over: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    // Per node: whether it is cordoned, and the rules of gpuhealth's up.
+    let mut cordoned: BTreeSet<&str> = expect.foreign_cordons.iter().map(String::as_str).collect();
+    let mut fences: BTreeMap<&str, BTreeSet<&str>> = BTreeMap::new();
+    let mut unfenced: BTreeSet<&str> = BTreeSet::new();
     for seen in timeline {
         match seen {
             Seen::Health {
@@ -107,6 +128,17 @@ pub fn check(timeline: &[Seen], expect: &Expectations) -> Vec<Violation> {
                 reason,
             } => {
                 health.insert(node, (policy, *phase, reason));
+                let fenced = cordoned.contains(node.as_str())
+                    || fences.get(node.as_str()).is_some_and(|r| !r.is_empty());
+                if matches!(phase, Phase::Draining | Phase::Remediating)
+                    && !fenced
+                    && unfenced.insert(node)
+                {
+                    violations.push(Violation::Unfenced {
+                        node: node.clone(),
+                        phase: *phase,
+                    });
+                }
                 let Some(p) = policy else { continue };
                 let disrupted: Vec<String> = health
                     .iter()
@@ -123,6 +155,11 @@ pub fn check(timeline: &[Seen], expect: &Expectations) -> Vec<Violation> {
                 node,
                 unschedulable,
             } => {
+                if *unschedulable {
+                    cordoned.insert(node);
+                } else {
+                    cordoned.remove(node.as_str());
+                }
                 if !expect.foreign_cordons.contains(node) {
                     continue;
                 }
@@ -154,6 +191,24 @@ pub fn check(timeline: &[Seen], expect: &Expectations) -> Vec<Violation> {
                     });
                 }
             }
+            Seen::Fence { node, rule, up } => {
+                let rules = fences.entry(node).or_default();
+                if *up {
+                    rules.insert(rule);
+                } else {
+                    rules.remove(rule.as_str());
+                }
+            }
+        }
+    }
+    for (node, rules) in &fences {
+        if matches!(health.get(node), Some((_, Phase::Healthy, _))) {
+            for rule in rules {
+                violations.push(Violation::RuleOutlivedIncident {
+                    node: (*node).to_owned(),
+                    rule: (*rule).to_owned(),
+                });
+            }
         }
     }
     for (policy, disrupted) in over {
@@ -184,6 +239,28 @@ pub fn check(timeline: &[Seen], expect: &Expectations) -> Vec<Violation> {
         }
     }
     violations
+}
+
+/// How many of gpuhealth's rules for `node` are up at the end of
+/// `timeline` (counting only those it saw go up).
+pub fn fences_up(timeline: &[Seen], node: &str) -> usize {
+    let mut up = BTreeSet::new();
+    for seen in timeline {
+        if let Seen::Fence {
+            node: n,
+            rule,
+            up: is_up,
+        } = seen
+            && n == node
+        {
+            if *is_up {
+                up.insert(rule);
+            } else {
+                up.remove(rule);
+            }
+        }
+    }
+    up.len()
 }
 
 /// `node`'s latest phase in `timeline`, if it is there.
@@ -246,6 +323,10 @@ mod tests {
                 unschedulable: true,
             },
             health("a", Phase::Quarantined),
+            Seen::Cordon {
+                node: "b".into(),
+                unschedulable: true,
+            },
             health("b", Phase::Draining),
             Seen::Request {
                 node: "a".into(),
@@ -269,6 +350,22 @@ mod tests {
             },
             health("b", Phase::Failed),
             health("c", Phase::Healthy),
+            // A GPU fenced alone: never cordoned, its rule up throughout.
+            health("f", Phase::Quarantined),
+            Seen::Fence {
+                node: "f".into(),
+                rule: "gpuhealth-inc-2-gpu-7".into(),
+                up: true,
+            },
+            health("f", Phase::Draining),
+            health("f", Phase::Remediating),
+            health("f", Phase::Verifying),
+            health("f", Phase::Healthy),
+            Seen::Fence {
+                node: "f".into(),
+                rule: "gpuhealth-inc-2-gpu-7".into(),
+                up: false,
+            },
         ]
     }
 
@@ -315,8 +412,14 @@ mod tests {
     fn each_broken_promise_is_caught() {
         let mut timeline = kept();
         // A third node disrupted while two still are, once.
-        timeline.insert(3, health("d", Phase::Remediating));
-        timeline.insert(4, health("e", Phase::Remediating));
+        let cordon = |node: &str| Seen::Cordon {
+            node: node.into(),
+            unschedulable: true,
+        };
+        timeline.insert(4, cordon("d"));
+        timeline.insert(5, health("d", Phase::Remediating));
+        timeline.insert(6, cordon("e"));
+        timeline.insert(7, health("e", Phase::Remediating));
         timeline.push(Seen::Cordon {
             node: "human".into(),
             unschedulable: false,
@@ -333,6 +436,14 @@ mod tests {
             node: "a".into(),
             id: "inc-1-reset-1".into(),
             value: "reset at 10:00:01".into(),
+        });
+        // Drained with neither a cordon nor a fence; a rule left up after
+        // recovery.
+        timeline.push(health("g", Phase::Draining));
+        timeline.push(Seen::Fence {
+            node: "c".into(),
+            rule: "gpuhealth-inc-1-gpu-3".into(),
+            up: true,
         });
         timeline.push(Seen::Health {
             node: "b".into(),
@@ -357,6 +468,14 @@ mod tests {
                 Violation::RequestRewritten {
                     node: "a".into(),
                     id: "inc-1-reset-1".into()
+                },
+                Violation::Unfenced {
+                    node: "g".into(),
+                    phase: Phase::Draining
+                },
+                Violation::RuleOutlivedIncident {
+                    node: "c".into(),
+                    rule: "gpuhealth-inc-1-gpu-3".into()
                 },
                 Violation::OverBudget {
                     policy: "p".into(),

@@ -8,6 +8,7 @@ pub mod agent;
 pub mod chaos;
 pub mod cluster;
 pub mod crds;
+pub mod dra;
 pub mod host;
 pub mod identities;
 pub mod in_flight;

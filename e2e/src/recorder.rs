@@ -1,5 +1,6 @@
 //! The independent watcher of a chaos run: it records every change to a
-//! simulation group's Nodes, Pods and `GpuNodeHealth` objects, in the order
+//! simulation group's Nodes, Pods, `GpuNodeHealth` objects and gpuhealth's
+//! `DeviceTaintRule`s for them, in the order
 //! the API server reports them, as [`Seen`] entries for
 //! [`crate::invariants::check`]. It reads only the cluster, never the
 //! operator, and keeps recording across API server restarts: a relist after
@@ -13,6 +14,7 @@ use std::{
 };
 
 use futures::StreamExt;
+use gpuhealth_api::quarantine::{MANAGED_BY_LABEL, RULE_NODE_LABEL};
 use gpuhealth_api::{
     GpuNodeHealth,
     contract::{
@@ -20,7 +22,10 @@ use gpuhealth_api::{
         RESET_REQUEST_ANNOTATION, RebootRequest, ResetRequest,
     },
 };
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::{
+    core::v1::{Node, Pod},
+    resource::v1beta2::DeviceTaintRule,
+};
 use kube::{Api, Client, ResourceExt, runtime::watcher};
 use tokio::sync::{Notify, mpsc};
 
@@ -65,7 +70,7 @@ impl Recorder {
         let timeline: Arc<Mutex<Vec<Seen>>> = Arc::default();
         let grew: Arc<Notify> = Arc::default();
         let sink = Sink(timeline.clone(), grew.clone());
-        let (tx, listed) = mpsc::channel(3);
+        let (tx, listed) = mpsc::channel(4);
         let nodes = {
             let api: Api<Node> = Api::all(client.clone());
             let config = watcher::Config::default().labels(&format!("{SIM_GROUP_LABEL}={group}"));
@@ -148,7 +153,7 @@ impl Recorder {
         };
         let pods = {
             let api: Api<Pod> = Api::namespaced(client.clone(), namespace);
-            let sink = sink.clone();
+            let (sink, tx) = (sink.clone(), tx.clone());
             Background::spawn(async move {
                 // Pod key -> whether it is a `never` pod.
                 let mut known: BTreeMap<String, bool> = BTreeMap::new();
@@ -187,11 +192,71 @@ impl Recorder {
                 }
             })
         };
+        let fences = {
+            let api: Api<DeviceTaintRule> = Api::all(client.clone());
+            let config = watcher::Config::default()
+                .labels(&format!("{}={}", MANAGED_BY_LABEL.0, MANAGED_BY_LABEL.1));
+            let prefix = format!("{group}-");
+            Background::spawn(async move {
+                // Rule name -> its node, for the rules of this group's nodes.
+                let mut up: BTreeMap<String, String> = BTreeMap::new();
+                let mut relisted: BTreeSet<String> = BTreeSet::new();
+                let node_of = |r: &DeviceTaintRule| {
+                    r.labels()
+                        .get(RULE_NODE_LABEL)
+                        .filter(|n| n.starts_with(&prefix))
+                        .cloned()
+                };
+                let mut stream = std::pin::pin!(events(api, config));
+                while let Some(event) = stream.next().await {
+                    match event {
+                        watcher::Event::Apply(r) | watcher::Event::InitApply(r) => {
+                            relisted.insert(r.name_any());
+                            let Some(node) = node_of(&r) else { continue };
+                            if up.insert(r.name_any(), node.clone()).is_none() {
+                                sink.record([Seen::Fence {
+                                    node,
+                                    rule: r.name_any(),
+                                    up: true,
+                                }]);
+                            }
+                        }
+                        watcher::Event::Init => relisted.clear(),
+                        watcher::Event::InitDone => {
+                            let gone: Vec<String> = up
+                                .keys()
+                                .filter(|k| !relisted.contains(*k))
+                                .cloned()
+                                .collect();
+                            for rule in gone {
+                                if let Some(node) = up.remove(&rule) {
+                                    sink.record([Seen::Fence {
+                                        node,
+                                        rule,
+                                        up: false,
+                                    }]);
+                                }
+                            }
+                            let _ = tx.try_send(());
+                        }
+                        watcher::Event::Delete(r) => {
+                            if let Some(node) = up.remove(&r.name_any()) {
+                                sink.record([Seen::Fence {
+                                    node,
+                                    rule: r.name_any(),
+                                    up: false,
+                                }]);
+                            }
+                        }
+                    }
+                }
+            })
+        };
         Recorder {
             timeline,
             grew,
             listed,
-            _watches: vec![nodes, health, pods],
+            _watches: vec![nodes, health, pods, fences],
         }
     }
 
@@ -202,7 +267,7 @@ impl Recorder {
             "the recorder's first lists",
             Duration::from_secs(60),
             async {
-                for _ in 0..3 {
+                for _ in 0..4 {
                     self.listed.recv().await;
                 }
                 Ok(())

@@ -28,7 +28,7 @@ use tokio::sync::{Mutex, MutexGuard};
 use crate::{
     Result,
     agent::{FakeAgent, write_report},
-    client, crds,
+    client, crds, dra,
     kubelet::Kubelet,
     node_agent::{self, hardware, set_hardware},
     operator,
@@ -77,10 +77,67 @@ impl Scenario {
     pub async fn new_with(
         name: &str,
         nodes: usize,
-        mut spec: GpuHealthPolicySpec,
+        spec: GpuHealthPolicySpec,
         customize: impl FnOnce(&mut Deployment),
         kubelet: Option<&Kubelet>,
     ) -> Result<Scenario> {
+        let mut scenario = Scenario::nodes(name, nodes, &GpuNodeSpec::default()).await?;
+        scenario._kubelet = kubelet.map(|k| k.spawn(scenario.client.clone(), &scenario.namespace));
+        let deployments: Api<Deployment> =
+            Api::namespaced(scenario.client.clone(), &scenario.namespace);
+        let mut vllm = gpu_deployment(
+            &scenario.namespace,
+            "vllm",
+            &scenario.group,
+            (nodes * 8) as i32,
+            1,
+        );
+        customize(&mut vllm);
+        let replicas = vllm.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
+        deployments.create(&PostParams::default(), &vllm).await?;
+        until(deployments, "vllm", WAIT, |d| {
+            d.status.as_ref().and_then(|s| s.ready_replicas) == Some(replicas)
+        })
+        .await?;
+        for n in scenario.nodes.clone() {
+            scenario.report_healthy(&n).await?;
+        }
+        scenario.with_policy(spec).await
+    }
+
+    /// `nodes` eight-GPU nodes of a DRA cluster: no device plugin, the
+    /// GPUs published as a DRA driver's devices (one ResourceSlice per
+    /// node), no pods yet (see [`crate::dra::claiming_pod`]), reported
+    /// healthy; the policy is `spec` with its selector set to these nodes.
+    pub async fn new_dra(name: &str, nodes: usize, spec: GpuHealthPolicySpec) -> Result<Scenario> {
+        let node_spec = GpuNodeSpec {
+            device_plugin: false,
+            ..GpuNodeSpec::default()
+        };
+        let scenario = Scenario::nodes(name, nodes, &node_spec).await?;
+        dra::ensure_device_class(&scenario.client).await?;
+        let report = reports::healthy(&scenario.namespace, &[]);
+        for n in &scenario.nodes {
+            dra::publish(&scenario.client, n, &report).await?;
+            write_report(&scenario.client, n, report.clone()).await?;
+        }
+        scenario.with_policy(spec).await
+    }
+
+    /// Publishes every node's GPUs as a DRA driver's devices too (a
+    /// ResourceSlice each, the UUIDs of the nodes' reports): a bad GPU can
+    /// then be fenced alone.
+    pub async fn publish_devices(&self) -> Result<()> {
+        dra::ensure_device_class(&self.client).await?;
+        let report = reports::healthy(&self.namespace, &[]);
+        for n in &self.nodes {
+            dra::publish(&self.client, n, &report).await?;
+        }
+        Ok(())
+    }
+
+    /// The scenario's nodes, Ready, and its namespace; nothing else yet.
+    async fn nodes(name: &str, nodes: usize, node_spec: &GpuNodeSpec) -> Result<Scenario> {
         let turn = ONE_AT_A_TIME.lock().await;
         let client = client().await?;
         crds::install(&client).await?;
@@ -89,10 +146,7 @@ impl Scenario {
         let names: Vec<String> = (0..nodes).map(|i| format!("{group}-{i}")).collect();
         for n in &names {
             node_api
-                .create(
-                    &PostParams::default(),
-                    &gpu_node(n, &group, &GpuNodeSpec::default()),
-                )
+                .create(&PostParams::default(), &gpu_node(n, &group, node_spec))
                 .await?;
         }
         let selector = watcher::Config::default().labels(&format!("{SIM_GROUP_LABEL}={group}"));
@@ -111,47 +165,37 @@ impl Scenario {
         Api::<Namespace>::all(client.clone())
             .create(&PostParams::default(), &ns)
             .await?;
-        let kubelet_task = kubelet.map(|k| k.spawn(client.clone(), &namespace));
-        let deployments: Api<Deployment> = Api::namespaced(client.clone(), &namespace);
-        let mut vllm = gpu_deployment(&namespace, "vllm", &group, (nodes * 8) as i32, 1);
-        customize(&mut vllm);
-        let replicas = vllm.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
-        deployments.create(&PostParams::default(), &vllm).await?;
-        until(deployments, "vllm", WAIT, |d| {
-            d.status.as_ref().and_then(|s| s.ready_replicas) == Some(replicas)
-        })
-        .await?;
-
-        let scenario = Scenario {
-            client: client.clone(),
+        Ok(Scenario {
+            client,
             group: group.clone(),
             namespace,
             nodes: names,
-            policy: group.clone(),
+            policy: group,
             agent: FakeAgent::default(),
             agent_task: None,
             agents: Vec::new(),
             operator: None,
             operator_options: operator::Options::default(),
-            _kubelet: kubelet_task,
+            _kubelet: None,
             _turn: turn,
-        };
-        for n in scenario.nodes.clone() {
-            scenario.report_healthy(&n).await?;
-        }
+        })
+    }
+
+    /// Creates the scenario's policy: `spec`, selecting its nodes.
+    async fn with_policy(self, mut spec: GpuHealthPolicySpec) -> Result<Scenario> {
         spec.node_selector = LabelSelector {
-            match_labels: Some([(SIM_GROUP_LABEL.to_owned(), group.clone())].into()),
+            match_labels: Some([(SIM_GROUP_LABEL.to_owned(), self.group.clone())].into()),
             ..Default::default()
         };
         // Outranks any policy other tests left behind.
         spec.priority = 1000;
-        Api::<GpuHealthPolicy>::all(client)
+        Api::<GpuHealthPolicy>::all(self.client.clone())
             .create(
                 &PostParams::default(),
-                &GpuHealthPolicy::new(&scenario.policy, spec),
+                &GpuHealthPolicy::new(&self.policy, spec),
             )
             .await?;
-        Ok(scenario)
+        Ok(self)
     }
 
     /// A policy spec with the defaults, verified quickly.

@@ -36,6 +36,9 @@ pub struct GpuNodeSpec {
     pub gpus: u32,
     pub product: String,
     pub labels: BTreeMap<String, String>,
+    /// Whether a device plugin offers the GPUs as `nvidia.com/gpu`; a DRA
+    /// node offers them as devices in a ResourceSlice instead (`dra`).
+    pub device_plugin: bool,
 }
 
 impl Default for GpuNodeSpec {
@@ -45,6 +48,7 @@ impl Default for GpuNodeSpec {
             gpus: 8,
             product: "NVIDIA-GeForce-RTX-5090-D".into(),
             labels: BTreeMap::new(),
+            device_plugin: true,
         }
     }
 }
@@ -65,7 +69,7 @@ pub fn gpu_node(name: &str, group: &str, spec: &GpuNodeSpec) -> Node {
         ("nvidia.com/gpu.count".to_owned(), spec.gpus.to_string()),
         ("nvidia.com/gpu.present".to_owned(), "true".to_owned()),
     ]);
-    kwok_node(name, labels, Some(spec.gpus))
+    kwok_node(name, labels, spec.device_plugin.then_some(spec.gpus))
 }
 
 /// A KWOK-managed node without GPUs (where the operator's own pods go), in

@@ -20,7 +20,8 @@ use gpuhealth_e2e::{
 };
 use k8s_openapi::api::{
     core::v1::{Node, Pod},
-    rbac::v1::ClusterRoleBinding,
+    rbac::v1::{ClusterRole, ClusterRoleBinding},
+    resource::v1beta2::DeviceTaintRule,
 };
 use kube::{
     Api, Client,
@@ -456,4 +457,141 @@ async fn break_glass_clears_a_stuck_request_and_is_seen() {
     for b in &on_call_bindings {
         let _ = bindings.delete(b, &DeleteParams::default()).await;
     }
+}
+
+/// A DeviceTaintRule fencing GPU 7 of `node`, with gpuhealth's label or not.
+fn device_rule(name: &str, node: &str, ours: bool) -> DeviceTaintRule {
+    let mut labels = serde_json::Map::new();
+    if ours {
+        labels.insert("app.kubernetes.io/managed-by".into(), json!("gpuhealth"));
+    }
+    serde_json::from_value(json!({
+        "metadata": {"name": name, "labels": labels},
+        "spec": {
+            "deviceSelector": {"driver": "gpu.nvidia.com", "pool": node, "device": "gpu-7"},
+            "taint": {"key": "example.com/held", "effect": "NoSchedule"},
+        },
+    }))
+    .expect("a rule")
+}
+
+#[tokio::test]
+async fn only_the_operator_writes_or_lifts_its_device_fences() {
+    let admin = client().await.expect("client");
+    for dir in ["namespace", "rbac", "admission"] {
+        apply(dir).await;
+    }
+    let node = unique("fence");
+    let admins: Api<DeviceTaintRule> = Api::all(admin.clone());
+    // A DRA administrator's identity: it may write any DeviceTaintRule.
+    let dra_admin_name = unique("dra-admin");
+    let dra_admin = account_with(
+        &admin,
+        "default",
+        &dra_admin_name,
+        vec![rule(
+            "resource.k8s.io",
+            &["devicetaintrules"],
+            &["get", "create", "delete"],
+        )],
+    )
+    .await
+    .expect("a DRA administrator");
+    let rules: Api<DeviceTaintRule> = Api::all(dra_admin.clone());
+
+    // Its own rules, as ever.
+    let theirs = format!("{node}-theirs");
+    rules
+        .create(&PostParams::default(), &device_rule(&theirs, &node, false))
+        .await
+        .expect("an unlabelled rule");
+    rules
+        .delete(&theirs, &DeleteParams::default())
+        .await
+        .expect("and deleted");
+
+    // Not one that claims to be gpuhealth's (once the policy is in force).
+    let forged = format!("{node}-forged");
+    let deadline = Instant::now() + WAIT;
+    let e = loop {
+        match rules
+            .create(&PostParams::default(), &device_rule(&forged, &node, true))
+            .await
+        {
+            Err(e) => break e.to_string(),
+            Ok(_) => {
+                let _ = admins.delete(&forged, &DeleteParams::default()).await;
+                assert!(Instant::now() < deadline, "the policy never took effect");
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+        }
+    };
+    assert!(
+        e.contains("only the gpuhealth operator may write a DeviceTaintRule"),
+        "{e}"
+    );
+
+    // The operator's ServiceAccount writes one; the DRA administrator may
+    // not lift it; break glass may.
+    let operator = client_with_token(
+        &token(&admin, "gpuhealth-system", "gpuhealth-operator", None)
+            .await
+            .expect("the operator's token"),
+    )
+    .await
+    .expect("operator client");
+    let fence = format!("gpuhealth-{node}-gpu-7");
+    Api::<DeviceTaintRule>::all(operator)
+        .create(&PostParams::default(), &device_rule(&fence, &node, true))
+        .await
+        .expect("the operator fences a GPU");
+    let e = rules
+        .delete(&fence, &DeleteParams::default())
+        .await
+        .expect_err("someone else lifts gpuhealth's fence");
+    assert!(
+        e.to_string()
+            .contains("only the gpuhealth operator may write a DeviceTaintRule"),
+        "{e}"
+    );
+    let (on_call, on_call_bindings) = on_call(&admin).await;
+    let on_call_rules: Api<DeviceTaintRule> = Api::all(on_call);
+    // Break glass grants the admission check, not RBAC: give the on-call
+    // identity RBAC to delete rules, as its administrator would.
+    let deleter = format!("{}-rules", on_call_bindings[0]);
+    let cluster_roles: Api<ClusterRole> = Api::all(admin.clone());
+    cluster_roles
+        .create(
+            &PostParams::default(),
+            &ClusterRole {
+                metadata: kube::api::ObjectMeta {
+                    name: Some(deleter.clone()),
+                    ..Default::default()
+                },
+                rules: Some(vec![rule(
+                    "resource.k8s.io",
+                    &["devicetaintrules"],
+                    &["delete"],
+                )]),
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("a role to delete rules");
+    bind(&admin, "default", &on_call_bindings[0], &deleter, &deleter)
+        .await
+        .expect("bound");
+    let deadline = Instant::now() + WAIT;
+    while let Err(e) = on_call_rules.delete(&fence, &DeleteParams::default()).await {
+        assert!(Instant::now() < deadline, "break glass lifts a fence: {e}");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+
+    let bindings: Api<ClusterRoleBinding> = Api::all(admin.clone());
+    for b in on_call_bindings.iter().chain([&dra_admin_name, &deleter]) {
+        let _ = bindings.delete(b, &DeleteParams::default()).await;
+    }
+    let _ = cluster_roles
+        .delete(&deleter, &DeleteParams::default())
+        .await;
 }

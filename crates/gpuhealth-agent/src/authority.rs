@@ -1,5 +1,6 @@
 //! Whether a request on the Node is the operator's: the one the node's
-//! `GpuNodeHealth` records in flight, on a node cordoned for it. Many
+//! `GpuNodeHealth` records in flight, on a node cordoned for it (or, for a
+//! reset, with the GPUs it names fenced for it alone). Many
 //! identities may patch a Node; only the operator may write a
 //! `GpuNodeHealth`'s status (RBAC), and it records each request there before
 //! writing it to the Node. A request that does not match is refused: a
@@ -22,7 +23,8 @@ pub enum Refusal {
     NotInFlight { recorded: Option<RequestId> },
     /// The record's request is of the other kind, or for other GPUs.
     Differs(String),
-    /// The node is schedulable: nothing was drained for this request.
+    /// The node is schedulable and the GPUs are not fenced for this
+    /// request: nothing was drained for it.
     NotCordoned,
     /// gpuhealth's cordon record names another incident.
     CordonedForAnother(String),
@@ -59,7 +61,9 @@ impl Refusal {
                 recorded: Some(other),
             } => format!("the node's GpuNodeHealth records {other} in flight, not this one"),
             Refusal::Differs(what) => what.clone(),
-            Refusal::NotCordoned => "the node is not cordoned".to_owned(),
+            Refusal::NotCordoned => {
+                "the node is not cordoned, nor its GPUs fenced for this incident".to_owned()
+            }
             Refusal::CordonedForAnother(incident) => {
                 format!("gpuhealth cordoned the node for incident {incident}, not this request's")
             }
@@ -79,7 +83,8 @@ pub enum Asked<'a> {
 
 /// `Ok` when `id` is the request `health` records in flight on a node
 /// cordoned for its incident (by gpuhealth, or by someone else before it:
-/// gpuhealth then takes that cordon as its quarantine and writes no record).
+/// gpuhealth then takes that cordon as its quarantine and writes no record),
+/// or a reset of GPUs the record says are fenced alone for that incident.
 pub fn check(
     id: &RequestId,
     asked: Asked<'_>,
@@ -111,6 +116,11 @@ pub fn check(
             )));
         }
     }
+    if let Asked::Reset { gpus } = asked
+        && fenced_for(health, gpus)
+    {
+        return Ok(());
+    }
     if !node
         .spec
         .as_ref()
@@ -129,6 +139,16 @@ pub fn check(
         }
         _ => Ok(()),
     }
+}
+
+/// Whether the record fences each of `gpus` alone for its open incident.
+fn fenced_for(health: &GpuNodeHealthStatus, gpus: &[String]) -> bool {
+    health.quarantine.as_ref().is_some_and(|q| {
+        q.per_gpu()
+            && health.incident.as_deref() == Some(q.incident.as_str())
+            && !gpus.is_empty()
+            && gpus.iter().all(|g| q.gpus.iter().any(|f| &f.uuid == g))
+    })
 }
 
 #[cfg(test)]
@@ -273,6 +293,64 @@ mod tests {
         assert!(
             message.contains("inc-1-reset-1 refused: the node is not cordoned"),
             "{message}"
+        );
+    }
+
+    #[test]
+    fn a_reset_of_gpus_fenced_alone_for_the_incident_needs_no_cordon() {
+        use gpuhealth_api::{
+            quarantine::{Fenced, FencedGpu, GpuFence, QuarantineStatus},
+            vocabulary::QuarantineWhy,
+        };
+        let gpus = vec!["GPU-7".to_owned()];
+        let reset = Asked::Reset { gpus: &gpus };
+        let request = id("inc-1-reset-1");
+        let schedulable = node(false, None);
+        let mut health = in_flight(RecoveryAction::GpuReset, "inc-1-reset-1");
+        let fenced = |incident: &str, uuid: &str| QuarantineStatus {
+            incident: incident.into(),
+            scope: Fenced::Gpu,
+            why: QuarantineWhy::GpusFenced,
+            message: String::new(),
+            gpus: vec![FencedGpu {
+                uuid: uuid.into(),
+                index: Some(7),
+                fence: GpuFence::DeviceTaintRule,
+                device: Some("gpu.nvidia.com/n/gpu-7".into()),
+                rule: Some("gpuhealth-inc-1-gpu-7".into()),
+            }],
+            since: Time(Timestamp::UNIX_EPOCH),
+            lifted_at: None,
+        };
+        health.quarantine = Some(fenced("inc-1", "GPU-7"));
+        assert_eq!(check(&request, reset, &schedulable, Some(&health)), Ok(()));
+
+        // Fenced for another incident, another GPU, or lifted: not enough.
+        for q in [fenced("inc-0", "GPU-7"), fenced("inc-1", "GPU-0")] {
+            health.quarantine = Some(q);
+            assert_eq!(
+                check(&request, reset, &schedulable, Some(&health)),
+                Err(Refusal::NotCordoned)
+            );
+        }
+        let mut lifted = fenced("inc-1", "GPU-7");
+        lifted.lifted_at = Some(Time(Timestamp::UNIX_EPOCH));
+        health.quarantine = Some(lifted);
+        assert_eq!(
+            check(&request, reset, &schedulable, Some(&health)),
+            Err(Refusal::NotCordoned)
+        );
+        // A reboot needs the node.
+        let mut reboot = in_flight(RecoveryAction::NodeReboot, "inc-1-reboot-1");
+        reboot.quarantine = Some(fenced("inc-1", "GPU-7"));
+        assert_eq!(
+            check(
+                &id("inc-1-reboot-1"),
+                Asked::Reboot,
+                &schedulable,
+                Some(&reboot)
+            ),
+            Err(Refusal::NotCordoned)
         );
     }
 }

@@ -7,6 +7,7 @@ pub mod crds;
 pub mod duration;
 pub mod node_health;
 pub mod policy;
+pub mod quarantine;
 pub mod reference;
 pub mod types;
 pub mod vocabulary;

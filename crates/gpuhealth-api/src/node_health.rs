@@ -9,8 +9,11 @@ use serde::{Deserialize, Serialize};
 
 use crate::{
     contract::{RequestId, XidEvent},
+    quarantine::{Fenced, QuarantineStatus},
     types::{GpuHealth, RecoveryAction},
-    vocabulary::{Attempt, FindingKind, IncidentOutcome, PodKey, Reason, WorkloadOutcome},
+    vocabulary::{
+        Attempt, FindingKind, IncidentOutcome, PodKey, QuarantineWhy, Reason, WorkloadOutcome,
+    },
 };
 
 /// How many past incidents a node keeps in `status.history`.
@@ -57,6 +60,11 @@ pub const FINDINGS_LIMIT: usize = 50;
         type_ = "integer",
         json_path = ".status.action.attempt",
         priority = 1
+    ),
+    printcolumn(
+        name = "Fenced",
+        type_ = "string",
+        json_path = ".status.quarantine.scope"
     ),
     printcolumn(name = "Reason", type_ = "string", json_path = ".status.reason"),
     printcolumn(
@@ -132,6 +140,10 @@ pub struct GpuNodeHealthStatus {
     /// The current incident, if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub incident: Option<String>,
+    /// What the incident took out of service (the node, or its bad GPUs),
+    /// and why that much.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quarantine: Option<QuarantineStatus>,
     /// The node's boot id when the current reboot was requested.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub boot_id_before_reboot: Option<String>,
@@ -221,8 +233,12 @@ pub struct ActionStatus {
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Plan {
-    /// Whether it would cordon the node (false when someone else already has).
+    /// Whether it would cordon the node (false when someone else already
+    /// has, or when it would fence the bad GPUs alone).
     pub cordon: bool,
+    /// What it would take out of service, and why that much.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quarantine: Option<PlannedQuarantine>,
     /// The recovery action it would take first.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub action: Option<RecoveryAction>,
@@ -249,6 +265,15 @@ pub struct Plan {
     /// them out, with why.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub skipped: Vec<String>,
+}
+
+/// What a `DryRun` policy would take out of service.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PlannedQuarantine {
+    pub scope: Fenced,
+    pub why: QuarantineWhy,
+    pub message: String,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]

@@ -20,6 +20,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::{
     duration::Duration,
+    quarantine::Quarantine,
     types::{GpuHealth, RecoveryAction, SignalAction},
 };
 
@@ -107,6 +108,13 @@ pub struct GpuHealthPolicySpec {
     /// How pods leave a node before it is acted on.
     #[serde(default)]
     pub drain: Drain,
+
+    /// How much of a node an incident takes out of service: only the bad
+    /// GPUs where a device-level fence holds for them (a DRA
+    /// `DeviceTaintRule`, or a device plugin that has withdrawn them), or
+    /// the whole node.
+    #[serde(default)]
+    pub quarantine: Quarantine,
 
     /// How many nodes this policy may have cordoned for remediation at once:
     /// a count (at least 1) or a percentage of the selected nodes.
@@ -332,7 +340,7 @@ pub enum Mode {
 }
 
 /// The signals that make a node unhealthy.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Detection {
     /// The per-GPU report in the node annotation `gpuhealth.io/gpus`.
@@ -351,6 +359,51 @@ pub struct Detection {
     #[schemars(length(max = 256))]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["xid"]))]
     pub xid_overrides: Vec<XidOverride>,
+
+    /// Taints a DRA driver puts on a GPU's device in its ResourceSlice
+    /// (NVIDIA's, with its health check on: `gpu.nvidia.com/xid`,
+    /// `gpu.nvidia.com/gpu-lost`), each the signal of its GPU. Only taints
+    /// added since the GPU's last remediation count: a driver that never
+    /// lifts its own does not start a second one.
+    #[serde(default = "default_device_taints")]
+    #[schemars(length(max = 32))]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["key"]))]
+    pub device_taints: Vec<DeviceTaintSignal>,
+}
+
+impl Default for Detection {
+    fn default() -> Self {
+        Detection {
+            gpu_report: GpuReportDetection::default(),
+            node_conditions: Vec::new(),
+            xid_overrides: Vec::new(),
+            device_taints: default_device_taints(),
+        }
+    }
+}
+
+/// A device taint that is a signal.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DeviceTaintSignal {
+    /// The taint's key.
+    #[schemars(length(min = 1, max = 316))]
+    pub key: String,
+    /// The ladder rung it starts from.
+    pub action: SignalAction,
+}
+
+fn default_device_taints() -> Vec<DeviceTaintSignal> {
+    vec![
+        DeviceTaintSignal {
+            key: "gpu.nvidia.com/xid".into(),
+            action: SignalAction::GpuReset,
+        },
+        DeviceTaintSignal {
+            key: "gpu.nvidia.com/gpu-lost".into(),
+            action: SignalAction::NodeReboot,
+        },
+    ]
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -897,6 +950,7 @@ impl GpuHealthPolicySpec {
             detection: Detection::default(),
             escalation: default_escalation(),
             drain: Drain::default(),
+            quarantine: Quarantine::default(),
             max_concurrent: default_max_concurrent(),
             max_unhealthy: default_max_unhealthy(),
             verification: Verification::default(),

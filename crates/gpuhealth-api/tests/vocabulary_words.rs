@@ -6,7 +6,8 @@
 use std::{fs, path::Path};
 
 use gpuhealth_api::vocabulary::{
-    AttemptAction, AttemptOutcome, FindingKind, IncidentOutcome, Reason, WorkloadOutcome,
+    AttemptAction, AttemptOutcome, FindingKind, IncidentOutcome, QuarantineWhy, Reason,
+    WorkloadOutcome,
 };
 
 /// (file, word, why the word there is not the status's).
@@ -198,6 +199,7 @@ fn words() -> Vec<&'static str> {
     all.extend(WorkloadOutcome::ALL.iter().map(|w| w.as_str()));
     all.extend(AttemptAction::ALL.iter().map(|w| w.as_str()));
     all.extend(AttemptOutcome::ALL.iter().map(|w| w.as_str()));
+    all.extend(QuarantineWhy::ALL.iter().map(|w| w.as_str()));
     all
 }
 

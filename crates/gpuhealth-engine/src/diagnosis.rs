@@ -11,7 +11,10 @@ use gpuhealth_api::{
 };
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 
-use crate::xid::{self, XidClass};
+use crate::{
+    fence::DeviceView,
+    xid::{self, XidClass},
+};
 
 /// A node condition as observed.
 #[derive(Clone, Debug, PartialEq)]
@@ -86,8 +89,10 @@ pub struct Evidence<'a> {
     /// its own `observedAt` is taken).
     pub report_refreshed_at: Option<Timestamp>,
     /// Xids before this instant are history (a reset or reboot since has
-    /// answered them).
+    /// answered them); so are device taints added before it.
     pub xids_since: Option<Timestamp>,
+    /// The node's devices that their DRA driver has tainted.
+    pub tainted_devices: &'a [DeviceView],
 }
 
 pub fn diagnose(now: Timestamp, detection: &Detection, evidence: &Evidence<'_>) -> Diagnosis {
@@ -137,6 +142,7 @@ pub fn diagnose(now: Timestamp, detection: &Detection, evidence: &Evidence<'_>) 
             None => {}
         }
     }
+    device_taint_signals(detection, evidence, &mut d);
     // Strongest first, an Xid first among equals (its code and text say
     // why); stable, so the rest keep the order found.
     d.signals
@@ -261,6 +267,48 @@ fn gpu_signals(
     }
 }
 
+/// A taint of `detection.deviceTaints` on a GPU's device, added since the
+/// GPU's last remediation, is that GPU's signal.
+fn device_taint_signals(detection: &Detection, evidence: &Evidence<'_>, d: &mut Diagnosis) {
+    for device in evidence.tainted_devices {
+        let Some(uuid) = &device.uuid else {
+            continue;
+        };
+        for taint in &device.taints {
+            let Some(rule) = detection.device_taints.iter().find(|r| r.key == taint.key) else {
+                continue;
+            };
+            let Some(action) = rule.action.recovery_action() else {
+                continue;
+            };
+            let added = taint.time_added;
+            if evidence
+                .xids_since
+                .is_some_and(|since| added.is_none_or(|a| a <= since))
+            {
+                continue;
+            }
+            let value = taint
+                .value
+                .as_deref()
+                .map_or_else(String::new, |v| format!("={v}"));
+            let at = added.map_or_else(String::new, |a| format!(" at {a}"));
+            d.signals.push(Signal {
+                action,
+                reason: Reason::DeviceTainted,
+                message: format!(
+                    "its DRA driver tainted device {} (GPU {uuid}) {}{value}:{}{at}",
+                    device.id(),
+                    taint.key,
+                    taint.effect
+                ),
+                gpu: Some(uuid.clone()),
+                xid: None,
+            });
+        }
+    }
+}
+
 /// `t + d`, saturating rather than overflowing.
 pub fn after(t: Timestamp, d: std::time::Duration) -> Timestamp {
     t.saturating_add(d).unwrap_or(Timestamp::MAX)
@@ -299,6 +347,7 @@ mod tests {
             report: Some(&report),
             report_refreshed_at: None,
             xids_since: None,
+            tainted_devices: &[],
         };
         let d = diagnose(ts("2026-05-29T08:25:00Z"), &detection(), &evidence);
         assert_eq!(d.required(), Some(RecoveryAction::GpuReset));
@@ -318,9 +367,68 @@ mod tests {
             report: Some(&report),
             report_refreshed_at: None,
             xids_since: Some(ts("2026-05-29T09:00:00Z")),
+            tainted_devices: &[],
         };
         let d = diagnose(ts("2026-05-29T09:10:00Z"), &detection(), &evidence);
         assert!(d.is_clear(), "{d:?}");
+    }
+
+    #[test]
+    fn a_drivers_device_taint_is_its_gpus_signal_until_a_remediation_answers_it() {
+        use crate::fence::{DeviceTaintView, DeviceView};
+        let mut report = incident_report().expect("valid");
+        for g in &mut report.gpus {
+            g.health = GpuHealth::Healthy;
+            g.recovery_action = Some(0);
+            g.xids.clear();
+        }
+        let report = Ok(report);
+        let tainted = |key: &str| DeviceView {
+            driver: "gpu.nvidia.com".into(),
+            pool: "node-a".into(),
+            name: "gpu-3".into(),
+            uuid: Some("GPU-0a1b2c3d-0000-4000-8000-000000000003".into()),
+            taints: vec![DeviceTaintView {
+                key: key.into(),
+                value: Some("79".into()),
+                effect: "NoSchedule".into(),
+                time_added: Some(ts("2026-05-29T08:20:00Z")),
+            }],
+        };
+        let devices = [tainted("gpu.nvidia.com/xid")];
+        let evidence = |since: Option<Timestamp>, devices| Evidence {
+            conditions: &[],
+            report: Some(&report),
+            report_refreshed_at: None,
+            xids_since: since,
+            tainted_devices: devices,
+        };
+        let now = ts("2026-05-29T08:25:00Z");
+        let d = diagnose(now, &detection(), &evidence(None, &devices));
+        assert_eq!(d.required(), Some(RecoveryAction::GpuReset));
+        assert_eq!(d.gpus(), ["GPU-0a1b2c3d-0000-4000-8000-000000000003"]);
+        assert_eq!(d.signals[0].reason, Reason::DeviceTainted);
+        assert!(
+            d.signals[0]
+                .message
+                .contains("device gpu.nvidia.com/node-a/gpu-3 (GPU GPU-0a1b2c3d-0000-4000-8000-000000000003) gpu.nvidia.com/xid=79:NoSchedule"),
+            "{}",
+            d.signals[0].message
+        );
+        let lost = [tainted("gpu.nvidia.com/gpu-lost")];
+        let d = diagnose(now, &detection(), &evidence(None, &lost));
+        assert_eq!(d.required(), Some(RecoveryAction::NodeReboot));
+        // Added before the last remediation: answered, though the driver
+        // never lifts it.
+        let d = diagnose(
+            now,
+            &detection(),
+            &evidence(Some(ts("2026-05-29T08:21:00Z")), &devices),
+        );
+        assert!(d.is_clear(), "{d:?}");
+        // A key the policy does not list is not a signal.
+        let other = [tainted("example.com/maintenance")];
+        assert!(diagnose(now, &detection(), &evidence(None, &other)).is_clear());
     }
 
     #[test]
@@ -340,6 +448,7 @@ mod tests {
                 report: Some(&report),
                 report_refreshed_at: None,
                 xids_since: None,
+                tainted_devices: &[],
             },
         );
         assert_eq!(d.required(), Some(RecoveryAction::NodeReboot));
@@ -366,6 +475,7 @@ mod tests {
                 report: Some(&report),
                 report_refreshed_at: None,
                 xids_since: None,
+                tainted_devices: &[],
             },
         );
         assert!(d.signals.is_empty(), "{d:?}");
@@ -391,6 +501,7 @@ mod tests {
             report: None,
             report_refreshed_at: None,
             xids_since: None,
+            tainted_devices: &[],
         };
         let early = diagnose(ts("2026-05-29T08:00:30Z"), &det, &ev);
         assert_eq!(early.required(), None);
@@ -411,6 +522,7 @@ mod tests {
                 report: Some(&report),
                 report_refreshed_at: None,
                 xids_since: None,
+                tainted_devices: &[],
             },
         );
         assert!(d.signals.is_empty());
@@ -440,7 +552,8 @@ mod tests {
                     conditions: &[],
                     report: Some(&two),
                     report_refreshed_at: None,
-                    xids_since: None
+                    xids_since: None,
+                    tainted_devices: &[],
                 }
             )
             .signals
@@ -460,6 +573,7 @@ mod tests {
                 report: Some(&three),
                 report_refreshed_at: None,
                 xids_since: None,
+                tainted_devices: &[],
             },
         );
         assert_eq!(d.required(), Some(RecoveryAction::GpuReset));

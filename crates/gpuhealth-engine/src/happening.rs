@@ -40,7 +40,15 @@ pub enum Happening {
     },
     /// Every workload the last incident evicted is serving again.
     WorkloadsRecovered { message: String },
-    /// Cordoned for a GPU report that shows a bad GPU, observed then: how
-    /// long the reaction took.
-    CordonedForReport { observed_at: Timestamp },
+    /// Quarantined (the node cordoned, or its bad GPUs fenced) for a GPU
+    /// report that shows a bad GPU, observed then: how long the reaction took.
+    QuarantinedForReport { observed_at: Timestamp },
+    /// A per-GPU quarantine ended (lifted, or widened to the node): `fenced`
+    /// GPUs were kept from new work for `lasted` while `serving` others of
+    /// the node went on taking it.
+    GpuFenceEnded {
+        fenced: u32,
+        serving: u32,
+        lasted: Duration,
+    },
 }

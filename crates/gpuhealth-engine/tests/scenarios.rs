@@ -203,7 +203,7 @@ fn the_cordon_is_the_first_action_and_what_is_said_is_no_action() {
         other => panic!("a report: {other:?}"),
     };
     assert!(
-        w.happenings.contains(&Happening::CordonedForReport {
+        w.happenings.contains(&Happening::QuarantinedForReport {
             observed_at: observed
         }),
         "{:?}",

@@ -16,7 +16,7 @@ use kube::{Resource, runtime::events::EventType};
 use crate::{
     actions::publish,
     context::Context,
-    metrics::{FindingLabels, OutcomeLabels, RemediationLabels, ReportLabels},
+    metrics::{FindingLabels, OutcomeLabels, PolicyLabels, RemediationLabels, ReportLabels},
 };
 
 /// Counts what the decision did, once its record is written (before its
@@ -67,9 +67,18 @@ pub fn count(ctx: &Context, policy: &str, view: &NodeView, happenings: &[Happeni
                     m.time_to_recovery.observe(lasted.as_secs_f64());
                 }
             }
-            Happening::CordonedForReport { observed_at } => {
+            Happening::QuarantinedForReport { observed_at } => {
                 let since = Timestamp::now().duration_since(*observed_at);
                 m.time_to_quarantine.observe(since.as_secs_f64().max(0.0));
+            }
+            Happening::GpuFenceEnded {
+                serving, lasted, ..
+            } => {
+                m.gpu_seconds_kept
+                    .get_or_create(&PolicyLabels {
+                        policy: policy.into(),
+                    })
+                    .inc_by(f64::from(*serving) * lasted.as_secs_f64());
             }
             _ => {}
         }
@@ -148,7 +157,8 @@ fn event_of(happening: &Happening) -> Option<Told<'_>> {
             ..
         }
         | Happening::Attempted(_)
-        | Happening::CordonedForReport { .. } => return None,
+        | Happening::QuarantinedForReport { .. }
+        | Happening::GpuFenceEnded { .. } => return None,
     })
 }
 

@@ -11,7 +11,10 @@ use gpuhealth_api::{
 };
 use gpuhealth_engine::machine::Action;
 use k8s_openapi::{
-    api::core::v1::{Node, ObjectReference, Pod},
+    api::{
+        core::v1::{Node, ObjectReference, Pod},
+        resource::v1beta2::DeviceTaintRule,
+    },
     apimachinery::pkg::apis::meta::v1::Time,
     jiff::Timestamp,
 };
@@ -25,7 +28,7 @@ use tracing::{info, warn};
 
 use crate::{
     context::{Context, Error, MANAGER},
-    validation,
+    devices, validation,
 };
 
 /// Carries out `action`, counting it by outcome in the metrics.
@@ -47,6 +50,8 @@ pub async fn run(
         Action::CreateValidationPod { .. } => "create_validation_pod",
         Action::DeleteValidationPod { .. } => "delete_validation_pod",
         Action::SetGpuHealthy { .. } => "set_gpu_healthy",
+        Action::TaintDevice { .. } => "taint_device",
+        Action::UntaintDevice { .. } => "untaint_device",
     };
     let result = carry_out(ctx, node, spec, action).await;
     let outcome = match &result {
@@ -244,6 +249,29 @@ async fn carry_out(
                 )
                 .await;
                 return Ok("refused");
+            }
+        }
+        Action::TaintDevice {
+            rule,
+            device,
+            incident,
+        } => {
+            let object = devices::rule(rule, device, incident, &name).ok_or_else(|| {
+                Error::InvalidRequest(format!("device {device:?} is not driver/pool/device"))
+            })?;
+            let rules: Api<DeviceTaintRule> = Api::all(ctx.client.clone());
+            match rules.create(&post_params(), &object).await {
+                Ok(_) => info!(node = %name, rule, device, "fenced a GPU"),
+                Err(kube::Error::Api(s)) if s.code == 409 => return Ok("gone"),
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Action::UntaintDevice { rule } => {
+            let rules: Api<DeviceTaintRule> = Api::all(ctx.client.clone());
+            match rules.delete(rule, &DeleteParams::default()).await {
+                Ok(_) => info!(node = %name, rule, "lifted a GPU's fence"),
+                Err(kube::Error::Api(s)) if s.code == 404 => return Ok("gone"),
+                Err(e) => return Err(e.into()),
             }
         }
         Action::DeleteValidationPod { name: pod } => {

@@ -26,6 +26,9 @@ pub struct Context {
     /// Every PodDisruptionBudget, from one watch: what a drain and a DryRun
     /// plan say of them, read with no request of their own.
     pub budgets: Store<PodDisruptionBudget>,
+    /// The cluster's DRA devices' taints and gpuhealth's
+    /// `DeviceTaintRule`s, from watches; None where it serves no DRA.
+    pub dra: Option<crate::devices::Dra>,
     pub recorder: Recorder,
     /// Decisions that may start a remediation are made one at a time, each
     /// seeing the statuses the ones before it wrote: reconciles of different

@@ -2,16 +2,26 @@
 //! `GPUHEALTH_TEST_CRASH_AFTER=<phase>[:<node>]` makes the process exit
 //! right after a decision that enters `phase` (for `node`, if named) is
 //! recorded and before any of its actions, as a crash at the worst moment
-//! would. Unset, it costs one comparison per decision.
+//! would; `<phase>+acted[:<node>]`, right after its actions, before the
+//! next decision records what they did. Unset, it costs one comparison
+//! per decision.
 
 use gpuhealth_api::node_health::Phase;
 use tracing::error;
 
 pub const ENV: &str = "GPUHEALTH_TEST_CRASH_AFTER";
 
-/// Where to crash, if anywhere.
+/// Where to crash, if anywhere: entering which phase, once it is recorded
+/// or once its actions are carried out too, and on which node.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct CrashAfter(Option<(Phase, Option<String>)>);
+pub struct CrashAfter(Option<(Phase, Moment, Option<String>)>);
+
+/// When, in the round that enters the phase.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Moment {
+    BeforeActing,
+    AfterActing,
+}
 
 impl CrashAfter {
     /// From the environment; an unreadable value is refused at start.
@@ -23,19 +33,23 @@ impl CrashAfter {
             Some((p, n)) => (p.to_owned(), Some(n.to_owned())),
             None => (value.clone(), None),
         };
+        let (phase, moment) = match phase.strip_suffix("+acted") {
+            Some(p) => (p.to_owned(), Moment::AfterActing),
+            None => (phase, Moment::BeforeActing),
+        };
         let phase = serde_json::from_value::<Phase>(serde_json::Value::String(phase))
             .map_err(|_| format!("{ENV}: no phase in {value}"))?;
-        Ok(CrashAfter(Some((phase, node))))
+        Ok(CrashAfter(Some((phase, moment, node))))
     }
 
     /// Exits if `node`'s recorded decision moved it from `from` into the
-    /// phase named.
-    pub fn before_acting(&self, node: &str, from: Phase, to: Phase) {
-        let Some((at, only)) = &self.0 else {
+    /// phase named, at `moment`.
+    pub fn at(&self, moment: Moment, node: &str, from: Phase, to: Phase) {
+        let Some((at, when, only)) = &self.0 else {
             return;
         };
-        if *at == to && from != to && only.as_ref().is_none_or(|n| n == node) {
-            error!(node, phase = ?to, "{ENV}: exiting before carrying out the actions");
+        if *at == to && *when == moment && from != to && only.as_ref().is_none_or(|n| n == node) {
+            error!(node, phase = ?to, ?moment, "{ENV}: exiting");
             std::process::exit(3);
         }
     }

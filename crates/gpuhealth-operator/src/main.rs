@@ -5,6 +5,7 @@ mod account;
 mod actions;
 mod conditions;
 mod context;
+mod devices;
 mod error;
 mod failpoint;
 mod leader;
@@ -265,12 +266,17 @@ async fn run(args: Args) -> Result<(), Fatal> {
             futures::future::ready(())
         }),
     );
+    // DRA: devices' taints and gpuhealth's DeviceTaintRules, where the
+    // cluster serves them; a change reconciles the node concerned.
+    let (device_changed, device_changes) = futures::channel::mpsc::unbounded();
+    let dra = devices::watch(&client, device_changed).await;
     let ctx = Arc::new(Context {
         client: client.clone(),
         nodes: nodes.clone(),
         policies: policies.clone(),
         node_health,
         budgets,
+        dra,
         decisions: Default::default(),
         holders_seen: Default::default(),
         failures: Default::default(),
@@ -302,6 +308,7 @@ async fn run(args: Args) -> Result<(), Fatal> {
             |g: GpuNodeHealth| std::iter::once(ObjectRef::new(&g.name_any())),
         )
         .reconcile_on(budget_changes)
+        .reconcile_on(device_changes)
         .shutdown_on_signal()
         .run(reconcile::reconcile, reconcile::error_policy, ctx.clone())
         .for_each(|_| futures::future::ready(()));

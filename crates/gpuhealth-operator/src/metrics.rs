@@ -64,6 +64,13 @@ pub struct RemediationLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct FenceLabels {
+    pub policy: String,
+    /// `DeviceTaintRule` or `DevicePlugin`.
+    pub fence: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct StageLabels {
     /// One of [`Metrics::STAGES`].
     pub stage: &'static str,
@@ -93,6 +100,11 @@ pub struct Metrics {
     pub findings: Family<FindingLabels, Counter>,
     pub time_to_quarantine: Histogram,
     pub time_to_recovery: Histogram,
+    /// GPUs fenced alone now (their node serving), by policy and fence.
+    pub gpus_fenced: Family<FenceLabels, Gauge>,
+    /// GPU-seconds that went on serving beside fenced GPUs, which a cordon
+    /// would have taken out of service.
+    pub gpu_seconds_kept: Family<PolicyLabels, Counter<f64, std::sync::atomic::AtomicU64>>,
     pub leader: Gauge,
     /// Requests to the Kubernetes API, by verb, resource and code.
     pub api_requests: gpuhealth_http::api_requests::ApiRequests,
@@ -124,6 +136,8 @@ impl Default for Metrics {
             time_to_quarantine: Histogram::new(exponential_buckets(0.05, 2.0, 15)),
             // 10 s to about 2 days.
             time_to_recovery: Histogram::new(exponential_buckets(10.0, 2.0, 15)),
+            gpus_fenced: Family::default(),
+            gpu_seconds_kept: Family::default(),
             leader: Gauge::default(),
             api_requests: Default::default(),
             ready: AtomicBool::new(false),
@@ -183,6 +197,16 @@ impl Default for Metrics {
             "policy_unhonoured_fields",
             "Fields of the policy the operator cannot honour (an unknown time zone, a lock it may not read); its Ready condition names them",
             m.unhonoured_fields.clone(),
+        );
+        r.register(
+            "gpus_fenced",
+            "GPUs taken out of service alone, their node serving, by policy and fence (DeviceTaintRule, DevicePlugin)",
+            m.gpus_fenced.clone(),
+        );
+        r.register(
+            "gpu_capacity_kept_seconds",
+            "GPU-seconds the other GPUs of nodes with a fenced GPU went on serving, which a cordon would have taken out of service, by policy",
+            m.gpu_seconds_kept.clone(),
         );
         r.register(
             "incidents",

@@ -16,6 +16,7 @@ use gpuhealth_api::{policy::OtherActor, vocabulary::PodKey};
 use gpuhealth_engine::{
     diagnosis::ObservedCondition,
     drain::{BudgetView, GpuGate, PodView},
+    fence::ResourceCount,
     machine::NodeView,
     others::{NodeSignals, disruptions},
     workload::controller_of,
@@ -25,6 +26,7 @@ use k8s_openapi::{
         core::v1::{Node, Pod},
         policy::v1::PodDisruptionBudget,
     },
+    apimachinery::pkg::api::resource::Quantity,
     jiff::Timestamp,
 };
 use kube::{
@@ -95,7 +97,21 @@ pub fn node_view(
             .map(|v| MaintenanceNotice::parse(v)),
         report_refreshed_at: None,
         break_glass: annotations.get(BREAK_GLASS_ANNOTATION).cloned(),
+        dra: None,
+        gpu_resource: None,
     }
+}
+
+/// A device plugin's `resource` on the node: capacity and allocatable.
+pub fn resource_count(node: &Node, resource: &str) -> Option<ResourceCount> {
+    let status = node.status.as_ref()?;
+    let count = |m: &Option<BTreeMap<String, Quantity>>| -> Option<u32> {
+        m.as_ref()?.get(resource)?.0.parse().ok()
+    };
+    Some(ResourceCount {
+        capacity: count(&status.capacity)?,
+        allocatable: count(&status.allocatable)?,
+    })
 }
 
 /// Which of `actors` are disrupting `node` now.

@@ -9,6 +9,7 @@ use gpuhealth_api::{
     GpuHealthPolicy,
     node_health::{GpuNodeHealthStatus, Phase, ReportProblemKind},
     policy::GpuHealthPolicyStatus,
+    quarantine::GpuFence,
 };
 use gpuhealth_engine::{
     budget,
@@ -29,7 +30,7 @@ use tracing::warn;
 use crate::{
     conditions,
     context::{Context, Error, MANAGER, latest},
-    metrics::{PhaseLabels, PolicyLabels, ReportProblemLabels},
+    metrics::{FenceLabels, PhaseLabels, PolicyLabels, ReportProblemLabels},
     selection::managed,
     validation,
 };
@@ -75,6 +76,20 @@ async fn reconcile_policy(policy: &GpuHealthPolicy, ctx: &Context) -> Result<Req
                 .get_or_create(&ReportProblemLabels {
                     policy: name.clone(),
                     problem: format!("{problem:?}"),
+                })
+                .set(n as i64);
+        }
+        for fence in [GpuFence::DeviceTaintRule, GpuFence::DevicePlugin] {
+            let n: usize = statuses
+                .iter()
+                .filter_map(|s| s.quarantine.as_ref().filter(|q| q.per_gpu()))
+                .map(|q| q.gpus.iter().filter(|g| g.fence == fence).count())
+                .sum();
+            ctx.metrics
+                .gpus_fenced
+                .get_or_create(&FenceLabels {
+                    policy: name.clone(),
+                    fence: format!("{fence:?}"),
                 })
                 .set(n as i64);
         }

@@ -4,17 +4,25 @@
 //! kept for every node of a fleet, they were most of its memory (the
 //! benchmark measured 41 KiB per node at 1,000 nodes).
 
-use std::hash::{DefaultHasher, Hash, Hasher};
+use std::{
+    collections::BTreeMap,
+    hash::{DefaultHasher, Hash, Hasher},
+};
 
 use gpuhealth_api::{GpuNodeHealth, contract::GPU_REPORT_ANNOTATION};
-use k8s_openapi::api::core::v1::{Node, NodeCondition, NodeStatus, NodeSystemInfo};
+
+use k8s_openapi::{
+    api::core::v1::{Node, NodeCondition, NodeStatus, NodeSystemInfo},
+    apimachinery::pkg::api::resource::Quantity,
+};
 
 /// Written by `kubectl apply` (client-side): a copy of the whole object.
 const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
 
 /// Keeps metadata (less `managedFields`), the spec, each condition's type,
-/// status and transition time, and the boot id: all `observe::node_view`
-/// and the selectors read.
+/// status and transition time, the boot id, and the extended resources'
+/// capacity and allocatable (a device plugin's GPUs): all
+/// `observe::node_view`, `observe::resource_count` and the selectors read.
 pub fn node(node: &mut Node) {
     node.metadata.managed_fields = None;
     if let Some(annotations) = node.metadata.annotations.as_mut() {
@@ -36,8 +44,17 @@ pub fn node(node: &mut Node) {
             boot_id: info.boot_id,
             ..Default::default()
         }),
+        capacity: status.capacity.map(extended),
+        allocatable: status.allocatable.map(extended),
         ..Default::default()
     });
+}
+
+/// Only the extended resources (`vendor/name`): cpu, memory and the rest
+/// are never read.
+fn extended(mut resources: BTreeMap<String, Quantity>) -> BTreeMap<String, Quantity> {
+    resources.retain(|name, _| name.contains('/'));
+    resources
 }
 
 /// A node's health record is read whole, but for `managedFields`.
@@ -123,7 +140,8 @@ mod tests {
                     "osImage": "o", "containerRuntimeVersion": "c", "kubeletVersion": "v",
                     "kubeProxyVersion": "", "operatingSystem": "linux", "architecture": "amd64"},
                 "images": [{"names": ["registry.example/vllm:1"], "sizeBytes": 1}],
-                "capacity": {"nvidia.com/gpu": "8"},
+                "capacity": {"nvidia.com/gpu": "8", "cpu": "96", "memory": "1Ti"},
+                "allocatable": {"nvidia.com/gpu": "7", "cpu": "95"},
                 "addresses": [{"type": "InternalIP", "address": "10.0.0.1"}],
             },
         }))
@@ -150,8 +168,19 @@ mod tests {
         assert_eq!(n.metadata.resource_version.as_deref(), Some("1"));
         assert!(n.metadata.managed_fields.is_none());
         assert!(!n.annotations().contains_key(LAST_APPLIED));
+        let count = crate::observe::resource_count(&n, "nvidia.com/gpu").expect("the GPUs");
+        assert_eq!((count.capacity, count.allocatable), (8, 7));
         let status = n.status.expect("a status");
-        assert!(status.images.is_none() && status.capacity.is_none() && status.addresses.is_none());
+        assert!(status.images.is_none() && status.addresses.is_none());
+        let kept = |m: Option<BTreeMap<String, Quantity>>| {
+            m.unwrap_or_default().into_keys().collect::<Vec<_>>()
+        };
+        assert_eq!(
+            kept(status.capacity),
+            ["nvidia.com/gpu"],
+            "only extended resources"
+        );
+        assert_eq!(kept(status.allocatable), ["nvidia.com/gpu"]);
         assert_eq!(status.node_info.map(|i| i.machine_id), Some(String::new()));
     }
 

@@ -16,10 +16,14 @@ use gpuhealth_api::{
     contract::GpuReport,
     node_health::{Finding, Incident, Phase},
     policy::XidOverride,
+    quarantine::{Fenced, QuarantineStatus},
     types::SignalAction,
     vocabulary::{Attempt, IncidentOutcome, PodKey, WorkloadOutcome},
 };
-use gpuhealth_engine::xid::{self, XidClass};
+use gpuhealth_engine::{
+    fence::gpu_name,
+    xid::{self, XidClass},
+};
 use k8s_openapi::{
     api::{core::v1::Event as CoreEvent, events::v1::Event as EventsV1Event},
     apimachinery::pkg::apis::meta::v1::Time,
@@ -501,6 +505,9 @@ pub fn render(input: &ExplainInput, now: Timestamp, style: Style) -> String {
         }
         out.push_str(&format!("  action     {line}\n"));
     }
+    if let Some(q) = &s.quarantine {
+        out.push_str(&format!("  fenced     {}\n", fence_line(q)));
+    }
     out.push_str(&format!("  GPUs       {}\n", gpus_line(input)));
 
     out.push('\n');
@@ -531,6 +538,32 @@ pub fn render(input: &ExplainInput, now: Timestamp, style: Style) -> String {
         out.push_str(&format!("  - {step}\n"));
     }
     out
+}
+
+/// What a quarantine keeps from new work, how, and why that much.
+fn fence_line(q: &QuarantineStatus) -> String {
+    let what = match q.scope {
+        Fenced::Node => "the node (cordoned)".to_owned(),
+        Fenced::Gpu => q
+            .gpus
+            .iter()
+            .map(|g| {
+                let by = match (&g.rule, g.fence) {
+                    (Some(rule), _) => format!("DeviceTaintRule {rule}"),
+                    (None, fence) => format!("{fence:?}"),
+                };
+                format!("{} ({by})", gpu_name(g))
+            })
+            .collect::<Vec<_>>()
+            .join(", "),
+    };
+    let lifted = q.lifted_at.as_ref().map_or_else(String::new, |t| {
+        format!("; lifted {}, its rules going", rfc3339(t.0))
+    });
+    format!(
+        "{what} for {}: {} ({}){lifted}",
+        q.incident, q.message, q.why
+    )
 }
 
 /// What an incident tried, in order: its attempts, then any entries an

@@ -8,11 +8,14 @@
 use gpuhealth_api::{
     GpuHealth, GpuHealthPolicy, GpuNodeHealth,
     node_health::{GpuNodeHealthStatus, Phase},
+    quarantine::Fenced,
     vocabulary::{FindingKind, PodKey, Reason},
 };
 use k8s_openapi::{apimachinery::pkg::apis::meta::v1::Time, jiff::Timestamp};
 use kube::ResourceExt;
 use serde::Serialize;
+
+use gpuhealth_engine::fence::gpu_name;
 
 use crate::output::{Paint, Style, ago, table};
 
@@ -68,6 +71,9 @@ pub struct NodeLine {
     pub bad_gpus: Vec<u32>,
     /// The action in flight, as `GpuReset#1`.
     pub action: Option<String>,
+    /// What is kept from new work: `node`, or the GPUs fenced alone
+    /// (`GPU 7`).
+    pub fenced: Option<String>,
 }
 
 #[derive(Debug, Serialize)]
@@ -78,6 +84,9 @@ pub struct BadGpu {
     pub uuid: String,
     pub health: GpuHealth,
     pub pods: Vec<PodKey>,
+    /// How it is kept from new work: `node` (its node is cordoned), or
+    /// its own fence (`DeviceTaintRule`, `DevicePlugin`).
+    pub fence: Option<String>,
 }
 
 #[derive(Debug, Serialize)]
@@ -131,6 +140,7 @@ pub fn build(policies: &[GpuHealthPolicy], nodes: &[GpuNodeHealth]) -> Fleet {
                 .action
                 .as_ref()
                 .map(|a| format!("{:?}#{}", a.type_, a.attempt)),
+            fenced: fenced(s),
         })
         .collect();
     // The worst first: Failed, then the furthest along.
@@ -148,6 +158,7 @@ pub fn build(policies: &[GpuHealthPolicy], nodes: &[GpuNodeHealth]) -> Fleet {
                     uuid: g.uuid.clone(),
                     health: g.health,
                     pods: g.pods.clone(),
+                    fence: fence_of(s, &g.uuid),
                 })
         })
         .collect();
@@ -173,6 +184,28 @@ pub fn build(policies: &[GpuHealthPolicy], nodes: &[GpuNodeHealth]) -> Fleet {
         not_healthy,
         bad_gpus,
         findings,
+    }
+}
+
+/// What the node's quarantine keeps from new work, while it holds.
+fn fenced(s: &GpuNodeHealthStatus) -> Option<String> {
+    let q = s.quarantine.as_ref().filter(|q| q.lifted_at.is_none())?;
+    Some(match q.scope {
+        Fenced::Node => "node".into(),
+        Fenced::Gpu => q.gpus.iter().map(gpu_name).collect::<Vec<_>>().join(", "),
+    })
+}
+
+/// How GPU `uuid` is kept from new work, if it is.
+fn fence_of(s: &GpuNodeHealthStatus, uuid: &str) -> Option<String> {
+    let q = s.quarantine.as_ref().filter(|q| q.lifted_at.is_none())?;
+    match q.scope {
+        Fenced::Node => Some("node".into()),
+        Fenced::Gpu => q
+            .gpus
+            .iter()
+            .find(|g| g.uuid == uuid)
+            .map(|g| format!("{:?}", g.fence)),
     }
 }
 
@@ -326,6 +359,7 @@ pub fn text(fleet: &Fleet, now: Timestamp, style: Style) -> String {
                         gpus.join(",")
                     }),
                     plain(n.action.clone().unwrap_or_else(|| "-".into())),
+                    plain(n.fenced.clone().unwrap_or_else(|| "-".into())),
                     plain(n.message.clone().unwrap_or_default()),
                 ]
             })
@@ -334,7 +368,8 @@ pub fn text(fleet: &Fleet, now: Timestamp, style: Style) -> String {
             style,
             "  ",
             &[
-                "NODE", "PHASE", "SINCE", "POLICY", "REASON", "BAD GPUS", "ACTION", "MESSAGE",
+                "NODE", "PHASE", "SINCE", "POLICY", "REASON", "BAD GPUS", "ACTION", "FENCED",
+                "MESSAGE",
             ],
             &rows,
         ));
@@ -353,6 +388,7 @@ pub fn text(fleet: &Fleet, now: Timestamp, style: Style) -> String {
                     plain(g.index.to_string()),
                     plain(g.uuid.clone()),
                     (format!("{:?}", g.health), health_paint(g.health)),
+                    plain(g.fence.clone().unwrap_or_else(|| "-".into())),
                     plain(if g.pods.is_empty() {
                         "none".into()
                     } else {
@@ -368,7 +404,7 @@ pub fn text(fleet: &Fleet, now: Timestamp, style: Style) -> String {
         out.push_str(&table(
             style,
             "  ",
-            &["NODE", "GPU", "UUID", "HEALTH", "PODS"],
+            &["NODE", "GPU", "UUID", "HEALTH", "FENCE", "PODS"],
             &rows,
         ));
     }
@@ -414,6 +450,8 @@ mod tests {
         GpuHealthPolicySpec, GpuNodeHealthSpec, RecoveryAction,
         node_health::{ActionStatus, Finding, GpuStatus},
         policy::{GpuHealthPolicyStatus, Mode},
+        quarantine::{FencedGpu, GpuFence, QuarantineStatus},
+        vocabulary::QuarantineWhy,
     };
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector};
 
@@ -515,6 +553,21 @@ mod tests {
                 message: "pod ml-serving/vllm-0 holds GPU 7".into(),
                 observed_at: Time(t("2026-05-29T08:15:45Z")),
             }],
+            quarantine: Some(QuarantineStatus {
+                incident: "inc-1".into(),
+                scope: Fenced::Gpu,
+                why: QuarantineWhy::GpusFenced,
+                message: "GPU 7 fenced by DeviceTaintRule (NoSchedule)".into(),
+                gpus: vec![FencedGpu {
+                    uuid: gpu(7, GpuHealth::ResetRequired, &[]).uuid,
+                    index: Some(7),
+                    fence: GpuFence::DeviceTaintRule,
+                    device: Some("gpu.nvidia.com/192.168.1.1/gpu-7".into()),
+                    rule: Some("gpuhealth-inc-1-gpu-7".into()),
+                }],
+                since: Time(t("2026-05-29T08:16:00Z")),
+                lifted_at: None,
+            }),
             ..Default::default()
         };
         let failed = GpuNodeHealthStatus {
@@ -580,8 +633,8 @@ mod tests {
             "gpu-default: 2 of 3 nodes unhealthy, over maxUnhealthy 25%",
             "Nodes: 3 (1 Healthy, 1 Draining, 1 Failed)",
             "192.168.1.3  Failed    2h35m ago  gpu-default  EscalationExhausted  2",
-            "192.168.1.1  Draining  19m0s ago  gpu-default  Draining             7         GpuReset#1  1 to evict",
-            "192.168.1.1  7    GPU-0a1b2c3d-0000-4000-8000-000000000007  ResetRequired  ml-serving/vllm-0",
+            "192.168.1.1  Draining  19m0s ago  gpu-default  Draining             7         GpuReset#1  GPU 7   1 to evict",
+            "192.168.1.1  7    GPU-0a1b2c3d-0000-4000-8000-000000000007  ResetRequired  DeviceTaintRule  ml-serving/vllm-0",
             "192.168.1.2  StartupProbeTooShort  ReplicaSet/ml-serving/vllm-7d9f6  5m0s ago",
         ] {
             assert!(out.contains(want), "missing {want:?} in:\n{out}");

@@ -13,7 +13,7 @@ use kube::Api;
 use super::{Fault, Rng, inject, repair};
 use crate::{
     Result,
-    invariants::{Expectations, Seen, Violation, check, ending, latest_phase},
+    invariants::{Expectations, Seen, Violation, check, ending, fences_up, latest_phase},
     operator::{self, Options},
     process::Process,
     recorder::Recorder,
@@ -252,9 +252,13 @@ impl Fleet {
         self.trial_mark = mark;
         self.trial_sick = sick.clone();
         let missed = disturb(self, rng).await?;
+        // A recovered node's rules go after its status says so.
         let waited = self
             .settle(mark, "every sick node to end", |t| {
-                sick.iter().all(|n| ending(t, n).is_some())
+                sick.iter().all(|n| {
+                    let end = ending(t, n);
+                    end.is_some() && (end != Some(Phase::Healthy) || fences_up(t, n) == 0)
+                })
             })
             .await;
         let ended = self.recorder.mark();
@@ -276,10 +280,22 @@ impl Fleet {
         for (node, holder) in holders.iter().filter(|(n, _)| handed_over.contains(n)) {
             repair(&self.s, node, holder).await?;
         }
+        let timeline = self.recorder.since(mark);
+        let fenced_before: Vec<(String, usize)> = handed_over
+            .iter()
+            .map(|n| (n.clone(), fences_up(&timeline, n)))
+            .collect();
         self.settle(after, "repaired nodes back in service", |t| {
             handed_over
                 .iter()
                 .all(|n| latest_phase(t, n) == Some(Phase::Healthy))
+                && fenced_before.iter().all(|(n, up)| {
+                    let gone = t
+                        .iter()
+                        .filter(|s| matches!(s, Seen::Fence { node, up: false, .. } if node == n))
+                        .count();
+                    gone >= *up
+                })
         })
         .await?;
         let mut later = self.expectations();

@@ -2,6 +2,9 @@
 //! then SIGKILLs the leader at a random moment of their remediation (up to
 //! two seconds after one of them enters a random phase); the standby takes
 //! over, and a replacement replica starts, as a Deployment would start one.
+//! The nodes' GPUs are DRA devices too, so that a reset's incident fences
+//! the GPU alone with a `DeviceTaintRule` and a kill lands around writing
+//! or deleting one (the checker: `Unfenced`, `RuleOutlivedIncident`).
 
 use std::time::Duration;
 
@@ -12,11 +15,17 @@ use super::{Fault, Rng, Row, fleet::Fleet, policy};
 use crate::Result;
 
 /// Where a kill may land: every fault passes through these.
-const PHASES: [Phase; 3] = [Phase::Quarantined, Phase::Draining, Phase::Remediating];
+const PHASES: [Phase; 4] = [
+    Phase::Quarantined,
+    Phase::Draining,
+    Phase::Remediating,
+    Phase::Verifying,
+];
 
 pub async fn run(trials: usize, rng: &mut Rng) -> Result<Row> {
     let spec = policy(2, IntOrString::String("100%".into()));
     let mut fleet = Fleet::new("chaos-kill", 6, spec, 2).await?;
+    fleet.s.publish_devices().await?;
     let mut row = Row::new("operator SIGKILL");
     for _ in 0..trials {
         let faulty = 1 + rng.below(3);

@@ -28,6 +28,9 @@ words! {
         MaintenanceOverdue,
         /// An administrator cleared a request or the cordon record by hand.
         BreakGlass,
+        /// The policy asked for per-GPU quarantine and the node was cordoned
+        /// instead (`status.quarantine.why` says why).
+        NodeQuarantinedInstead,
     }
 }
 

@@ -8,12 +8,14 @@ mod attempt;
 mod finding;
 mod outcome;
 mod pod;
+mod quarantine;
 mod reason;
 
 pub use attempt::{Attempt, AttemptAction, AttemptOutcome};
 pub use finding::FindingKind;
 pub use outcome::{IncidentOutcome, WorkloadOutcome};
 pub use pod::PodKey;
+pub use quarantine::QuarantineWhy;
 pub use reason::Reason;
 
 /// A closed set of CamelCase words: serialised, logged and used as an

@@ -38,6 +38,9 @@ words! {
         RecoveryAction,
         /// Application Xids repeat on a GPU more than the policy allows.
         RepeatedAppXids,
+        /// A DRA driver tainted a GPU's device with a key in
+        /// `detection.deviceTaints`.
+        DeviceTainted,
         /// A signal with no reason of its own.
         Unhealthy,
 

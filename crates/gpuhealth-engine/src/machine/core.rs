@@ -73,9 +73,8 @@ impl<'a> Stepper<'a> {
     }
 
     pub(super) fn decision(mut self) -> Decision {
-        // The cordon first: it is what keeps new pods off a bad GPU.
-        self.actions
-            .sort_by_key(|a| !matches!(a, Action::Cordon { .. }));
+        // The fence first: it is what keeps new pods off a bad GPU.
+        self.actions.sort_by_key(|a| !a.fences());
         Decision {
             status: self.status,
             actions: self.actions,
@@ -147,6 +146,7 @@ impl<'a> Stepper<'a> {
             report: node.report.as_ref(),
             report_refreshed_at: node.report_refreshed_at,
             xids_since: self.xids_since(),
+            tainted_devices: node.dra.as_ref().map_or(&[], |d| d.tainted.as_slice()),
         };
         self.diagnosis = diagnose(self.now(), &self.spec().detection, &evidence);
         self.clear_findings_of_mended_inputs();
@@ -277,8 +277,14 @@ impl<'a> Stepper<'a> {
         if self.input.node.unschedulable {
             return true;
         }
-        let incident = self.status.incident.clone().unwrap_or_default();
-        self.actions.push(Action::Cordon { incident });
+        if !self
+            .actions
+            .iter()
+            .any(|a| matches!(a, Action::Cordon { .. }))
+        {
+            let incident = self.status.incident.clone().unwrap_or_default();
+            self.actions.push(Action::Cordon { incident });
+        }
         self.wait(POLL);
         false
     }

@@ -18,6 +18,18 @@ pub enum Action {
     Uncordon {
         incident: String,
     },
+    /// Create the `DeviceTaintRule` `rule`, tainting `device` (as
+    /// `driver/pool/device`) `NoSchedule` for `incident`; one that exists
+    /// already is left as it is.
+    TaintDevice {
+        rule: String,
+        device: String,
+        incident: String,
+    },
+    /// Delete gpuhealth's `DeviceTaintRule` `rule`; one already gone is done.
+    UntaintDevice {
+        rule: String,
+    },
     /// Evict through the Eviction API (PodDisruptionBudgets hold).
     Evict {
         pod: PodKey,
@@ -59,6 +71,13 @@ pub enum Action {
         key: String,
         value: String,
     },
+}
+
+impl Action {
+    /// Whether it keeps new work off a bad GPU: such actions go first.
+    pub fn fences(&self) -> bool {
+        matches!(self, Action::Cordon { .. } | Action::TaintDevice { .. })
+    }
 }
 
 #[derive(Clone, Debug, PartialEq)]

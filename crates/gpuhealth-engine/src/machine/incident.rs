@@ -1,10 +1,12 @@
-//! Opening an incident, the cordon it takes over, the repeat offenders it
+//! Opening an incident, what it takes out of service, the repeat offenders it
 //! hands over, and break glass.
 
 use gpuhealth_api::{
+    RecoveryAction,
     contract::RequestId,
     node_health::{HISTORY_LIMIT, Incident, OPENING_SIGNALS_LIMIT, OpeningSignal, Phase},
     policy::Mode,
+    quarantine::Fenced,
     vocabulary::{Attempt, AttemptOutcome, FindingKind, IncidentOutcome, Reason},
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -13,38 +15,47 @@ use crate::happening::Happening;
 
 use crate::machine::{Action, core::Stepper};
 
-/// Who cordoned the node for an incident.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Cordon {
-    /// gpuhealth did, and lifts it at recovery.
-    Made,
-    /// Someone else had: gpuhealth keeps it and never lifts it.
-    Kept,
+/// What an incident took out of service.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(super) enum Taken {
+    /// gpuhealth cordoned the node, and lifts the cordon at recovery.
+    Cordoned,
+    /// Someone else had cordoned it: gpuhealth keeps it and never lifts it.
+    KeptCordon,
+    /// Only the bad GPUs, as said; the node takes new work.
+    Gpus(String),
 }
 
-impl Cordon {
+impl Taken {
     /// How a message begins: `cordoned for: …`.
-    pub(super) fn done(self) -> &'static str {
+    pub(super) fn done(&self) -> String {
         match self {
-            Cordon::Made => "cordoned",
-            Cordon::Kept => "kept the cordon someone else made (it stays after recovery)",
+            Taken::Cordoned => "cordoned".into(),
+            Taken::KeptCordon => {
+                "kept the cordon someone else made (it stays after recovery)".into()
+            }
+            Taken::Gpus(fenced) => fenced.clone(),
         }
     }
 }
 
 impl Stepper<'_> {
-    /// Starts an incident: recorded first, then the cordon (unless the
+    /// Starts an incident: recorded first, then its quarantine. That is
+    /// the bad GPUs alone where a fence holds for each and `step` (None: a
+    /// maintenance) needs nothing node-wide; else the cordon (unless the
     /// node is cordoned already by anyone else; a cordon of ours left from
-    /// the last incident is taken over by this one). Whether it cordons:
-    /// someone else's cordon is kept, not made, and stays after recovery.
+    /// the last incident is taken over by this one). What it took: someone
+    /// else's cordon is kept, not made, and stays after recovery.
     pub(super) fn open_incident(
         &mut self,
         trigger: String,
         gpus: Vec<String>,
         maintenance_deadline: Option<Time>,
-    ) -> Cordon {
+        step: Option<RecoveryAction>,
+    ) -> Taken {
         let leftover = self.leftover_cordon();
         let incident = self.new_incident_id();
+        let choice = self.choose_quarantine(&incident, &gpus, step);
         self.supersede_workload_watch(&incident);
         self.status.incident = Some(incident.clone());
         self.status.action = None;
@@ -66,19 +77,28 @@ impl Stepper<'_> {
             },
         );
         self.status.history.truncate(HISTORY_LIMIT);
-        if self.input.node.unschedulable && leftover.is_none() {
-            return Cordon::Kept;
-        }
-        self.actions.push(Action::Cordon { incident });
-        // Only a report that shows the fault dates it: a cordon for a node
-        // condition or a maintenance notice says nothing of reaction time.
+        let scope = choice.scope;
+        let fenced = choice.message.clone();
+        self.record_quarantine(&incident, choice);
+        let taken = match scope {
+            Fenced::Gpu => Taken::Gpus(fenced),
+            Fenced::Node if self.input.node.unschedulable && leftover.is_none() => {
+                return Taken::KeptCordon;
+            }
+            Fenced::Node => {
+                self.actions.push(Action::Cordon { incident });
+                Taken::Cordoned
+            }
+        };
+        // Only a report that shows the fault dates it: a quarantine for a
+        // node condition or a maintenance notice says nothing of reaction time.
         if let Some(Ok(report)) = &self.input.node.report
             && report.bad_gpus().next().is_some()
         {
             let observed_at = report.observed_at.0;
-            self.tell(Happening::CordonedForReport { observed_at });
+            self.tell(Happening::QuarantinedForReport { observed_at });
         }
-        Cordon::Made
+        taken
     }
 
     fn opening_signals(&self) -> Vec<OpeningSignal> {

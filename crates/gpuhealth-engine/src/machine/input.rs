@@ -12,6 +12,7 @@ use crate::{
     budget::Budget,
     diagnosis::ObservedCondition,
     drain::{BudgetView, PodView},
+    fence::{DraView, ResourceCount},
     workload::WorkloadView,
 };
 
@@ -40,6 +41,11 @@ pub struct NodeView {
     /// The reason an administrator gave in `gpuhealth.io/break-glass` when
     /// clearing a request or the cordon record by hand.
     pub break_glass: Option<String>,
+    /// The node's DRA devices and gpuhealth's `DeviceTaintRule`s for it;
+    /// None where the cluster serves no `DeviceTaintRule`.
+    pub dra: Option<DraView>,
+    /// The policy's device-plugin resource on the node, if it offers it.
+    pub gpu_resource: Option<ResourceCount>,
 }
 
 /// The validation pod of the attempt in flight, as observed.

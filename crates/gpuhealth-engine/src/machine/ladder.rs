@@ -8,7 +8,7 @@ use gpuhealth_api::{
     contract::{Capabilities, REPLACE_LABEL, RequestId},
     node_health::{ActionStatus, Phase},
     policy::EscalationStep,
-    vocabulary::{Attempt, AttemptOutcome, FindingKind, Reason},
+    vocabulary::{Attempt, AttemptOutcome, FindingKind, QuarantineWhy, Reason},
 };
 use k8s_openapi::{apimachinery::pkg::apis::meta::v1::Time, jiff::Timestamp};
 
@@ -73,6 +73,12 @@ impl Stepper<'_> {
                 format!("{:?} passed over: {why}", step.action),
             );
             return self.start_attempt(rung + 1, 1);
+        }
+        if step.action >= RecoveryAction::NodeReboot {
+            self.widen_to_node(
+                QuarantineWhy::StepTakesTheNode,
+                format!("{:?} takes the whole node down", step.action),
+            );
         }
         self.status.action = Some(ActionStatus {
             id: RequestId::for_attempt(&incident, step.action, attempt),

@@ -23,6 +23,7 @@ mod needs;
 mod notice;
 mod phases;
 mod plan;
+mod quarantine;
 
 use std::time::Duration;
 
@@ -128,6 +129,7 @@ pub fn step(input: &Input<'_>) -> Decision {
         Then::Done,
         "a step handed on more than {HANDLERS_PER_STEP} times"
     );
+    s.keep_fences();
     s.decision()
 }
 

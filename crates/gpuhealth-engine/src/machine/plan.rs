@@ -1,6 +1,6 @@
 //! What a drain takes, and what a DryRun policy would do.
 
-use gpuhealth_api::{RecoveryAction, node_health::Plan, policy::DrainScope};
+use gpuhealth_api::{RecoveryAction, node_health::Plan, policy::DrainScope, quarantine::Fenced};
 
 use crate::drain::{self, DrainPlan};
 
@@ -79,8 +79,10 @@ impl Stepper<'_> {
             .iter()
             .filter_map(|b| b.against(&drain.evict))
             .collect();
+        let quarantine = self.planned_quarantine(Some(action.unwrap_or(required)));
         Plan {
-            cordon: !self.input.node.unschedulable,
+            cordon: !self.input.node.unschedulable && quarantine.scope == Fenced::Node,
+            quarantine: Some(quarantine),
             action,
             gpus,
             evict: drain.evict,

@@ -18,6 +18,7 @@ use gpuhealth_api::{
 use gpuhealth_engine::{
     budget::Budget,
     drain::{BudgetView, GpuGate, PodView},
+    fence::{DeviceView, DraView, RuleView},
     happening::Happening,
     machine::ValidationView,
     machine::{Action, Input, NodeView, step},
@@ -129,6 +130,8 @@ impl World {
                 maintenance: None,
                 report_refreshed_at: None,
                 break_glass: None,
+                dra: None,
+                gpu_resource: None,
             },
             pods,
             disruption_budgets: Vec::new(),
@@ -270,7 +273,60 @@ impl World {
                 self.labels.insert(key.clone(), value.clone());
             }
             Action::ClearBreakGlass => self.node.break_glass = None,
+            Action::TaintDevice { rule, incident, .. } => {
+                let dra = self
+                    .node
+                    .dra
+                    .as_mut()
+                    .expect("a rule only where DRA is served");
+                if !dra.rules.iter().any(|r| &r.name == rule) {
+                    dra.rules.push(RuleView {
+                        name: rule.clone(),
+                        incident: incident.clone(),
+                    });
+                }
+            }
+            Action::UntaintDevice { rule } => {
+                if let Some(dra) = self.node.dra.as_mut() {
+                    dra.rules.retain(|r| &r.name != rule);
+                }
+            }
         }
+    }
+
+    /// The node's GPUs published as DRA devices, one per GPU with its UUID,
+    /// on a cluster that serves DeviceTaintRules.
+    pub fn with_dra(mut self) -> World {
+        let Some(Ok(report)) = &self.node.report else {
+            return self;
+        };
+        let devices = report
+            .gpus
+            .iter()
+            .map(|g| DeviceView {
+                driver: "gpu.nvidia.com".into(),
+                pool: self.node.name.clone(),
+                name: format!("gpu-{}", g.index),
+                uuid: Some(g.uuid.clone()),
+                taints: Vec::new(),
+            })
+            .collect();
+        self.node.dra = Some(DraView {
+            can_taint: true,
+            devices,
+            rules: Vec::new(),
+            tainted: Vec::new(),
+        });
+        self
+    }
+
+    /// The rules of gpuhealth's now up on the node.
+    pub fn rules(&self) -> Vec<String> {
+        self.node
+            .dra
+            .as_ref()
+            .map(|d| d.rules.iter().map(|r| r.name.clone()).collect())
+            .unwrap_or_default()
     }
 
     /// The agent remembers what it carried out and never repeats an id.

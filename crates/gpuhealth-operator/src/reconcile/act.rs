@@ -10,6 +10,7 @@ use super::read::Read;
 use crate::{
     actions,
     context::{Context, Error},
+    failpoint::Moment,
 };
 
 pub async fn act(
@@ -18,8 +19,9 @@ pub async fn act(
     read: &Read,
     decision: &Decision,
 ) -> Result<(), Error> {
+    let (from, to) = (read.stored.phase, decision.status.phase);
     ctx.crash_after
-        .before_acting(&read.name, read.stored.phase, decision.status.phase);
+        .at(Moment::BeforeActing, &read.name, from, to);
     log_transition(read, decision);
     let acting = std::time::Instant::now();
     for action in &decision.actions {
@@ -32,6 +34,8 @@ pub async fn act(
     if !decision.actions.is_empty() {
         ctx.metrics.stage("act", acting);
     }
+    ctx.crash_after
+        .at(Moment::AfterActing, &read.name, from, to);
     Ok(())
 }
 

@@ -7,6 +7,7 @@ use std::{collections::BTreeSet, sync::Arc};
 use gpuhealth_api::{GpuHealthPolicy, node_health::GpuNodeHealthStatus};
 use gpuhealth_engine::{
     drain::{BudgetView, PodView},
+    fence::DraView,
     machine::{HoldersSince, Needs, NodeView, ValidationView, needs},
     workload::WorkloadView,
 };
@@ -22,7 +23,8 @@ use tracing::warn;
 
 use crate::{
     context::{Context, Error, HoldersSeen},
-    observe::{budget_views, gpu_holders, holders_hash, node_view, pod_view},
+    devices,
+    observe::{budget_views, gpu_holders, holders_hash, node_view, pod_view, resource_count},
     selection::winner,
     validation, workloads,
 };
@@ -88,12 +90,45 @@ pub async fn read(ctx: &Context, node: &Node) -> Result<Option<Read>, Error> {
     };
     let needs = needs(&policy.spec, &stored, &view, since);
 
+    let quarantine = &policy.spec.quarantine;
+    view.gpu_resource = resource_count(node, &quarantine.device_plugin_resource);
+    if let Some(dra) = &ctx.dra {
+        let devices = if needs.devices {
+            devices::devices_of(&ctx.client, &name, &quarantine.dra_driver).await?
+        } else {
+            Vec::new()
+        };
+        view.dra = Some(DraView {
+            can_taint: dra.rules.is_some(),
+            devices,
+            rules: dra
+                .rules
+                .as_ref()
+                .map(|r| devices::rules_of(r, &name))
+                .unwrap_or_default(),
+            tainted: devices::tainted_of(&dra.slices, &name, &quarantine.dra_driver),
+        });
+    }
+
     let pods: Vec<PodView> = if needs.pods {
         let api: Api<Pod> = Api::all(ctx.client.clone());
         let list = api
             .list(&ListParams::default().fields(&format!("spec.nodeName={name}")))
             .await?;
-        list.items.iter().map(|p| pod_view(p, &holders)).collect()
+        // A pod holds the GPUs the report names for it and those its
+        // ResourceClaims were allocated.
+        let mut held = holders.clone();
+        if let Some(dra) = &view.dra {
+            for (pod, gpus) in devices::claimed_gpus(&ctx.client, &list.items, &dra.devices).await {
+                let entry = held.entry(pod).or_default();
+                for gpu in gpus {
+                    if !entry.contains(&gpu) {
+                        entry.push(gpu);
+                    }
+                }
+            }
+        }
+        list.items.iter().map(|p| pod_view(p, &held)).collect()
     } else {
         Vec::new()
     };

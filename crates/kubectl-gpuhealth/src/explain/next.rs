@@ -20,6 +20,14 @@ pub fn steps(input: &ExplainInput, now: Timestamp) -> Vec<String> {
 
     match s.phase {
         Phase::Healthy => {}
+        Phase::Failed if s.quarantine.as_ref().is_some_and(|q| q.per_gpu()) => {
+            steps.push(format!(
+                "{node} is Failed ({reason}); its bad GPUs stay fenced, the node serving, until a person acts: {message}"
+            ));
+            steps.push(
+                "once the GPUs are repaired and report healthy, gpuhealth lifts their fence and marks the node Healthy".into(),
+            );
+        }
         Phase::Failed => {
             steps.push(format!(
                 "{node} is Failed ({reason}) and stays cordoned until a person acts: {message}"
@@ -116,6 +124,10 @@ pub fn steps(input: &ExplainInput, now: Timestamp) -> Vec<String> {
                 steps.push(format!("{}; it stays there until gpuhealth acts", f.message));
             }
             FindingKind::PodOnBadGpu => {}
+            FindingKind::NodeQuarantinedInstead => steps.push(format!(
+                "{}; to fence a GPU alone, the cluster needs DeviceTaintRules (resource.k8s.io/v1beta2, feature gate DRADeviceTaintRules) and a DRA driver publishing the GPUs, or a device plugin that withdraws exactly the bad GPUs",
+                f.message
+            )),
             // Each says in its message what to do about it.
             other @ (FindingKind::StaleReport
             | FindingKind::GpusUnreadable

@@ -13,7 +13,7 @@ use crate::machine::{
 
 impl Stepper<'_> {
     pub(in crate::machine) fn quarantined(&mut self) -> Then {
-        if !self.cordoned() || self.held_by_other_actor(Phase::Quarantined) || self.cooling_down() {
+        if !self.fenced() || self.held_by_other_actor(Phase::Quarantined) || self.cooling_down() {
             return Then::Done;
         }
         let required = self
@@ -33,7 +33,7 @@ impl Stepper<'_> {
             // Draining with no attempt recorded: decide one afresh.
             return Then::Run(Stage::Quarantined);
         };
-        if self.held_by_other_actor(Phase::Draining) {
+        if self.widened_and_not_cordoned() || self.held_by_other_actor(Phase::Draining) {
             return Then::Done;
         }
         let plan = self.drain_plan(action.type_, &action.gpus);

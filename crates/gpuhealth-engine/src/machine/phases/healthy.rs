@@ -164,8 +164,12 @@ impl Stepper<'_> {
     fn act_on(&mut self, trigger: Trigger) {
         let headline = trigger.headline;
         if let Some(notice) = trigger.notice {
-            let cordon =
-                self.open_incident(headline.clone(), Vec::new(), Some(notice.deadline.clone()));
+            let taken = self.open_incident(
+                headline.clone(),
+                Vec::new(),
+                Some(notice.deadline.clone()),
+                None,
+            );
             self.status.maintenance = Some(MaintenanceStatus {
                 deadline: notice.deadline,
                 source: notice.source,
@@ -175,13 +179,18 @@ impl Stepper<'_> {
             self.enter(
                 Phase::Quarantined,
                 Reason::MaintenanceScheduled,
-                format!("{} ahead of {headline}", cordon.done()),
+                format!("{} ahead of {headline}", taken.done()),
             );
             return;
         }
         let gpus = self.diagnosis.gpus();
         if let Some(why) = self.repeat_offender(&gpus) {
-            self.open_incident(headline.clone(), gpus, None);
+            self.open_incident(
+                headline.clone(),
+                gpus,
+                None,
+                Some(RecoveryAction::ReplaceNode),
+            );
             self.actions.push(Action::LabelNode {
                 key: NEEDS_REPLACEMENT_LABEL.into(),
                 value: "true".into(),
@@ -193,18 +202,22 @@ impl Stepper<'_> {
                 ),
             );
         }
-        let cordon = self.open_incident(headline.clone(), gpus, None);
+        let step = trigger.required.map(|r| self.first_step(r).unwrap_or(r));
+        let taken = self.open_incident(headline.clone(), gpus, None, step);
         self.enter(
             Phase::Quarantined,
             self.headline_reason(),
-            format!("{} for: {headline}", cordon.done()),
+            format!("{} for: {headline}", taken.done()),
         );
     }
 
     /// A person takes over from `Failed`: once they uncordon the node and
     /// its signals are clear, it is `Healthy` again.
     pub(in crate::machine) fn failed(&mut self) -> Then {
-        if !self.input.node.unschedulable && self.diagnosis.is_clear() {
+        // A GPU fenced alone is handed back by mending it: the node serves.
+        let per_gpu = self.status.quarantine.as_ref().is_some_and(|q| q.per_gpu());
+        if (per_gpu || !self.input.node.unschedulable) && self.diagnosis.is_clear() {
+            self.lift_quarantine();
             self.status.action = None;
             self.status.incident = None;
             self.status.maintenance = None;

@@ -9,7 +9,7 @@ use gpuhealth_api::{
 };
 use k8s_openapi::{apimachinery::pkg::apis::meta::v1::Time, jiff::Timestamp};
 
-use crate::diagnosis::after;
+use crate::{diagnosis::after, fence::gpu_name};
 
 use crate::machine::{
     Action, POLL, VALIDATION_POLL,
@@ -133,7 +133,15 @@ impl Stepper<'_> {
                 incident: incident.clone(),
             });
         }
-        let message = if ours || !self.input.node.unschedulable {
+        let fenced = self
+            .status
+            .quarantine
+            .as_ref()
+            .filter(|q| q.per_gpu())
+            .map(|q| q.gpus.iter().map(gpu_name).collect::<Vec<_>>().join(", "));
+        let message = if let Some(gpus) = fenced {
+            format!("incident {incident} recovered; {gpus} back in service")
+        } else if ours || !self.input.node.unschedulable {
             format!("incident {incident} recovered; node back in service")
         } else {
             format!(
@@ -141,6 +149,7 @@ impl Stepper<'_> {
             )
         };
         self.close(IncidentOutcome::Recovered, message);
+        self.lift_quarantine();
         self.start_workload_watch();
         self.status.maintenance = None;
         self.status.action = None;

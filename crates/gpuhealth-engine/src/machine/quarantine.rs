@@ -1,0 +1,301 @@
+//! What an incident takes out of service (the node, or its bad GPUs), and
+//! keeping gpuhealth's `DeviceTaintRule`s to what the status records.
+//!
+//! The status is the intent: a handler records the quarantine, and
+//! `keep_fences`, at the end of every step under `Enforce`, asks for the
+//! rules it names that are not up and the removal of every rule of ours it
+//! does not name. So a rule written and not yet recorded, or deleted and
+//! not yet recorded as gone, is put right by the next step whenever the
+//! operator stopped.
+
+use std::time::Duration;
+
+use gpuhealth_api::{
+    RecoveryAction,
+    node_health::PlannedQuarantine,
+    policy::Mode,
+    quarantine::{Fenced, GpuFence, QuarantineStatus},
+    vocabulary::{FindingKind, QuarantineWhy},
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+use crate::{
+    fence::{Ask, BadGpu, Choice, choose},
+    happening::Happening,
+};
+
+use crate::machine::{Action, POLL, core::Stepper};
+
+impl Stepper<'_> {
+    /// How much of the node an incident about `gpus` that starts with
+    /// `step` (None: a maintenance) would take out of service now.
+    pub(super) fn choose_quarantine(
+        &self,
+        incident: &str,
+        gpus: &[String],
+        step: Option<RecoveryAction>,
+    ) -> Choice {
+        let bad: Vec<BadGpu> = gpus
+            .iter()
+            .map(|uuid| BadGpu {
+                uuid: uuid.clone(),
+                index: self.gpu_index(uuid),
+            })
+            .collect();
+        let drain_scope = step.map_or(self.spec().drain.scope, |s| self.drain_scope(s));
+        let holders_unknown = self.holders_unknown(gpus);
+        choose(&Ask {
+            policy: &self.spec().quarantine,
+            incident,
+            gpus: &bad,
+            step,
+            drain_scope,
+            holders_unknown: holders_unknown.as_deref(),
+            dra: self.input.node.dra.as_ref(),
+            plugin: self.input.node.gpu_resource,
+        })
+    }
+
+    fn gpu_index(&self, uuid: &str) -> Option<u32> {
+        match &self.input.node.report {
+            Some(Ok(r)) => r.gpus.iter().find(|g| g.uuid == uuid).map(|g| g.index),
+            _ => None,
+        }
+    }
+
+    /// The first rung an incident on `required` would take: the first at
+    /// least as strong, less those the agent cannot carry out.
+    pub(super) fn first_step(&self, required: RecoveryAction) -> Option<RecoveryAction> {
+        let ladder = &self.spec().escalation;
+        let from = ladder
+            .iter()
+            .position(|r| r.action >= required)
+            .unwrap_or(ladder.len().saturating_sub(1));
+        ladder
+            .iter()
+            .skip(from)
+            .map(|r| r.action)
+            .find(|a| self.unavailable(*a).is_none())
+    }
+
+    /// Records `choice` as the open incident's quarantine. The GPUs' rules
+    /// are put up by `keep_fences`; the cordon by the caller.
+    pub(super) fn record_quarantine(&mut self, incident: &str, choice: Choice) {
+        if choice.scope == Fenced::Node {
+            self.policy_asked_for_gpus(&choice);
+        }
+        self.status.quarantine = Some(QuarantineStatus {
+            incident: incident.to_owned(),
+            scope: choice.scope,
+            why: choice.why,
+            message: choice.message,
+            gpus: choice.gpus,
+            since: Time(self.now()),
+            lifted_at: None,
+        });
+    }
+
+    /// A policy that asked for per-GPU quarantine by name hears why it got
+    /// the node.
+    fn policy_asked_for_gpus(&mut self, choice: &Choice) {
+        use gpuhealth_api::quarantine::QuarantineScope;
+        if self.spec().quarantine.scope == QuarantineScope::Gpu
+            && choice.why != QuarantineWhy::PolicyScopeNode
+        {
+            self.finding(
+                FindingKind::NodeQuarantinedInstead,
+                None,
+                format!(
+                    "the policy asks for per-GPU quarantine; the node is cordoned instead: {}",
+                    choice.message
+                ),
+            );
+        }
+    }
+
+    /// What a `DryRun` policy would take out of service for a step.
+    pub(super) fn planned_quarantine(&self, step: Option<RecoveryAction>) -> PlannedQuarantine {
+        let gpus = self.diagnosis.gpus();
+        let choice = self.choose_quarantine("dry-run", &gpus, step);
+        PlannedQuarantine {
+            scope: choice.scope,
+            why: choice.why,
+            message: choice.message,
+        }
+    }
+
+    /// Whether the open incident's quarantine holds: for the node, the
+    /// cordon (asked for again if it has not landed); for its GPUs, every
+    /// rule it names seen up. False until it does.
+    pub(super) fn fenced(&mut self) -> bool {
+        let Some(q) = self.status.quarantine.as_ref().filter(|q| q.per_gpu()) else {
+            return self.cordoned();
+        };
+        let up = self.rules_up();
+        if q.rules().all(|r| up.iter().any(|u| u == r)) {
+            return true;
+        }
+        self.wait(POLL);
+        false
+    }
+
+    /// A per-GPU quarantine that a later step widened to the node: that
+    /// step waits for the cordon.
+    pub(super) fn widened_and_not_cordoned(&mut self) -> bool {
+        let widened = self.status.quarantine.as_ref().is_some_and(|q| {
+            q.scope == Fenced::Node && !q.gpus.is_empty() && q.lifted_at.is_none()
+        });
+        widened && !self.cordoned()
+    }
+
+    fn rules_up(&self) -> Vec<String> {
+        self.input
+            .node
+            .dra
+            .as_ref()
+            .map(|d| d.rules.iter().map(|r| r.name.clone()).collect())
+            .unwrap_or_default()
+    }
+
+    /// Takes the whole node out of service for the rest of the incident,
+    /// the GPUs' fences staying up until it ends.
+    pub(super) fn widen_to_node(&mut self, why: QuarantineWhy, message: String) {
+        let Some(q) = self.status.quarantine.clone().filter(|q| q.per_gpu()) else {
+            return;
+        };
+        self.fence_ended(&q);
+        let incident = q.incident.clone();
+        if let Some(q) = self.status.quarantine.as_mut() {
+            q.scope = Fenced::Node;
+            q.why = why;
+            q.message = message;
+        }
+        if !self.input.node.unschedulable {
+            self.actions.push(Action::Cordon { incident });
+        }
+    }
+
+    /// Says how long `q` kept its GPUs from new work while the rest served.
+    fn fence_ended(&mut self, q: &QuarantineStatus) {
+        let gpus = match &self.input.node.report {
+            Some(Ok(r)) => r.gpus.len(),
+            _ => q.gpus.len(),
+        };
+        let fenced = q.gpus.len();
+        let lasted = self
+            .now()
+            .duration_since(q.since.0)
+            .try_into()
+            .unwrap_or(Duration::ZERO);
+        self.tell(Happening::GpuFenceEnded {
+            fenced: fenced as u32,
+            serving: gpus.saturating_sub(fenced) as u32,
+            lasted,
+        });
+    }
+
+    /// The incident is over: its fences come down. The record stays until
+    /// its rules are seen gone.
+    pub(super) fn lift_quarantine(&mut self) {
+        let Some(q) = self.status.quarantine.clone() else {
+            return;
+        };
+        if q.per_gpu() {
+            self.fence_ended(&q);
+        }
+        let now = Time(self.now());
+        if q.rules().next().is_none() {
+            self.status.quarantine = None;
+        } else if let Some(q) = self.status.quarantine.as_mut() {
+            q.lifted_at = Some(now);
+        }
+    }
+
+    /// Every step under `Enforce`: puts up the rules the open quarantine
+    /// names and that are not up, takes down every rule of ours it does not
+    /// name, forgets a lifted quarantine once its rules are gone, and widens
+    /// to the node a per-GPU fence that no longer holds.
+    pub(super) fn keep_fences(&mut self) {
+        if self.spec().mode != Mode::Enforce {
+            return;
+        }
+        self.fence_still_holds();
+        let wanted: Vec<(String, String)> = match &self.status.quarantine {
+            Some(q)
+                if q.lifted_at.is_none()
+                    && self.status.incident.as_deref() == Some(&q.incident) =>
+            {
+                q.gpus
+                    .iter()
+                    .filter_map(|g| Some((g.rule.clone()?, g.device.clone()?)))
+                    .collect()
+            }
+            _ => Vec::new(),
+        };
+        let up = self.rules_up();
+        for rule in &up {
+            if !wanted.iter().any(|(w, _)| w == rule) {
+                self.actions
+                    .push(Action::UntaintDevice { rule: rule.clone() });
+            }
+        }
+        let incident = self.status.incident.clone().unwrap_or_default();
+        for (rule, device) in wanted {
+            if !up.contains(&rule) {
+                self.actions.push(Action::TaintDevice {
+                    rule,
+                    device,
+                    incident: incident.clone(),
+                });
+            }
+        }
+        let forget = self.status.quarantine.as_ref().is_some_and(|q| {
+            let open = self.status.incident.as_deref() == Some(q.incident.as_str());
+            (q.lifted_at.is_some() || !open) && q.rules().all(|r| !up.iter().any(|u| u == r))
+        });
+        if forget {
+            self.status.quarantine = None;
+        }
+    }
+
+    /// A per-GPU fence that stops holding while its GPU is still bad widens
+    /// to the node: a bad GPU is never left schedulable.
+    fn fence_still_holds(&mut self) {
+        let Some(q) = self.status.quarantine.clone().filter(|q| q.per_gpu()) else {
+            return;
+        };
+        if self.status.incident.as_deref() != Some(q.incident.as_str()) {
+            return;
+        }
+        let bad = self.diagnosis.gpus();
+        let still_bad = q.gpus.iter().any(|g| bad.contains(&g.uuid));
+        let by_plugin = q.gpus.iter().any(|g| g.fence == GpuFence::DevicePlugin);
+        let by_rule = q.gpus.iter().any(|g| g.fence == GpuFence::DeviceTaintRule);
+        if by_rule && !self.input.node.dra.as_ref().is_some_and(|d| d.can_taint) {
+            self.widen_to_node(
+                QuarantineWhy::NoDeviceFence,
+                "the cluster no longer serves DeviceTaintRules".into(),
+            );
+        } else if by_plugin && still_bad {
+            let holds = self
+                .input
+                .node
+                .gpu_resource
+                .is_some_and(|c| c.withdrew_exactly(bad.len()));
+            if !holds {
+                let offered = self.input.node.gpu_resource.map_or_else(
+                    || "none".to_owned(),
+                    |c| format!("{} of {}", c.allocatable, c.capacity),
+                );
+                self.widen_to_node(
+                    QuarantineWhy::DevicePluginOffersBadGpu,
+                    format!(
+                        "the device plugin offers a bad GPU again ({offered} {} allocatable, {} bad)",
+                        self.spec().quarantine.device_plugin_resource,
+                        bad.len()
+                    ),
+                );
+            }
+        }
+    }
+}

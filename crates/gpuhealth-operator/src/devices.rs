@@ -1,0 +1,359 @@
+//! Dynamic Resource Allocation, as the engine reads it: the node's GPUs as
+//! a DRA driver publishes them in ResourceSlices, gpuhealth's
+//! `DeviceTaintRule`s over them, and which GPUs a pod's claims hold.
+//!
+//! `DeviceTaintRule` is served in `resource.k8s.io/v1beta2` (Kubernetes
+//! 1.36, off by default): the operator looks once at start whether the
+//! cluster serves it, and fences per GPU with it only if so.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    hash::{DefaultHasher, Hash, Hasher},
+};
+
+use futures::{StreamExt, channel::mpsc::UnboundedSender};
+use gpuhealth_api::quarantine::{
+    DEVICE_TAINT_KEY, MANAGED_BY_LABEL, RULE_INCIDENT_LABEL, RULE_NODE_LABEL,
+};
+use gpuhealth_engine::fence::{DeviceTaintView, DeviceView, RuleView};
+use k8s_openapi::{
+    api::{
+        core::v1::{Node, Pod},
+        resource::{
+            v1::{ResourceClaim, ResourceSlice},
+            v1beta2::{DeviceTaint, DeviceTaintRule, DeviceTaintRuleSpec, DeviceTaintSelector},
+        },
+    },
+    apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time},
+    jiff::Timestamp,
+};
+use kube::{
+    Api, Client, ResourceExt,
+    api::ListParams,
+    runtime::{
+        WatchStreamExt,
+        reflector::{self, ObjectRef, Store},
+        watcher,
+    },
+};
+use tracing::{info, warn};
+
+/// What the operator keeps of the cluster's DRA objects, where it serves
+/// them.
+pub struct Dra {
+    /// Every ResourceSlice, slimmed to the devices its driver tainted.
+    pub slices: Store<ResourceSlice>,
+    /// gpuhealth's own `DeviceTaintRule`s; None where none are served.
+    pub rules: Option<Store<DeviceTaintRule>>,
+}
+
+/// Starts the watches of what the cluster serves of DRA (none where it
+/// serves no ResourceSlice); a change that a node's step reads (a device's
+/// taints, a rule of ours) is sent as that node.
+pub async fn watch(client: &Client, changed: UnboundedSender<ObjectRef<Node>>) -> Option<Dra> {
+    if !served(client, "resource.k8s.io/v1", "resourceslices").await {
+        info!("the cluster serves no resource.k8s.io/v1 ResourceSlices: no DRA device is read");
+        return None;
+    }
+    let (slices, slice_writer) = reflector::store::<ResourceSlice>();
+    let wake = changed.clone();
+    tokio::spawn(
+        watcher(
+            Api::<ResourceSlice>::all(client.clone()),
+            watcher::Config::default(),
+        )
+        .default_backoff()
+        .modify(slim)
+        .reflect(slice_writer)
+        .applied_objects()
+        .predicate_filter(taints_hash, Default::default())
+        .for_each(move |slice| {
+            if let Some(node) = slice.ok().and_then(|s| s.spec.node_name) {
+                let _ = wake.unbounded_send(ObjectRef::new(&node));
+            }
+            futures::future::ready(())
+        }),
+    );
+    let rules = if served(client, "resource.k8s.io/v1beta2", "devicetaintrules").await {
+        info!("the cluster serves DeviceTaintRules: a bad GPU can be fenced alone");
+        let (rules, rule_writer) = reflector::store::<DeviceTaintRule>();
+        tokio::spawn(
+            watcher(
+                Api::<DeviceTaintRule>::all(client.clone()),
+                watcher::Config::default().labels(&ours()),
+            )
+            .default_backoff()
+            .modify(|r| r.managed_fields_mut().clear())
+            .reflect(rule_writer)
+            .touched_objects()
+            .for_each(move |rule| {
+                if let Some(node) = rule.ok().as_ref().and_then(node_of) {
+                    let _ = changed.unbounded_send(ObjectRef::new(&node));
+                }
+                futures::future::ready(())
+            }),
+        );
+        Some(rules)
+    } else {
+        info!(
+            "the cluster serves no resource.k8s.io/v1beta2 DeviceTaintRules: on DRA nodes a bad GPU's node is cordoned"
+        );
+        None
+    };
+    Some(Dra { slices, rules })
+}
+
+/// Whether the cluster serves `resource` in `group_version`.
+async fn served(client: &Client, group_version: &str, resource: &str) -> bool {
+    match client.list_api_group_resources(group_version).await {
+        Ok(list) => list.resources.iter().any(|r| r.name == resource),
+        Err(kube::Error::Api(_)) => false,
+        Err(e) => {
+            warn!(error = %e, group_version, resource, "could not ask whether the cluster serves it; taking it that it does not");
+            false
+        }
+    }
+}
+
+/// Keeps of a slice its node, driver and pool, and the devices its driver
+/// tainted, with their UUIDs: most devices carry no taint, and a fleet's
+/// slices are kept whole in memory otherwise.
+fn slim(slice: &mut ResourceSlice) {
+    slice.metadata.managed_fields = None;
+    slice.metadata.annotations = None;
+    if let Some(devices) = slice.spec.devices.as_mut() {
+        devices.retain(|d| d.taints.as_ref().is_some_and(|t| !t.is_empty()));
+        for d in devices.iter_mut() {
+            if let Some(attributes) = d.attributes.as_mut() {
+                attributes.retain(|k, _| k == "uuid");
+            }
+            d.capacity = None;
+            d.consumes_counters = None;
+        }
+    }
+    slice.spec.shared_counters = None;
+}
+
+/// What a node's step reads of a slimmed slice: its devices' taints.
+fn taints_hash(slice: &ResourceSlice) -> Option<u64> {
+    let mut hasher = DefaultHasher::new();
+    serde_json::to_vec(&slice.spec.devices)
+        .ok()?
+        .hash(&mut hasher);
+    Some(hasher.finish())
+}
+
+/// The devices of `driver` on `node` that it tainted.
+pub fn tainted_of(store: &Store<ResourceSlice>, node: &str, driver: &str) -> Vec<DeviceView> {
+    store
+        .state()
+        .iter()
+        .filter(|s| s.spec.driver == driver && s.spec.node_name.as_deref() == Some(node))
+        .flat_map(|s| device_views(s))
+        .filter(|d| !d.taints.is_empty())
+        .collect()
+}
+
+/// The label selector of gpuhealth's own rules.
+pub fn ours() -> String {
+    format!("{}={}", MANAGED_BY_LABEL.0, MANAGED_BY_LABEL.1)
+}
+
+/// The node a rule of ours is for.
+pub fn node_of(rule: &DeviceTaintRule) -> Option<String> {
+    rule.labels().get(RULE_NODE_LABEL).cloned()
+}
+
+/// gpuhealth's rules for `node`, from the watch.
+pub fn rules_of(store: &Store<DeviceTaintRule>, node: &str) -> Vec<RuleView> {
+    store
+        .state()
+        .iter()
+        .filter(|r| node_of(r).as_deref() == Some(node))
+        .map(|r| RuleView {
+            name: r.name_any(),
+            incident: r
+                .labels()
+                .get(RULE_INCIDENT_LABEL)
+                .cloned()
+                .unwrap_or_default(),
+        })
+        .collect()
+}
+
+/// The devices `driver` publishes for `node`.
+pub async fn devices_of(
+    client: &Client,
+    node: &str,
+    driver: &str,
+) -> Result<Vec<DeviceView>, kube::Error> {
+    let slices: Api<ResourceSlice> = Api::all(client.clone());
+    let list = slices
+        .list(&ListParams::default().fields(&format!("spec.nodeName={node},spec.driver={driver}")))
+        .await?;
+    Ok(list.items.iter().flat_map(device_views).collect())
+}
+
+fn device_views(slice: &ResourceSlice) -> Vec<DeviceView> {
+    let spec = &slice.spec;
+    spec.devices
+        .iter()
+        .flatten()
+        .map(|d| DeviceView {
+            driver: spec.driver.clone(),
+            pool: spec.pool.name.clone(),
+            name: d.name.clone(),
+            uuid: d
+                .attributes
+                .as_ref()
+                .and_then(|a| a.get("uuid"))
+                .and_then(|a| a.string.clone()),
+            taints: d
+                .taints
+                .iter()
+                .flatten()
+                .map(|t| DeviceTaintView {
+                    key: t.key.clone(),
+                    value: t.value.clone(),
+                    effect: t.effect.clone(),
+                    time_added: t.time_added.as_ref().map(|t| t.0),
+                })
+                .collect(),
+        })
+        .collect()
+}
+
+/// Per pod (`namespace/name`), the UUIDs of the GPUs its ResourceClaims
+/// were allocated, among `devices`. A claim that cannot be read holds
+/// nothing we know of; the agent's report may still name its GPU.
+pub async fn claimed_gpus(
+    client: &Client,
+    pods: &[Pod],
+    devices: &[DeviceView],
+) -> BTreeMap<String, Vec<String>> {
+    let uuid_of: BTreeMap<String, &str> = devices
+        .iter()
+        .filter_map(|d| Some((d.id(), d.uuid.as_deref()?)))
+        .collect();
+    let mut held = BTreeMap::new();
+    if uuid_of.is_empty() {
+        return held;
+    }
+    for pod in pods {
+        let names = claim_names(pod);
+        if names.is_empty() {
+            continue;
+        }
+        let namespace = pod.namespace().unwrap_or_default();
+        let claims: Api<ResourceClaim> = Api::namespaced(client.clone(), &namespace);
+        let mut gpus = BTreeSet::new();
+        for claim in names {
+            match claims.get_opt(claim).await {
+                Ok(Some(c)) => gpus.extend(
+                    allocated(&c)
+                        .filter_map(|id| uuid_of.get(&id))
+                        .map(|u| (*u).to_owned()),
+                ),
+                Ok(None) => {}
+                Err(e) => {
+                    warn!(claim, namespace, error = %e, "could not read a pod's ResourceClaim")
+                }
+            }
+        }
+        if !gpus.is_empty() {
+            held.insert(
+                format!("{namespace}/{}", pod.name_any()),
+                gpus.into_iter().collect(),
+            );
+        }
+    }
+    held
+}
+
+/// The ResourceClaims a pod uses: those it names, and those made for it
+/// from a template (its status names them).
+fn claim_names(pod: &Pod) -> BTreeSet<&str> {
+    let named = pod
+        .spec
+        .iter()
+        .flat_map(|s| s.resource_claims.iter().flatten())
+        .filter_map(|c| c.resource_claim_name.as_deref());
+    let made = pod
+        .status
+        .iter()
+        .flat_map(|s| s.resource_claim_statuses.iter().flatten())
+        .filter_map(|c| c.resource_claim_name.as_deref());
+    named.chain(made).collect()
+}
+
+/// The devices a claim was allocated, as `driver/pool/device`.
+fn allocated(claim: &ResourceClaim) -> impl Iterator<Item = String> + '_ {
+    claim
+        .status
+        .iter()
+        .filter_map(|s| s.allocation.as_ref())
+        .filter_map(|a| a.devices.as_ref())
+        .flat_map(|d| d.results.iter().flatten())
+        .map(|r| format!("{}/{}/{}", r.driver, r.pool, r.device))
+}
+
+/// The rule that taints `device` (`driver/pool/device`) `NoSchedule` for
+/// `incident` on `node`. None if `device` is not three names.
+pub fn rule(name: &str, device: &str, incident: &str, node: &str) -> Option<DeviceTaintRule> {
+    let mut parts = device.splitn(3, '/');
+    let (driver, pool, device) = (parts.next()?, parts.next()?, parts.next()?);
+    Some(DeviceTaintRule {
+        metadata: ObjectMeta {
+            name: Some(name.to_owned()),
+            labels: Some(
+                [
+                    (MANAGED_BY_LABEL.0.to_owned(), MANAGED_BY_LABEL.1.to_owned()),
+                    (RULE_NODE_LABEL.to_owned(), node.to_owned()),
+                    (RULE_INCIDENT_LABEL.to_owned(), incident.to_owned()),
+                ]
+                .into(),
+            ),
+            ..ObjectMeta::default()
+        },
+        spec: DeviceTaintRuleSpec {
+            device_selector: Some(DeviceTaintSelector {
+                driver: Some(driver.to_owned()),
+                pool: Some(pool.to_owned()),
+                device: Some(device.to_owned()),
+            }),
+            taint: DeviceTaint {
+                key: DEVICE_TAINT_KEY.to_owned(),
+                value: Some(incident.chars().take(63).collect()),
+                effect: "NoSchedule".to_owned(),
+                time_added: Some(Time(Timestamp::now())),
+            },
+        },
+        status: None,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_rule_selects_one_device_by_driver_pool_and_name() {
+        let r = rule(
+            "gpuhealth-inc-1-ab-gpu-7",
+            "gpu.nvidia.com/node-a/gpu-7",
+            "inc-1-ab",
+            "node-a",
+        )
+        .expect("a rule");
+        let s = r.spec.device_selector.clone().expect("a selector");
+        assert_eq!(s.driver.as_deref(), Some("gpu.nvidia.com"));
+        assert_eq!(s.pool.as_deref(), Some("node-a"));
+        assert_eq!(s.device.as_deref(), Some("gpu-7"));
+        assert_eq!(r.spec.taint.effect, "NoSchedule");
+        assert_eq!(node_of(&r).as_deref(), Some("node-a"));
+        assert!(
+            rule("x", "gpu-7", "inc-1-ab", "node-a").is_none(),
+            "a selector names all three"
+        );
+    }
+}

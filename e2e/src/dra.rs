@@ -1,0 +1,228 @@
+//! Simulated Dynamic Resource Allocation: a DRA driver's ResourceSlice per
+//! simulated node (one device per GPU, named `gpu-<index>`, with the UUID,
+//! index and PCI address NVIDIA's driver publishes), its DeviceClass, and
+//! pods that claim one GPU. The real scheduler allocates the claims and
+//! KWOK runs the pods: nothing here decides which device a pod gets.
+
+use std::collections::BTreeMap;
+
+use gpuhealth_api::contract::GpuReport;
+use k8s_openapi::{
+    api::{
+        core::v1::{
+            Container, Pod, PodResourceClaim, PodSpec, ResourceClaim as ContainerClaim,
+            ResourceRequirements,
+        },
+        resource::v1::{
+            CELDeviceSelector, Device, DeviceAttribute, DeviceClaim, DeviceClass, DeviceClassSpec,
+            DeviceRequest, DeviceSelector, ExactDeviceRequest, ResourceClaim, ResourceClaimSpec,
+            ResourcePool, ResourceSlice, ResourceSliceSpec,
+        },
+    },
+    apimachinery::pkg::apis::meta::v1::ObjectMeta,
+};
+use kube::{
+    Api, Client,
+    api::{Patch, PatchParams, PostParams},
+};
+
+use crate::{Result, sim::SIM_GROUP_LABEL};
+
+/// The driver NVIDIA's DRA driver registers for whole GPUs.
+pub const DRIVER: &str = "gpu.nvidia.com";
+/// The DeviceClass that selects its devices.
+pub const CLASS: &str = "gpu.nvidia.com";
+
+/// A device's name on its node.
+pub fn device_name(index: u32) -> String {
+    format!("gpu-{index}")
+}
+
+/// The DeviceClass of the driver's GPUs; made once per cluster.
+pub async fn ensure_device_class(client: &Client) -> Result<()> {
+    let class = DeviceClass {
+        metadata: ObjectMeta {
+            name: Some(CLASS.into()),
+            ..Default::default()
+        },
+        spec: DeviceClassSpec {
+            selectors: Some(vec![DeviceSelector {
+                cel: Some(CELDeviceSelector {
+                    expression: format!("device.driver == '{DRIVER}'"),
+                }),
+            }]),
+            ..Default::default()
+        },
+    };
+    let api: Api<DeviceClass> = Api::all(client.clone());
+    api.patch(
+        CLASS,
+        &PatchParams::apply("gpuhealth-e2e").force(),
+        &Patch::Apply(&class),
+    )
+    .await?;
+    Ok(())
+}
+
+/// Publishes `node`'s GPUs, as `report` lists them, as the driver's pool.
+pub async fn publish(client: &Client, node: &str, report: &GpuReport) -> Result<()> {
+    let devices = report
+        .gpus
+        .iter()
+        .map(|g| Device {
+            name: device_name(g.index),
+            attributes: Some(BTreeMap::from([
+                ("uuid".to_owned(), string(&g.uuid)),
+                (
+                    "index".to_owned(),
+                    DeviceAttribute {
+                        int: Some(i64::from(g.index)),
+                        ..Default::default()
+                    },
+                ),
+                (
+                    "productName".to_owned(),
+                    string(g.product.as_deref().unwrap_or("NVIDIA GPU")),
+                ),
+                (
+                    "resource.kubernetes.io/pciBusID".to_owned(),
+                    string(
+                        &g.pci_bus_id
+                            .to_lowercase()
+                            .replacen("00000000:", "0000:", 1),
+                    ),
+                ),
+            ])),
+            ..Default::default()
+        })
+        .collect();
+    let slice = ResourceSlice {
+        metadata: ObjectMeta {
+            name: Some(format!("{node}-{DRIVER}")),
+            ..Default::default()
+        },
+        spec: ResourceSliceSpec {
+            driver: DRIVER.into(),
+            node_name: Some(node.into()),
+            pool: ResourcePool {
+                name: node.into(),
+                generation: 1,
+                resource_slice_count: 1,
+            },
+            devices: Some(devices),
+            ..Default::default()
+        },
+    };
+    Api::<ResourceSlice>::all(client.clone())
+        .create(&PostParams::default(), &slice)
+        .await?;
+    Ok(())
+}
+
+fn string(s: &str) -> DeviceAttribute {
+    DeviceAttribute {
+        string: Some(s.to_owned()),
+        ..Default::default()
+    }
+}
+
+/// A pod in `namespace` on a node of simulation group `group` that claims
+/// one GPU through ResourceClaim `<name>-gpu` (created here): GPU `index`
+/// if given, else any the scheduler finds free.
+pub async fn claiming_pod(
+    client: &Client,
+    namespace: &str,
+    group: &str,
+    name: &str,
+    index: Option<u32>,
+) -> Result<()> {
+    let claim_name = format!("{name}-gpu");
+    let claim = ResourceClaim {
+        metadata: ObjectMeta {
+            name: Some(claim_name.clone()),
+            namespace: Some(namespace.into()),
+            ..Default::default()
+        },
+        spec: ResourceClaimSpec {
+            devices: Some(DeviceClaim {
+                requests: Some(vec![DeviceRequest {
+                    name: "gpu".into(),
+                    exactly: Some(ExactDeviceRequest {
+                        device_class_name: CLASS.into(),
+                        count: Some(1),
+                        selectors: index.map(|i| {
+                            vec![DeviceSelector {
+                                cel: Some(CELDeviceSelector {
+                                    expression: format!(
+                                        "device.attributes['{DRIVER}'].index == {i}"
+                                    ),
+                                }),
+                            }]
+                        }),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }]),
+                ..Default::default()
+            }),
+        },
+        status: None,
+    };
+    Api::<ResourceClaim>::namespaced(client.clone(), namespace)
+        .create(&PostParams::default(), &claim)
+        .await?;
+    let pod = Pod {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            namespace: Some(namespace.into()),
+            labels: Some(BTreeMap::from([("app".to_owned(), "dra".to_owned())])),
+            ..Default::default()
+        },
+        spec: Some(PodSpec {
+            node_selector: Some(BTreeMap::from([(
+                SIM_GROUP_LABEL.to_owned(),
+                group.to_owned(),
+            )])),
+            termination_grace_period_seconds: Some(1),
+            resource_claims: Some(vec![PodResourceClaim {
+                name: "gpu".into(),
+                resource_claim_name: Some(claim_name),
+                ..Default::default()
+            }]),
+            containers: vec![Container {
+                name: "server".into(),
+                image: Some("vllm/vllm-openai:latest".into()),
+                resources: Some(ResourceRequirements {
+                    claims: Some(vec![ContainerClaim {
+                        name: "gpu".into(),
+                        ..Default::default()
+                    }]),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }],
+            ..Default::default()
+        }),
+        status: None,
+    };
+    Api::<Pod>::namespaced(client.clone(), namespace)
+        .create(&PostParams::default(), &pod)
+        .await?;
+    Ok(())
+}
+
+/// The device (`gpu-<index>`) a pod's claim `<pod>-gpu` was allocated, once
+/// it was.
+pub fn allocated_device(claim: &ResourceClaim) -> Option<String> {
+    claim
+        .status
+        .as_ref()?
+        .allocation
+        .as_ref()?
+        .devices
+        .as_ref()?
+        .results
+        .as_ref()?
+        .first()
+        .map(|r| r.device.clone())
+}

@@ -1,0 +1,406 @@
+//! Per-GPU quarantine on the real API server: KWOK GPU nodes whose GPUs a
+//! simulated DRA driver publishes in ResourceSlices, pods whose
+//! ResourceClaims the real scheduler allocates, the operator binary and the
+//! fake agent. One broken GPU costs one GPU: the node keeps taking work,
+//! and the scheduler itself keeps new claims off the fenced device.
+
+use std::sync::{
+    Arc,
+    atomic::{AtomicBool, Ordering},
+};
+
+use futures::StreamExt;
+use gpuhealth_api::{
+    GpuHealth, RecoveryAction,
+    node_health::Phase,
+    quarantine::{DEVICE_TAINT_KEY, Fenced, GpuFence, RULE_NODE_LABEL},
+    vocabulary::QuarantineWhy,
+};
+use gpuhealth_e2e::{
+    agent::Answer,
+    dra::{self, allocated_device},
+    operator::{self, Options},
+    reports,
+    scenario::{Scenario, WAIT},
+    sim::is_cordoned,
+    wait::{Background, applied, until, until_set},
+};
+use k8s_openapi::{
+    api::{
+        core::v1::{Node, Pod},
+        resource::{v1::ResourceClaim, v1beta2::DeviceTaintRule},
+    },
+    apimachinery::pkg::util::intstr::IntOrString,
+};
+use kube::{
+    Api, Client,
+    api::{ListParams, Patch, PatchParams},
+    runtime::watcher,
+};
+use serde_json::json;
+
+fn hold(answer: &std::sync::Mutex<Answer>) {
+    if let Ok(mut a) = answer.lock() {
+        *a = Answer::Hold;
+    }
+}
+
+/// Whether the node is ever cordoned from now on, from a watch.
+fn watch_cordon(client: &Client, node: &str) -> (Background, Arc<AtomicBool>) {
+    let ever = Arc::new(AtomicBool::new(false));
+    let seen = ever.clone();
+    let config = watcher::Config::default().fields(&format!("metadata.name={node}"));
+    let nodes: Api<Node> = Api::all(client.clone());
+    let task = Background::spawn(async move {
+        let mut stream = std::pin::pin!(applied(nodes, config));
+        while let Some(n) = stream.next().await {
+            if is_cordoned(&n) {
+                seen.store(true, Ordering::SeqCst);
+            }
+        }
+    });
+    (task, ever)
+}
+
+/// The device the claim of pod `pod` was allocated, once it was.
+async fn device_of(s: &Scenario, pod: &str) -> String {
+    let claims: Api<ResourceClaim> = Api::namespaced(s.client.clone(), &s.namespace);
+    let claim = until(claims, &format!("{pod}-gpu"), WAIT, |c| {
+        allocated_device(c).is_some()
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{pod}'s claim allocated: {e}"));
+    allocated_device(&claim).unwrap_or_default()
+}
+
+/// gpuhealth's DeviceTaintRules for `node`.
+async fn rules_of(client: &Client, node: &str) -> Vec<DeviceTaintRule> {
+    Api::<DeviceTaintRule>::all(client.clone())
+        .list(&ListParams::default().labels(&format!("{RULE_NODE_LABEL}={node}")))
+        .await
+        .expect("list DeviceTaintRules")
+        .items
+}
+
+#[tokio::test]
+async fn a_bad_gpu_on_a_dra_node_costs_that_gpu_and_the_node_keeps_serving() {
+    let mut s = Scenario::new_dra("dra-gpu", 1, Scenario::quick_spec())
+        .await
+        .expect("scenario");
+    let node = s.nodes[0].clone();
+    // Every GPU held but GPU 6; GPU 7's holder is the one to go.
+    let held = [0, 1, 2, 3, 4, 5, 7];
+    for i in held {
+        dra::claiming_pod(
+            &s.client,
+            &s.namespace,
+            &s.group,
+            &format!("holder-{i}"),
+            Some(i),
+        )
+        .await
+        .expect("a pod claiming one GPU");
+    }
+    for i in held {
+        assert_eq!(
+            device_of(&s, &format!("holder-{i}")).await,
+            dra::device_name(i)
+        );
+    }
+    hold(&s.agent.reset);
+    s.start().await.expect("operator and agent");
+    let (watch, ever_cordoned) = watch_cordon(&s.client, &node);
+
+    // GPU 7 fails. The report names no holder: the claims say who it is.
+    let mut report = reports::healthy(&s.namespace, &[]);
+    reports::xid_119_and_154(&mut report, 7);
+    s.write_report(&node, report).await.expect("report");
+
+    let status = s
+        .wait_status(&node, "GPU 7 fenced and its reset asked for", |st| {
+            st.phase == Phase::Remediating && st.quarantine.as_ref().is_some_and(|q| q.per_gpu())
+        })
+        .await
+        .expect("fenced");
+    let q = status.quarantine.expect("recorded");
+    assert_eq!((q.scope, q.why), (Fenced::Gpu, QuarantineWhy::GpusFenced));
+    assert_eq!(q.gpus.len(), 1);
+    assert_eq!(q.gpus[0].fence, GpuFence::DeviceTaintRule);
+    assert_eq!(q.gpus[0].index, Some(7));
+    let rules = rules_of(&s.client, &node).await;
+    assert_eq!(rules.len(), 1, "one rule: {rules:?}");
+    let selector = rules[0].spec.device_selector.clone().expect("a selector");
+    assert_eq!(selector.driver.as_deref(), Some(dra::DRIVER));
+    assert_eq!(selector.pool.as_deref(), Some(node.as_str()));
+    assert_eq!(selector.device.as_deref(), Some("gpu-7"));
+    assert_eq!(rules[0].spec.taint.key, DEVICE_TAINT_KEY);
+    assert_eq!(rules[0].spec.taint.effect, "NoSchedule");
+
+    // Only GPU 7's holder was evicted.
+    let pods: Api<Pod> = Api::namespaced(s.client.clone(), &s.namespace);
+    let left = until_set(
+        pods.clone(),
+        watcher::Config::default(),
+        "GPU 7's holder gone",
+        WAIT,
+        |set| !set.contains_key("holder-7"),
+    )
+    .await
+    .expect("holder-7 evicted");
+    let mut left: Vec<&String> = left.keys().collect();
+    left.sort();
+    assert_eq!(
+        left,
+        [
+            "holder-0", "holder-1", "holder-2", "holder-3", "holder-4", "holder-5"
+        ]
+    );
+
+    // While GPU 7 is fenced, a new one-GPU claim lands on the same node, on
+    // the one device left: GPU 7 is free but tainted, so the scheduler
+    // passes it over.
+    dra::claiming_pod(&s.client, &s.namespace, &s.group, "newcomer", None)
+        .await
+        .expect("a new pod");
+    assert_eq!(device_of(&s, "newcomer").await, "gpu-6", "never GPU 7");
+    let newcomer = until(pods.clone(), "newcomer", WAIT, |p| {
+        p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node.as_str())
+    })
+    .await
+    .expect("scheduled onto the node");
+    assert!(newcomer.spec.is_some());
+
+    s.agent
+        .release(&s.client, &node)
+        .await
+        .expect("the reset goes ahead");
+    let recovered = s.wait_recovered(&node).await.expect("recovered");
+    assert!(
+        recovered.history[0].trigger.contains("GPU 7"),
+        "{}",
+        recovered.history[0].trigger
+    );
+    until_set(
+        Api::<DeviceTaintRule>::all(s.client.clone()),
+        watcher::Config::default().labels(&format!("{RULE_NODE_LABEL}={node}")),
+        "the rule gone",
+        WAIT,
+        |set| set.is_empty(),
+    )
+    .await
+    .expect("no rule outlives its incident");
+    s.wait_status(&node, "the record of the fence gone", |st| {
+        st.quarantine.is_none()
+    })
+    .await
+    .expect("forgotten");
+
+    // GPU 7 is allocatable again.
+    dra::claiming_pod(&s.client, &s.namespace, &s.group, "late", None)
+        .await
+        .expect("a later pod");
+    assert_eq!(device_of(&s, "late").await, "gpu-7");
+    drop(watch);
+    assert!(
+        !ever_cordoned.load(Ordering::SeqCst),
+        "the node was never cordoned"
+    );
+}
+
+#[tokio::test]
+async fn a_reboot_class_failure_on_a_dra_node_cordons_it_and_says_why() {
+    let mut s = Scenario::new_dra("dra-reboot", 1, Scenario::quick_spec())
+        .await
+        .expect("scenario");
+    let node = s.nodes[0].clone();
+    dra::claiming_pod(&s.client, &s.namespace, &s.group, "holder-7", Some(7))
+        .await
+        .expect("a pod");
+    device_of(&s, "holder-7").await;
+    hold(&s.agent.reboot);
+    s.start().await.expect("operator and agent");
+
+    let mut report = reports::healthy(&s.namespace, &[]);
+    report.gpus[7].health = GpuHealth::RebootRequired;
+    s.write_report(&node, report).await.expect("report");
+    let status = s
+        .wait_status(&node, "the node cordoned for a reboot", |st| {
+            st.phase == Phase::Remediating
+        })
+        .await
+        .expect("remediating");
+    let q = status.quarantine.expect("recorded");
+    assert_eq!(
+        (q.scope, q.why),
+        (Fenced::Node, QuarantineWhy::StepTakesTheNode)
+    );
+    assert!(
+        q.message
+            .contains(&format!("{:?}", RecoveryAction::NodeReboot)),
+        "{}",
+        q.message
+    );
+    assert!(is_cordoned(&s.node(&node).await.expect("node")));
+    assert!(
+        rules_of(&s.client, &node).await.is_empty(),
+        "no device fence for a reboot"
+    );
+
+    s.agent
+        .release(&s.client, &node)
+        .await
+        .expect("the reboot goes ahead");
+    s.wait_recovered(&node).await.expect("recovered");
+    assert!(!is_cordoned(&s.node(&node).await.expect("node")));
+}
+
+#[tokio::test]
+async fn a_device_plugin_node_stays_schedulable_only_while_the_plugin_withdrew_the_bad_gpu() {
+    let mut spec = Scenario::quick_spec();
+    spec.max_concurrent = IntOrString::Int(2);
+    spec.max_unhealthy = IntOrString::String("100%".into());
+    let mut s = Scenario::new("plugin-fence", 2, spec)
+        .await
+        .expect("scenario");
+    let (withdrawn, offered) = (s.nodes[0].clone(), s.nodes[1].clone());
+    hold(&s.agent.reset);
+    s.start().await.expect("operator and agent");
+    let (watch, ever_cordoned) = watch_cordon(&s.client, &withdrawn);
+
+    // The device plugin withdrew GPU 7 on one node and not on the other.
+    let status = json!({"status": {"allocatable": {"nvidia.com/gpu": "7"}}});
+    Api::<Node>::all(s.client.clone())
+        .patch_status(&withdrawn, &PatchParams::default(), &Patch::Merge(status))
+        .await
+        .expect("allocatable 7");
+    for node in [&withdrawn, &offered] {
+        s.break_gpu(node, 7).await.expect("GPU 7 breaks");
+    }
+
+    let st = s
+        .wait_status(&withdrawn, "fenced by the device plugin", |st| {
+            st.phase == Phase::Remediating
+        })
+        .await
+        .expect("remediating");
+    let q = st.quarantine.expect("recorded");
+    assert_eq!(q.scope, Fenced::Gpu, "{q:?}");
+    assert_eq!(q.gpus[0].fence, GpuFence::DevicePlugin);
+    let st = s
+        .wait_status(&offered, "cordoned", |st| st.phase == Phase::Remediating)
+        .await
+        .expect("remediating");
+    let q = st.quarantine.expect("recorded");
+    assert_eq!(
+        (q.scope, q.why),
+        (Fenced::Node, QuarantineWhy::NoDeviceFence)
+    );
+    assert!(q.message.contains("offers 8 of 8"), "{}", q.message);
+    assert!(is_cordoned(&s.node(&offered).await.expect("node")));
+
+    for node in [&withdrawn, &offered] {
+        s.agent
+            .release(&s.client, node)
+            .await
+            .expect("resets go ahead");
+    }
+    for node in [&withdrawn, &offered] {
+        s.wait_recovered(node).await.expect("recovered");
+    }
+    drop(watch);
+    assert!(!ever_cordoned.load(Ordering::SeqCst), "never cordoned");
+}
+
+#[tokio::test]
+async fn an_operator_killed_around_a_fence_leaves_no_rule_behind_and_no_gpu_fenced_forever() {
+    // Killed after recording the fence and before writing its rule; after
+    // writing it, before the next step saw it; after recording the
+    // recovery and before deleting the rule; after deleting it, before the
+    // next step recorded that.
+    let crashes = [
+        (Phase::Quarantined, ""),
+        (Phase::Quarantined, "+acted"),
+        (Phase::Healthy, ""),
+        (Phase::Healthy, "+acted"),
+    ];
+    let mut spec = Scenario::quick_spec();
+    spec.remediation_limits.per_gpu = 0;
+    spec.remediation_limits.per_node = 0;
+    let mut s = Scenario::new_dra("dra-crash", 1, spec)
+        .await
+        .expect("scenario");
+    let node = s.nodes[0].clone();
+    s.start_agent();
+    for (i, (phase, moment)) in crashes.into_iter().enumerate() {
+        let gpu = 4 + i;
+        let holder = format!("holder-{gpu}");
+        dra::claiming_pod(&s.client, &s.namespace, &s.group, &holder, Some(gpu as u32))
+            .await
+            .expect("a pod");
+        device_of(&s, &holder).await;
+        let lease = format!("{}-{i}", s.group);
+        let mut first = operator::start_with(
+            &format!("{lease}-crashes"),
+            Options {
+                lease: Some(lease.clone()),
+                crash_after: Some(format!("{phase:?}{moment}:{node}")),
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("operator");
+        s.wait_taken_in().await.expect("taken in");
+        let mut report = reports::healthy(&s.namespace, &[]);
+        reports::xid_119_and_154(&mut report, gpu);
+        s.write_report(&node, report).await.expect("report");
+        let exit = first.exited(WAIT).await.expect("the crash");
+        assert_eq!(exit.code(), Some(3), "crashed through the test hook");
+        let at_crash = s
+            .wait_status(&node, "the recorded intent", |_| true)
+            .await
+            .expect("status");
+        assert_eq!(at_crash.phase, phase, "crashed entering {phase:?}{moment}");
+
+        let mut second = operator::start_with(
+            &format!("{lease}-resumes"),
+            Options {
+                lease: Some(lease),
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("operator");
+        let status = s.wait_recovered(&node).await.expect("recovers");
+        assert!(
+            status.history[0].trigger.contains(&format!("GPU {gpu}")),
+            "{}",
+            status.history[0].trigger
+        );
+        until_set(
+            Api::<DeviceTaintRule>::all(s.client.clone()),
+            watcher::Config::default().labels(&format!("{RULE_NODE_LABEL}={node}")),
+            "no rule left",
+            WAIT,
+            |set| set.is_empty(),
+        )
+        .await
+        .expect("no rule outlives its incident");
+        s.wait_status(&node, "the fence's record gone", |st| {
+            st.quarantine.is_none()
+        })
+        .await
+        .expect("forgotten");
+        assert!(
+            !is_cordoned(&s.node(&node).await.expect("node")),
+            "never cordoned"
+        );
+        // The GPU takes new work again.
+        let late = format!("late-{gpu}");
+        dra::claiming_pod(&s.client, &s.namespace, &s.group, &late, Some(gpu as u32))
+            .await
+            .expect("a later pod");
+        assert_eq!(device_of(&s, &late).await, dra::device_name(gpu as u32));
+        second.kill().await;
+        eprintln!("killed entering {phase:?}{moment}: no rule left, GPU {gpu} allocatable");
+    }
+}
