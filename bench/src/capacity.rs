@@ -168,7 +168,11 @@ pub async fn compare(
             .patch(
                 GROUP,
                 &PatchParams::default(),
-                &Patch::Merge(json!({"spec": {"quarantine": {"scope": scope}}})),
+                // The same GPU fails twice: no hand-over for replacement.
+                &Patch::Merge(json!({"spec": {
+                    "quarantine": {"scope": scope},
+                    "remediationLimits": {"perGpu": 0, "perNode": 0},
+                }})),
             )
             .await?;
         let since = Instant::now();
