@@ -59,12 +59,15 @@ fn gpu_healthy() -> Value {
 }
 
 /// Admission policies load a moment after they are applied (longer on an
-/// API server that has just started, as in `make test`, where a minute was
-/// seen not to be enough): waits until `write` is refused.
-async fn refused_once_in_force(client: &Client, node: &str, write: Value) -> String {
+/// API server that has just started, as in `make test`): waits until a
+/// write of annotation `key` by `client` is refused. Each try writes a new
+/// value: a value written before the policy loaded is no change when
+/// written again, and the policies let through what changes nothing.
+async fn refused_once_in_force(client: &Client, node: &str, key: &str) -> String {
     let deadline = Instant::now() + WAIT;
-    loop {
-        match patch(client, node, write.clone()).await {
+    for attempt in 0u64.. {
+        let value = format!("{{\"attempt\":{attempt}}}");
+        match patch(client, node, annotate(key, Some(&value))).await {
             Err(e) => return e,
             Ok(()) => {
                 assert!(Instant::now() < deadline, "the policy never took effect");
@@ -72,6 +75,7 @@ async fn refused_once_in_force(client: &Client, node: &str, write: Value) -> Str
             }
         }
     }
+    unreachable!("a refusal or the deadline ends the loop")
 }
 
 async fn apply(dir: &str) {
@@ -134,7 +138,7 @@ async fn only_the_operator_asks_and_only_an_agent_reports_whoever_may_patch_node
     )
     .await
     .expect("a node patcher");
-    let e = refused_once_in_force(&patcher, &node, annotate(reset, Some("{}"))).await;
+    let e = refused_once_in_force(&patcher, &node, reset).await;
     assert!(
         e.contains("only the gpuhealth operator may write gpuhealth.io/reset-request"),
         "{e}"
@@ -155,7 +159,7 @@ async fn only_the_operator_asks_and_only_an_agent_reports_whoever_may_patch_node
             "{e}"
         );
     }
-    let e = refused_once_in_force(&patcher, &node, annotate("gpuhealth.io/gpus", Some("{}"))).await;
+    let e = refused_once_in_force(&patcher, &node, "gpuhealth.io/gpus").await;
     assert!(
         e.contains("only a node's gpuhealth agent may write gpuhealth.io/gpus"),
         "{e}"
@@ -307,7 +311,7 @@ patches:
     .await
     .expect("agent client");
     let report = annotate("gpuhealth.io/gpus", Some("{\"version\":1}"));
-    let e = refused_once_in_force(&agent, &other, report.clone()).await;
+    let e = refused_once_in_force(&agent, &other, "gpuhealth.io/gpus").await;
     assert!(e.contains("only the Node it runs on"), "{e}");
     patch(&agent, &own, report).await.expect("its own report");
     let e = patch(
