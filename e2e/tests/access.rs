@@ -4,7 +4,10 @@
 //! touch gpuhealth's cordon record, or write a node's report; the operator
 //! can write its keys and not the agent's; break glass only removes, and
 //! says so. And all of it still holds when kustomize moves the install to
-//! another namespace and renames it.
+//! another namespace and renames it; gpuhealth's device fences likewise.
+//!
+//! Long because each test applies the shipped install and plays several
+//! identities against it, and they share its helpers.
 
 use std::time::{Duration, Instant};
 
