@@ -536,7 +536,11 @@ async fn kubectl_lists_both_kinds_with_their_columns_in_80_columns() {
     let gnh = kubectl(&["get", "gnh", &node_name])
         .await
         .expect("kubectl get gnh");
-    assert_eq!(words(&gnh, 0), ["NAME", "PHASE", "REASON", "AGE"], "{gnh}");
+    assert_eq!(
+        words(&gnh, 0),
+        ["NAME", "PHASE", "FENCED", "REASON", "AGE"],
+        "{gnh}"
+    );
     assert_eq!(
         words(&gnh, 1)[..3],
         [node_name.as_str(), "Quarantined", Reason::Xid.as_str()],
@@ -548,7 +552,7 @@ async fn kubectl_lists_both_kinds_with_their_columns_in_80_columns() {
     assert_eq!(
         words(&gnh, 0),
         [
-            "NAME", "PHASE", "POLICY", "BAD-GPUS", "ACTION", "ATTEMPT", "REASON", "AGE"
+            "NAME", "PHASE", "POLICY", "BAD-GPUS", "ACTION", "ATTEMPT", "FENCED", "REASON", "AGE"
         ],
         "{gnh}"
     );
