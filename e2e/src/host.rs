@@ -25,8 +25,8 @@ use std::{
 
 use futures::StreamExt;
 use gpuhealth_agent::pod_resources::proto::{
-    ContainerDevices, ContainerResources, ListPodResourcesRequest, ListPodResourcesResponse,
-    PodResources,
+    AllocatableResourcesRequest, AllocatableResourcesResponse, ContainerDevices,
+    ContainerResources, ListPodResourcesRequest, ListPodResourcesResponse, PodResources,
     pod_resources_lister_server::{PodResourcesLister, PodResourcesListerServer},
 };
 use k8s_openapi::api::core::v1::{Node, Pod};
@@ -463,6 +463,20 @@ impl PodResourcesLister for Kubelet {
             });
         }
         Ok(tonic::Response::new(answer))
+    }
+
+    /// Every GPU: this stand-in's device plugin withdraws none from the
+    /// kubelet (it changes only the Node's allocatable count).
+    async fn get_allocatable_resources(
+        &self,
+        _: tonic::Request<AllocatableResourcesRequest>,
+    ) -> std::result::Result<tonic::Response<AllocatableResourcesResponse>, tonic::Status> {
+        Ok(tonic::Response::new(AllocatableResourcesResponse {
+            devices: vec![ContainerDevices {
+                resource_name: "nvidia.com/gpu".into(),
+                device_ids: (0..self.gpus).map(uuid).collect(),
+            }],
+        }))
     }
 }
 

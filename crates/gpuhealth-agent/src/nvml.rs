@@ -130,6 +130,7 @@ pub fn entry(r: &DeviceReading) -> GpuEntry {
         remapped_rows: r.remapped_rows,
         pods: Vec::new(),
         pods_unknown: None,
+        offered: None,
     }
 }
 

@@ -103,9 +103,19 @@ impl<G: Gpus> NvmlBackend<G> {
         }
         let mut holders = pod_resources::gpu_holders(&response, &placement);
         let unknown = holders.unknown();
+        // Not known rather than wrong: a kubelet that does not answer
+        // leaves `offered` unset, and the operator then cordons.
+        let offered = match pod_resources::allocatable(&self.pod_resources, self.deadline).await {
+            Ok(a) => pod_resources::offered_gpus(&a, &placement),
+            Err(e) => {
+                tracing::warn!(error = %e, "which GPUs the kubelet offers is unknown");
+                None
+            }
+        };
         for gpu in gpus.iter_mut() {
             gpu.pods = holders.by_gpu.remove(&gpu.uuid).unwrap_or_default();
             gpu.pods_unknown.clone_from(&unknown);
+            gpu.offered = offered.as_ref().map(|o| o.contains(&gpu.uuid));
         }
     }
 

@@ -13,8 +13,16 @@
 //!
 //! A device that names no GPU of the node is never dropped quietly: every
 //! GPU's pods are then marked as not fully known.
+//!
+//! `GetAllocatableResources` says which device-plugin devices the kubelet
+//! offers to new pods (those its plugin last reported healthy): a GPU the
+//! kubelet still offers is not fenced by its plugin, whatever the node's
+//! allocatable count says.
 
-use std::{collections::BTreeMap, path::Path};
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    path::Path,
+};
 
 use gpuhealth_api::contract::PodRef;
 use hyper_util::rt::TokioIo;
@@ -27,8 +35,8 @@ pub mod proto {
 }
 
 use proto::{
-    ListPodResourcesRequest, ListPodResourcesResponse,
-    pod_resources_lister_client::PodResourcesListerClient,
+    AllocatableResourcesRequest, AllocatableResourcesResponse, ListPodResourcesRequest,
+    ListPodResourcesResponse, pod_resources_lister_client::PodResourcesListerClient,
 };
 
 /// The prefix of the resources NVIDIA's device plugin advertises.
@@ -43,8 +51,8 @@ pub enum PodResourcesError {
         path: String,
         source: tonic::transport::Error,
     },
-    #[error("PodResources List: {0}")]
-    List(#[from] tonic::Status),
+    #[error("PodResources: {0}")]
+    Call(#[from] tonic::Status),
     #[error("the kubelet's PodResources did not answer within {0:?}")]
     Timeout(std::time::Duration),
 }
@@ -214,17 +222,63 @@ impl Holders {
     }
 }
 
+/// The node's GPUs (UUIDs) of which the kubelet offers a device-plugin
+/// device (the GPU, or a MIG slice of it) to new pods; None when no
+/// NVIDIA device plugin offers any GPU of the node (a DRA node).
+pub fn offered_gpus(
+    allocatable: &AllocatableResourcesResponse,
+    placement: &Placement,
+) -> Option<BTreeSet<String>> {
+    let nvidia: Vec<&proto::ContainerDevices> = allocatable
+        .devices
+        .iter()
+        .filter(|d| d.resource_name.starts_with(NVIDIA_RESOURCES))
+        .collect();
+    if nvidia.is_empty() {
+        return None;
+    }
+    Some(
+        nvidia
+            .iter()
+            .flat_map(|d| &d.device_ids)
+            .filter_map(|id| placement.plugin_device(id).cloned())
+            .collect(),
+    )
+}
+
 /// Asks the kubelet at `socket` which pod holds which device, within `deadline`.
 pub async fn list(
     socket: &Path,
     deadline: std::time::Duration,
 ) -> Result<ListPodResourcesResponse, PodResourcesError> {
-    tokio::time::timeout(deadline, list_now(socket))
+    let call = async {
+        let mut client = connect(socket).await?;
+        Ok(client.list(ListPodResourcesRequest {}).await?.into_inner())
+    };
+    tokio::time::timeout(deadline, call)
         .await
         .map_err(|_| PodResourcesError::Timeout(deadline))?
 }
 
-async fn list_now(socket: &Path) -> Result<ListPodResourcesResponse, PodResourcesError> {
+/// Asks the kubelet at `socket` which device-plugin devices it offers to
+/// new pods, within `deadline`.
+pub async fn allocatable(
+    socket: &Path,
+    deadline: std::time::Duration,
+) -> Result<AllocatableResourcesResponse, PodResourcesError> {
+    let call = async {
+        let mut client = connect(socket).await?;
+        Ok(client
+            .get_allocatable_resources(AllocatableResourcesRequest {})
+            .await?
+            .into_inner())
+    };
+    tokio::time::timeout(deadline, call)
+        .await
+        .map_err(|_| PodResourcesError::Timeout(deadline))?
+}
+
+async fn connect(socket: &Path) -> Result<PodResourcesListerClient<Channel>, PodResourcesError> {
     let path = socket.to_path_buf();
     // The URI is required by the API and ignored: the connector dials the socket.
     let channel: Channel = Endpoint::from_static("http://kubelet.invalid")
@@ -241,10 +295,7 @@ async fn list_now(socket: &Path) -> Result<ListPodResourcesResponse, PodResource
             path: socket.display().to_string(),
             source,
         })?;
-    Ok(PodResourcesListerClient::new(channel)
-        .list(ListPodResourcesRequest {})
-        .await?
-        .into_inner())
+    Ok(PodResourcesListerClient::new(channel))
 }
 
 #[cfg(test)]
@@ -444,6 +495,44 @@ mod tests {
         ) -> Result<Response<ListPodResourcesResponse>, Status> {
             Ok(Response::new(every_way()))
         }
+
+        async fn get_allocatable_resources(
+            &self,
+            _: Request<AllocatableResourcesRequest>,
+        ) -> Result<Response<AllocatableResourcesResponse>, Status> {
+            Ok(Response::new(offering(&[&uuid(0), "2", "6:2"])))
+        }
+    }
+
+    /// The kubelet offering `ids` of `nvidia.com/gpu`, and a CPU-only
+    /// plugin's device.
+    fn offering(ids: &[&str]) -> AllocatableResourcesResponse {
+        AllocatableResourcesResponse {
+            devices: vec![
+                devices("nvidia.com/gpu", ids),
+                devices("example.com/fpga", &["0"]),
+            ],
+        }
+    }
+
+    #[test]
+    fn a_gpu_is_offered_when_the_kubelet_offers_it_or_a_slice_of_it() {
+        let placement = Placement::new(&readings(), dra_slices());
+        let offered = offered_gpus(&offering(&[&uuid(0), "2", "6:2", "GPU-other"]), &placement)
+            .expect("a device plugin offers GPUs");
+        assert_eq!(
+            offered,
+            [uuid(0), uuid(2), uuid(6)].into_iter().collect(),
+            "by UUID, by index and by a MIG slot; a device of no GPU here names none"
+        );
+        let none = AllocatableResourcesResponse {
+            devices: vec![devices("example.com/fpga", &["0"])],
+        };
+        assert_eq!(
+            offered_gpus(&none, &placement),
+            None,
+            "no GPU device plugin"
+        );
     }
 
     #[tokio::test]
@@ -462,6 +551,10 @@ mod tests {
         let deadline = std::time::Duration::from_secs(5);
         let response = list(&socket, deadline).await.expect("List over the socket");
         assert_eq!(response, every_way());
+        let offered = allocatable(&socket, deadline)
+            .await
+            .expect("GetAllocatableResources over the socket");
+        assert_eq!(offered, offering(&[&uuid(0), "2", "6:2"]));
         server.abort();
 
         let missing = list(&dir.join("absent.sock"), deadline)

@@ -81,6 +81,17 @@ impl ResourceCount {
 pub struct BadGpu {
     pub uuid: String,
     pub index: Option<u32>,
+    /// Whether the kubelet still offers it through a device plugin, as the
+    /// node's report says (`offered`); None: not said.
+    pub offered: Option<bool>,
+}
+
+/// Whether a device plugin keeps new pods off every GPU of `bad`: the node
+/// offers exactly the others, and no report says one of `bad` is offered.
+/// The count alone cannot tell which GPUs are withdrawn.
+pub fn plugin_fences(count: Option<ResourceCount>, bad: &[BadGpu]) -> bool {
+    count.is_some_and(|c| c.withdrew_exactly(bad.len()))
+        && !bad.iter().any(|g| g.offered == Some(true))
 }
 
 /// What there is to decide on.
@@ -170,7 +181,7 @@ pub fn choose(ask: &Ask<'_>) -> Choice {
             gpus,
         };
     }
-    if let Some(count) = ask.plugin.filter(|c| c.withdrew_exactly(ask.gpus.len())) {
+    if let Some(count) = ask.plugin.filter(|_| plugin_fences(ask.plugin, ask.gpus)) {
         let gpus: Vec<FencedGpu> = ask
             .gpus
             .iter()
@@ -234,8 +245,21 @@ fn no_fence(ask: &Ask<'_>) -> String {
             ask.policy.dra_driver
         ),
     };
+    let offered: Vec<String> = ask
+        .gpus
+        .iter()
+        .filter(|g| g.offered == Some(true))
+        .map(|g| {
+            g.index
+                .map_or_else(|| g.uuid.clone(), |i| format!("GPU {i}"))
+        })
+        .collect();
     let plugin = match ask.plugin {
         None => format!("the node offers no {}", ask.policy.device_plugin_resource),
+        Some(_) if !offered.is_empty() => format!(
+            "the kubelet still offers {} (the node's report)",
+            offered.join(", ")
+        ),
         Some(c) => format!(
             "the device plugin offers {} of {} {}, not {} (all but the {} bad)",
             c.allocatable,
@@ -287,6 +311,7 @@ mod tests {
         vec![BadGpu {
             uuid: "GPU-7".into(),
             index: Some(7),
+            offered: None,
         }]
     }
 

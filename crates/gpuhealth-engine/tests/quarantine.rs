@@ -180,6 +180,24 @@ fn a_device_plugin_fence_holds_only_while_it_withdraws_exactly_the_bad_gpu() {
     );
     w.run_until(|w| w.state.phase == Phase::Healthy, HOUR);
     assert!(!w.node.unschedulable, "uncordoned after recovery");
+
+    // The count is right, but the report says the kubelet still offers
+    // GPU 7: another GPU is the one withdrawn. Cordoned.
+    let mut w = World::incident();
+    w.node.gpu_resource = Some(ResourceCount {
+        capacity: 8,
+        allocatable: 7,
+    });
+    if let Some(Ok(report)) = &mut w.node.report {
+        for g in &mut report.gpus {
+            g.offered = Some(g.index == 7);
+        }
+    }
+    w.reconcile();
+    assert!(w.node.unschedulable, "the count alone is no fence");
+    let q = w.state.quarantine.clone().expect("recorded");
+    assert_eq!(q.why, QuarantineWhy::NoDeviceFence);
+    assert!(q.message.contains("still offers GPU 7"), "{}", q.message);
 }
 
 #[test]

@@ -117,6 +117,7 @@ impl KernelLog {
                     remapped_rows: None,
                     pods: Vec::new(),
                     pods_unknown: Some("the kernel log alone does not say who holds it".into()),
+                    offered: None,
                 }
             })
             .collect()

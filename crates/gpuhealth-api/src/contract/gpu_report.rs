@@ -100,6 +100,12 @@ pub struct GpuEntry {
     /// GPU takes every GPU pod of the node.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pods_unknown: Option<String>,
+    /// Whether the kubelet offers this GPU (or a slice of it) to new pods
+    /// through a device plugin (PodResources `GetAllocatableResources`);
+    /// unset where no device plugin offers the node's GPUs, or it is not
+    /// known. A bad GPU the kubelet still offers is not fenced by its plugin.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub offered: Option<bool>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]

@@ -20,7 +20,7 @@ use gpuhealth_api::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use crate::{
-    fence::{Ask, BadGpu, Choice, choose},
+    fence::{Ask, BadGpu, Choice, choose, plugin_fences},
     happening::Happening,
 };
 
@@ -35,13 +35,7 @@ impl Stepper<'_> {
         gpus: &[String],
         step: Option<RecoveryAction>,
     ) -> Choice {
-        let bad: Vec<BadGpu> = gpus
-            .iter()
-            .map(|uuid| BadGpu {
-                uuid: uuid.clone(),
-                index: self.gpu_index(uuid),
-            })
-            .collect();
+        let bad = self.bad_gpus(gpus);
         let drain_scope = step.map_or(self.spec().drain.scope, |s| self.drain_scope(s));
         let holders_unknown = self.holders_unknown(gpus);
         choose(&Ask {
@@ -56,11 +50,19 @@ impl Stepper<'_> {
         })
     }
 
-    fn gpu_index(&self, uuid: &str) -> Option<u32> {
-        match &self.input.node.report {
-            Some(Ok(r)) => r.gpus.iter().find(|g| g.uuid == uuid).map(|g| g.index),
+    /// `gpus` as the node's report shows them.
+    fn bad_gpus(&self, gpus: &[String]) -> Vec<BadGpu> {
+        let entry = |uuid: &str| match &self.input.node.report {
+            Some(Ok(r)) => r.gpus.iter().find(|g| g.uuid == uuid),
             _ => None,
-        }
+        };
+        gpus.iter()
+            .map(|uuid| BadGpu {
+                uuid: uuid.clone(),
+                index: entry(uuid).map(|g| g.index),
+                offered: entry(uuid).and_then(|g| g.offered),
+            })
+            .collect()
     }
 
     /// The first rung an incident on `required` would take: the first at
@@ -276,13 +278,11 @@ impl Stepper<'_> {
                 QuarantineWhy::NoDeviceFence,
                 "the cluster no longer serves DeviceTaintRules".into(),
             );
-        } else if by_plugin && still_bad {
-            let holds = self
-                .input
-                .node
-                .gpu_resource
-                .is_some_and(|c| c.withdrew_exactly(bad.len()));
-            if !holds {
+        } else if by_plugin
+            && still_bad
+            && !plugin_fences(self.input.node.gpu_resource, &self.bad_gpus(&bad))
+        {
+            {
                 let offered = self.input.node.gpu_resource.map_or_else(
                     || "none".to_owned(),
                     |c| format!("{} of {}", c.allocatable, c.capacity),
