@@ -91,8 +91,8 @@ pub struct Evidence<'a> {
     /// Xids before this instant are history (a reset or reboot since has
     /// answered them); so are device taints added before it.
     pub xids_since: Option<Timestamp>,
-    /// The node's devices that their DRA driver has tainted.
-    pub tainted_devices: &'a [DeviceView],
+    /// The node's DRA devices, with the taints their driver put on them.
+    pub devices: &'a [DeviceView],
 }
 
 pub fn diagnose(now: Timestamp, detection: &Detection, evidence: &Evidence<'_>) -> Diagnosis {
@@ -270,7 +270,7 @@ fn gpu_signals(
 /// A taint of `detection.deviceTaints` on a GPU's device, added since the
 /// GPU's last remediation, is that GPU's signal.
 fn device_taint_signals(detection: &Detection, evidence: &Evidence<'_>, d: &mut Diagnosis) {
-    for device in evidence.tainted_devices {
+    for device in evidence.devices {
         let Some(uuid) = &device.uuid else {
             continue;
         };
@@ -347,7 +347,7 @@ mod tests {
             report: Some(&report),
             report_refreshed_at: None,
             xids_since: None,
-            tainted_devices: &[],
+            devices: &[],
         };
         let d = diagnose(ts("2026-05-29T08:25:00Z"), &detection(), &evidence);
         assert_eq!(d.required(), Some(RecoveryAction::GpuReset));
@@ -367,7 +367,7 @@ mod tests {
             report: Some(&report),
             report_refreshed_at: None,
             xids_since: Some(ts("2026-05-29T09:00:00Z")),
-            tainted_devices: &[],
+            devices: &[],
         };
         let d = diagnose(ts("2026-05-29T09:10:00Z"), &detection(), &evidence);
         assert!(d.is_clear(), "{d:?}");
@@ -401,7 +401,7 @@ mod tests {
             report: Some(&report),
             report_refreshed_at: None,
             xids_since: since,
-            tainted_devices: devices,
+            devices,
         };
         let now = ts("2026-05-29T08:25:00Z");
         let d = diagnose(now, &detection(), &evidence(None, &devices));
@@ -448,7 +448,7 @@ mod tests {
                 report: Some(&report),
                 report_refreshed_at: None,
                 xids_since: None,
-                tainted_devices: &[],
+                devices: &[],
             },
         );
         assert_eq!(d.required(), Some(RecoveryAction::NodeReboot));
@@ -475,7 +475,7 @@ mod tests {
                 report: Some(&report),
                 report_refreshed_at: None,
                 xids_since: None,
-                tainted_devices: &[],
+                devices: &[],
             },
         );
         assert!(d.signals.is_empty(), "{d:?}");
@@ -501,7 +501,7 @@ mod tests {
             report: None,
             report_refreshed_at: None,
             xids_since: None,
-            tainted_devices: &[],
+            devices: &[],
         };
         let early = diagnose(ts("2026-05-29T08:00:30Z"), &det, &ev);
         assert_eq!(early.required(), None);
@@ -522,7 +522,7 @@ mod tests {
                 report: Some(&report),
                 report_refreshed_at: None,
                 xids_since: None,
-                tainted_devices: &[],
+                devices: &[],
             },
         );
         assert!(d.signals.is_empty());
@@ -553,7 +553,7 @@ mod tests {
                     report: Some(&two),
                     report_refreshed_at: None,
                     xids_since: None,
-                    tainted_devices: &[],
+                    devices: &[],
                 }
             )
             .signals
@@ -573,7 +573,7 @@ mod tests {
                 report: Some(&three),
                 report_refreshed_at: None,
                 xids_since: None,
-                tainted_devices: &[],
+                devices: &[],
             },
         );
         assert_eq!(d.required(), Some(RecoveryAction::GpuReset));

@@ -52,13 +52,10 @@ pub struct RuleView {
 pub struct DraView {
     /// Whether the cluster serves `DeviceTaintRule`s: a GPU can be fenced.
     pub can_taint: bool,
-    /// The policy's driver's devices on the node; empty when it publishes
-    /// none there (or they were not read: the node has no bad GPU).
+    /// The policy's driver's devices on the node, with the taints it put
+    /// on them; empty when it publishes none there.
     pub devices: Vec<DeviceView>,
     pub rules: Vec<RuleView>,
-    /// The node's devices that their driver has tainted (with those
-    /// taints), whatever the node's state: detection signals.
-    pub tainted: Vec<DeviceView>,
 }
 
 /// A device plugin's extended resource on the node.
@@ -322,7 +319,6 @@ mod tests {
             can_taint: true,
             devices: (0..8).map(device).collect(),
             rules: Vec::new(),
-            tainted: Vec::new(),
         };
         let gpus = gpu7();
         let c = choose(&ask(&policy, &gpus, Some(&dra)));
@@ -346,7 +342,6 @@ mod tests {
             can_taint: true,
             devices: (0..8).map(device).collect(),
             rules: Vec::new(),
-            tainted: Vec::new(),
         };
         let gpus = gpu7();
         let node_policy = Quarantine {

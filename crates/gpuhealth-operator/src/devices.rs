@@ -20,7 +20,7 @@ use k8s_openapi::{
     api::{
         core::v1::{Node, Pod},
         resource::{
-            v1::{ResourceClaim, ResourceSlice},
+            v1::{Device, ResourceClaim, ResourceSlice},
             v1beta2::{DeviceTaint, DeviceTaintRule, DeviceTaintRuleSpec, DeviceTaintSelector},
         },
     },
@@ -29,7 +29,6 @@ use k8s_openapi::{
 };
 use kube::{
     Api, Client, ResourceExt,
-    api::ListParams,
     runtime::{
         WatchStreamExt,
         reflector::{self, ObjectRef, Store},
@@ -41,7 +40,7 @@ use tracing::{info, warn};
 /// What the operator keeps of the cluster's DRA objects, where it serves
 /// them.
 pub struct Dra {
-    /// Every ResourceSlice, slimmed to the devices its driver tainted.
+    /// Every ResourceSlice, slimmed to its devices' names, UUIDs and taints.
     pub slices: Store<ResourceSlice>,
     /// gpuhealth's own `DeviceTaintRule`s; None where none are served.
     pub rules: Option<Store<DeviceTaintRule>>,
@@ -66,7 +65,7 @@ pub async fn watch(client: &Client, changed: UnboundedSender<ObjectRef<Node>>) -
         .modify(slim)
         .reflect(slice_writer)
         .applied_objects()
-        .predicate_filter(taints_hash, Default::default())
+        .predicate_filter(devices_hash, Default::default())
         .for_each(move |slice| {
             if let Some(node) = slice.ok().and_then(|s| s.spec.node_name) {
                 let _ = wake.unbounded_send(ObjectRef::new(&node));
@@ -115,27 +114,27 @@ async fn served(client: &Client, group_version: &str, resource: &str) -> bool {
     }
 }
 
-/// Keeps of a slice its node, driver and pool, and the devices its driver
-/// tainted, with their UUIDs: most devices carry no taint, and a fleet's
-/// slices are kept whole in memory otherwise.
+/// Keeps of a slice its node, driver and pool, and of each device its
+/// name, UUID and taints: a driver publishes kilobytes of attributes and
+/// capacities per node that no step reads.
 fn slim(slice: &mut ResourceSlice) {
     slice.metadata.managed_fields = None;
     slice.metadata.annotations = None;
-    if let Some(devices) = slice.spec.devices.as_mut() {
-        devices.retain(|d| d.taints.as_ref().is_some_and(|t| !t.is_empty()));
-        for d in devices.iter_mut() {
-            if let Some(attributes) = d.attributes.as_mut() {
-                attributes.retain(|k, _| k == "uuid");
-            }
-            d.capacity = None;
-            d.consumes_counters = None;
-        }
+    for d in slice.spec.devices.iter_mut().flatten() {
+        let uuid = d.attributes.as_mut().and_then(|a| a.remove("uuid"));
+        *d = Device {
+            name: std::mem::take(&mut d.name),
+            attributes: uuid.map(|u| [("uuid".to_owned(), u)].into()),
+            taints: d.taints.take(),
+            ..Device::default()
+        };
     }
     slice.spec.shared_counters = None;
 }
 
-/// What a node's step reads of a slimmed slice: its devices' taints.
-fn taints_hash(slice: &ResourceSlice) -> Option<u64> {
+/// What a node's step reads of a slimmed slice: its devices, their UUIDs
+/// and taints.
+fn devices_hash(slice: &ResourceSlice) -> Option<u64> {
     let mut hasher = DefaultHasher::new();
     serde_json::to_vec(&slice.spec.devices)
         .ok()?
@@ -143,14 +142,13 @@ fn taints_hash(slice: &ResourceSlice) -> Option<u64> {
     Some(hasher.finish())
 }
 
-/// The devices of `driver` on `node` that it tainted.
-pub fn tainted_of(store: &Store<ResourceSlice>, node: &str, driver: &str) -> Vec<DeviceView> {
+/// The devices `driver` publishes for `node`, from the watch.
+pub fn devices_of(store: &Store<ResourceSlice>, node: &str, driver: &str) -> Vec<DeviceView> {
     store
         .state()
         .iter()
         .filter(|s| s.spec.driver == driver && s.spec.node_name.as_deref() == Some(node))
         .flat_map(|s| device_views(s))
-        .filter(|d| !d.taints.is_empty())
         .collect()
 }
 
@@ -179,19 +177,6 @@ pub fn rules_of(store: &Store<DeviceTaintRule>, node: &str) -> Vec<RuleView> {
                 .unwrap_or_default(),
         })
         .collect()
-}
-
-/// The devices `driver` publishes for `node`.
-pub async fn devices_of(
-    client: &Client,
-    node: &str,
-    driver: &str,
-) -> Result<Vec<DeviceView>, kube::Error> {
-    let slices: Api<ResourceSlice> = Api::all(client.clone());
-    let list = slices
-        .list(&ListParams::default().fields(&format!("spec.nodeName={node},spec.driver={driver}")))
-        .await?;
-    Ok(list.items.iter().flat_map(device_views).collect())
 }
 
 fn device_views(slice: &ResourceSlice) -> Vec<DeviceView> {
@@ -335,6 +320,46 @@ pub fn rule(name: &str, device: &str, incident: &str, node: &str) -> Option<Devi
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_slim_slice_keeps_each_devices_name_uuid_and_taints() {
+        let mut slice: ResourceSlice = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "node-a-gpu", "managedFields": [{"manager": "driver"}]},
+            "spec": {
+                "driver": "gpu.nvidia.com", "nodeName": "node-a",
+                "pool": {"name": "node-a", "generation": 1, "resourceSliceCount": 1},
+                "devices": [
+                    {"name": "gpu-0", "attributes": {"uuid": {"string": "GPU-0"}, "productName": {"string": "H100"}},
+                     "capacity": {"memory": {"value": "80Gi"}}},
+                    {"name": "gpu-7", "attributes": {"uuid": {"string": "GPU-7"}},
+                     "taints": [{"key": "gpu.nvidia.com/xid", "value": "79", "effect": "NoSchedule"}]},
+                ],
+            },
+        }))
+        .expect("a slice");
+        slim(&mut slice);
+        let device = &slice.spec.devices.as_ref().expect("devices")[0];
+        assert_eq!(
+            device.attributes.as_ref().map(|a| a.len()),
+            Some(1),
+            "only the uuid"
+        );
+        assert!(device.capacity.is_none());
+        let (store, mut writer) = reflector::store::<ResourceSlice>();
+        writer.apply_watcher_event(&watcher::Event::Apply(slice));
+        let devices = devices_of(&store, "node-a", "gpu.nvidia.com");
+        let seen: Vec<(&str, Option<&str>, usize)> = devices
+            .iter()
+            .map(|d| (d.name.as_str(), d.uuid.as_deref(), d.taints.len()))
+            .collect();
+        assert_eq!(
+            seen,
+            [("gpu-0", Some("GPU-0"), 0), ("gpu-7", Some("GPU-7"), 1)]
+        );
+        assert_eq!(devices[1].id(), "gpu.nvidia.com/node-a/gpu-7");
+        assert!(devices_of(&store, "node-b", "gpu.nvidia.com").is_empty());
+        assert!(devices_of(&store, "node-a", "other.example.com").is_empty());
+    }
 
     #[test]
     fn a_rule_selects_one_device_by_driver_pool_and_name() {

@@ -146,7 +146,7 @@ impl<'a> Stepper<'a> {
             report: node.report.as_ref(),
             report_refreshed_at: node.report_refreshed_at,
             xids_since: self.xids_since(),
-            tainted_devices: node.dra.as_ref().map_or(&[], |d| d.tainted.as_slice()),
+            devices: node.dra.as_ref().map_or(&[], |d| d.devices.as_slice()),
         };
         self.diagnosis = diagnose(self.now(), &self.spec().detection, &evidence);
         self.clear_findings_of_mended_inputs();

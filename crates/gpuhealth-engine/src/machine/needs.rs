@@ -6,7 +6,6 @@ use gpuhealth_api::{
     GpuHealthPolicySpec,
     node_health::{GpuNodeHealthStatus, Phase},
     policy::Mode,
-    quarantine::QuarantineScope,
 };
 
 use super::{NodeView, validation_pod_name, workloads_to_watch};
@@ -42,9 +41,6 @@ pub struct Needs {
     pub workloads: Vec<String>,
     /// The validation pod of the attempt being verified.
     pub validation_pod: Option<String>,
-    /// The node's DRA devices (where the cluster can fence one): whether a
-    /// bad GPU can be fenced alone, and which pods' claims hold it.
-    pub devices: bool,
 }
 
 pub fn needs(
@@ -66,12 +62,9 @@ pub fn needs(
         }
         _ => None,
     };
-    let devices = spec.quarantine.scope != QuarantineScope::Node
-        && (has_bad_gpu || state.phase != Phase::Healthy);
     Needs {
         pods,
         gates_later,
-        devices,
         // For a DryRun plan, and for a drain to say which budget holds it.
         disruption_budgets: pods && (spec.mode == Mode::DryRun || state.phase == Phase::Draining),
         workloads: workloads_to_watch(state),

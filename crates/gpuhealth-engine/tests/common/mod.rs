@@ -315,7 +315,6 @@ impl World {
             can_taint: true,
             devices,
             rules: Vec::new(),
-            tainted: Vec::new(),
         });
         self
     }

@@ -93,20 +93,14 @@ pub async fn read(ctx: &Context, node: &Node) -> Result<Option<Read>, Error> {
     let quarantine = &policy.spec.quarantine;
     view.gpu_resource = resource_count(node, &quarantine.device_plugin_resource);
     if let Some(dra) = &ctx.dra {
-        let devices = if needs.devices {
-            devices::devices_of(&ctx.client, &name, &quarantine.dra_driver).await?
-        } else {
-            Vec::new()
-        };
         view.dra = Some(DraView {
             can_taint: dra.rules.is_some(),
-            devices,
+            devices: devices::devices_of(&dra.slices, &name, &quarantine.dra_driver),
             rules: dra
                 .rules
                 .as_ref()
                 .map(|r| devices::rules_of(r, &name))
                 .unwrap_or_default(),
-            tainted: devices::tainted_of(&dra.slices, &name, &quarantine.dra_driver),
         });
     }
 
