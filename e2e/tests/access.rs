@@ -81,6 +81,16 @@ async fn refused_once_in_force(client: &Client, node: &str, key: &str) -> String
     unreachable!("a refusal or the deadline ends the loop")
 }
 
+/// A client that is the ServiceAccount `namespace/account` of the install.
+async fn account_client(admin: &Client, namespace: &str, account: &str) -> Client {
+    let token = token(admin, namespace, account, None)
+        .await
+        .unwrap_or_else(|e| panic!("{namespace}/{account}'s token: {e}"));
+    client_with_token(&token)
+        .await
+        .unwrap_or_else(|e| panic!("a client as {namespace}/{account}: {e}"))
+}
+
 async fn apply(dir: &str) {
     let config = format!("{}/../config/{dir}", env!("CARGO_MANIFEST_DIR"));
     kubectl(&["apply", "--server-side", "-k", &config])
@@ -189,13 +199,7 @@ async fn only_the_operator_asks_and_only_an_agent_reports_whoever_may_patch_node
     assert!(e.contains("may write gpuhealth.io/break-glass"), "{e}");
 
     // The operator's ServiceAccount: its keys, not the agent's.
-    let operator = client_with_token(
-        &token(&admin, "gpuhealth-system", "gpuhealth-operator", None)
-            .await
-            .expect("the operator's token"),
-    )
-    .await
-    .expect("operator client");
+    let operator = account_client(&admin, "gpuhealth-system", "gpuhealth-operator").await;
     patch(
         &operator,
         &node,
@@ -331,13 +335,7 @@ patches:
         "{e}"
     );
 
-    let operator = client_with_token(
-        &token(&admin, &namespace, "gpuhealth-operator-moved", None)
-            .await
-            .expect("the moved operator's token"),
-    )
-    .await
-    .expect("operator client");
+    let operator = account_client(&admin, &namespace, "gpuhealth-operator-moved").await;
     patch(
         &operator,
         &own,
@@ -540,13 +538,7 @@ async fn only_the_operator_writes_or_lifts_its_device_fences() {
 
     // The operator's ServiceAccount writes one; the DRA administrator may
     // not lift it; break glass may.
-    let operator = client_with_token(
-        &token(&admin, "gpuhealth-system", "gpuhealth-operator", None)
-            .await
-            .expect("the operator's token"),
-    )
-    .await
-    .expect("operator client");
+    let operator = account_client(&admin, "gpuhealth-system", "gpuhealth-operator").await;
     let fence = format!("gpuhealth-{node}-gpu-7");
     Api::<DeviceTaintRule>::all(operator)
         .create(&PostParams::default(), &device_rule(&fence, &node, true))

@@ -304,6 +304,15 @@ mod tests {
         }
     }
 
+    /// A node's eight GPUs as DRA devices, on a cluster that can taint them.
+    fn eight_devices() -> DraView {
+        DraView {
+            can_taint: true,
+            devices: (0..8).map(device).collect(),
+            rules: Vec::new(),
+        }
+    }
+
     fn gpu7() -> Vec<BadGpu> {
         vec![BadGpu {
             uuid: "GPU-7".into(),
@@ -315,11 +324,7 @@ mod tests {
     #[test]
     fn a_dra_device_for_the_bad_gpu_fences_it_alone() {
         let policy = Quarantine::default();
-        let dra = DraView {
-            can_taint: true,
-            devices: (0..8).map(device).collect(),
-            rules: Vec::new(),
-        };
+        let dra = eight_devices();
         let gpus = gpu7();
         let c = choose(&ask(&policy, &gpus, Some(&dra)));
         assert_eq!(c.scope, Fenced::Gpu, "{c:?}");
@@ -338,11 +343,7 @@ mod tests {
 
     #[test]
     fn the_node_is_cordoned_when_anything_needs_it() {
-        let dra = DraView {
-            can_taint: true,
-            devices: (0..8).map(device).collect(),
-            rules: Vec::new(),
-        };
+        let dra = eight_devices();
         let gpus = gpu7();
         let node_policy = Quarantine {
             scope: QuarantineScope::Node,

@@ -237,11 +237,17 @@ fn rules_end_as_the_status_records_them_wherever_the_operator_stopped() {
     // was recorded: the record goes, nothing else is done.
     let mut w = World::incident().with_dra();
     w.run_until(|w| w.state.phase == Phase::Healthy, HOUR);
-    if w.state.quarantine.is_some() {
-        assert!(w.rules().is_empty());
-        let actions = w.reconcile();
-        assert!(actions.is_empty(), "{actions:?}");
-    }
+    // The recovering step recorded the lift and deleted the rule; the
+    // record is still there, as after a kill before the next step.
+    let lifted = w
+        .state
+        .quarantine
+        .clone()
+        .expect("kept until its rule is seen gone");
+    assert!(lifted.lifted_at.is_some(), "{lifted:?}");
+    assert!(w.rules().is_empty());
+    let actions = w.reconcile();
+    assert!(actions.is_empty(), "{actions:?}");
     assert_eq!(w.state.quarantine, None);
 }
 

@@ -280,22 +280,12 @@ impl Fleet {
         for (node, holder) in holders.iter().filter(|(n, _)| handed_over.contains(n)) {
             repair(&self.s, node, holder).await?;
         }
-        let timeline = self.recorder.since(mark);
-        let fenced_before: Vec<(String, usize)> = handed_over
-            .iter()
-            .map(|n| (n.clone(), fences_up(&timeline, n)))
-            .collect();
-        self.settle(after, "repaired nodes back in service", |t| {
+        // Counted from the trial's start, so that a rule put up before the
+        // repair is seen to go.
+        self.settle(mark, "repaired nodes back in service", |t| {
             handed_over
                 .iter()
-                .all(|n| latest_phase(t, n) == Some(Phase::Healthy))
-                && fenced_before.iter().all(|(n, up)| {
-                    let gone = t
-                        .iter()
-                        .filter(|s| matches!(s, Seen::Fence { node, up: false, .. } if node == n))
-                        .count();
-                    gone >= *up
-                })
+                .all(|n| latest_phase(t, n) == Some(Phase::Healthy) && fences_up(t, n) == 0)
         })
         .await?;
         let mut later = self.expectations();

@@ -14,7 +14,7 @@ use gpuhealth_api::{
     RecoveryAction,
     node_health::PlannedQuarantine,
     policy::Mode,
-    quarantine::{Fenced, GpuFence, QuarantineStatus},
+    quarantine::{Fenced, GpuFence, QuarantineScope, QuarantineStatus},
     vocabulary::{FindingKind, QuarantineWhy},
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -83,8 +83,17 @@ impl Stepper<'_> {
     /// Records `choice` as the open incident's quarantine. The GPUs' rules
     /// are put up by `keep_fences`; the cordon by the caller.
     pub(super) fn record_quarantine(&mut self, incident: &str, choice: Choice) {
-        if choice.scope == Fenced::Node {
-            self.policy_asked_for_gpus(&choice);
+        // A policy that asked for per-GPU quarantine by name hears why it
+        // got the node.
+        if choice.scope == Fenced::Node && self.spec().quarantine.scope == QuarantineScope::Gpu {
+            self.finding(
+                FindingKind::NodeQuarantinedInstead,
+                None,
+                format!(
+                    "the policy asks for per-GPU quarantine; the node is cordoned instead: {}",
+                    choice.message
+                ),
+            );
         }
         self.status.quarantine = Some(QuarantineStatus {
             incident: incident.to_owned(),
@@ -95,24 +104,6 @@ impl Stepper<'_> {
             since: Time(self.now()),
             lifted_at: None,
         });
-    }
-
-    /// A policy that asked for per-GPU quarantine by name hears why it got
-    /// the node.
-    fn policy_asked_for_gpus(&mut self, choice: &Choice) {
-        use gpuhealth_api::quarantine::QuarantineScope;
-        if self.spec().quarantine.scope == QuarantineScope::Gpu
-            && choice.why != QuarantineWhy::PolicyScopeNode
-        {
-            self.finding(
-                FindingKind::NodeQuarantinedInstead,
-                None,
-                format!(
-                    "the policy asks for per-GPU quarantine; the node is cordoned instead: {}",
-                    choice.message
-                ),
-            );
-        }
     }
 
     /// What a `DryRun` policy would take out of service for a step.
