@@ -42,6 +42,9 @@ use tracing::{info, warn};
 pub struct Dra {
     /// Every ResourceSlice, slimmed to its devices' names, UUIDs and taints.
     pub slices: Store<ResourceSlice>,
+    /// Every ResourceClaim, slimmed to the devices it was allocated: which
+    /// pod holds which device, read with no request of its own.
+    pub claims: Store<ResourceClaim>,
     /// gpuhealth's own `DeviceTaintRule`s; None where none are served.
     pub rules: Option<Store<DeviceTaintRule>>,
 }
@@ -99,7 +102,22 @@ pub async fn watch(client: &Client, changed: UnboundedSender<ObjectRef<Node>>) -
         );
         None
     };
-    Some(Dra { slices, rules })
+    let (claims, claim_writer) = reflector::store::<ResourceClaim>();
+    tokio::spawn(
+        watcher(
+            Api::<ResourceClaim>::all(client.clone()),
+            watcher::Config::default(),
+        )
+        .default_backoff()
+        .modify(slim_claim)
+        .reflect(claim_writer)
+        .for_each(|_| futures::future::ready(())),
+    );
+    Some(Dra {
+        slices,
+        claims,
+        rules,
+    })
 }
 
 /// Whether the cluster serves `resource` in `group_version`.
@@ -130,6 +148,23 @@ fn slim(slice: &mut ResourceSlice) {
         };
     }
     slice.spec.shared_counters = None;
+}
+
+/// Keeps of a claim its name, namespace and the devices it was allocated.
+fn slim_claim(claim: &mut ResourceClaim) {
+    claim.metadata.managed_fields = None;
+    claim.metadata.annotations = None;
+    claim.spec = Default::default();
+    if let Some(status) = claim.status.as_mut() {
+        status.reserved_for = None;
+        status.devices = None;
+        if let Some(devices) = status.allocation.as_mut().and_then(|a| {
+            a.node_selector = None;
+            a.devices.as_mut()
+        }) {
+            devices.config = None;
+        }
+    }
 }
 
 /// What a node's step reads of a slimmed slice: its devices, their UUIDs
@@ -211,8 +246,8 @@ fn device_views(slice: &ResourceSlice) -> Vec<DeviceView> {
 /// Per pod (`namespace/name`), the UUIDs of the GPUs its ResourceClaims
 /// were allocated, among `devices`. A claim that cannot be read holds
 /// nothing we know of; the agent's report may still name its GPU.
-pub async fn claimed_gpus(
-    client: &Client,
+pub fn claimed_gpus(
+    claims: &Store<ResourceClaim>,
     pods: &[Pod],
     devices: &[DeviceView],
 ) -> BTreeMap<String, Vec<String>> {
@@ -225,26 +260,13 @@ pub async fn claimed_gpus(
         return held;
     }
     for pod in pods {
-        let names = claim_names(pod);
-        if names.is_empty() {
-            continue;
-        }
         let namespace = pod.namespace().unwrap_or_default();
-        let claims: Api<ResourceClaim> = Api::namespaced(client.clone(), &namespace);
-        let mut gpus = BTreeSet::new();
-        for claim in names {
-            match claims.get_opt(claim).await {
-                Ok(Some(c)) => gpus.extend(
-                    allocated(&c)
-                        .filter_map(|id| uuid_of.get(&id))
-                        .map(|u| (*u).to_owned()),
-                ),
-                Ok(None) => {}
-                Err(e) => {
-                    warn!(claim, namespace, error = %e, "could not read a pod's ResourceClaim")
-                }
-            }
-        }
+        let gpus: BTreeSet<String> = claim_names(pod)
+            .into_iter()
+            .filter_map(|name| claims.get(&ObjectRef::new(name).within(&namespace)))
+            .flat_map(|c| allocated(&c).collect::<Vec<_>>())
+            .filter_map(|id| uuid_of.get(&id).map(|u| (*u).to_owned()))
+            .collect();
         if !gpus.is_empty() {
             held.insert(
                 format!("{namespace}/{}", pod.name_any()),
@@ -320,6 +342,61 @@ pub fn rule(name: &str, device: &str, incident: &str, node: &str) -> Option<Devi
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_pod_holds_the_gpus_its_claims_were_allocated() {
+        let claim = |name: &str, device: &str| -> ResourceClaim {
+            let mut c: ResourceClaim = serde_json::from_value(serde_json::json!({
+                "metadata": {"name": name, "namespace": "ml"},
+                "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}]}},
+                "status": {
+                    "allocation": {"devices": {"results": [
+                        {"request": "gpu", "driver": "gpu.nvidia.com", "pool": "node-a", "device": device},
+                    ]}},
+                    "reservedFor": [{"resource": "pods", "name": "x", "uid": "u"}],
+                },
+            }))
+            .expect("a claim");
+            slim_claim(&mut c);
+            c
+        };
+        let (claims, mut writer) = reflector::store::<ResourceClaim>();
+        for c in [
+            claim("direct", "gpu-7"),
+            claim("made-from-template", "gpu-3"),
+        ] {
+            writer.apply_watcher_event(&watcher::Event::Apply(c));
+        }
+        let pods: Vec<Pod> = serde_json::from_value(serde_json::json!([
+            {"metadata": {"name": "a", "namespace": "ml"},
+             "spec": {"containers": [], "resourceClaims": [{"name": "gpu", "resourceClaimName": "direct"}]}},
+            {"metadata": {"name": "b", "namespace": "ml"},
+             "spec": {"containers": [], "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "t"}]},
+             "status": {"resourceClaimStatuses": [{"name": "gpu", "resourceClaimName": "made-from-template"}]}},
+            {"metadata": {"name": "c", "namespace": "other"},
+             "spec": {"containers": [], "resourceClaims": [{"name": "gpu", "resourceClaimName": "direct"}]}},
+        ]))
+        .expect("pods");
+        let devices: Vec<DeviceView> = (0..8)
+            .map(|i| DeviceView {
+                driver: "gpu.nvidia.com".into(),
+                pool: "node-a".into(),
+                name: format!("gpu-{i}"),
+                uuid: Some(format!("GPU-{i}")),
+                taints: Vec::new(),
+            })
+            .collect();
+        let held = claimed_gpus(&claims, &pods, &devices);
+        assert_eq!(
+            held,
+            [
+                ("ml/a".to_owned(), vec!["GPU-7".to_owned()]),
+                ("ml/b".to_owned(), vec!["GPU-3".to_owned()]),
+            ]
+            .into(),
+            "a claim of another namespace is not the pod's"
+        );
+    }
 
     #[test]
     fn a_slim_slice_keeps_each_devices_name_uuid_and_taints() {

@@ -112,8 +112,8 @@ pub async fn read(ctx: &Context, node: &Node) -> Result<Option<Read>, Error> {
         // A pod holds the GPUs the report names for it and those its
         // ResourceClaims were allocated.
         let mut held = holders.clone();
-        if let Some(dra) = &view.dra {
-            for (pod, gpus) in devices::claimed_gpus(&ctx.client, &list.items, &dra.devices).await {
+        if let (Some(dra), Some(view)) = (&ctx.dra, &view.dra) {
+            for (pod, gpus) in devices::claimed_gpus(&dra.claims, &list.items, &view.devices) {
                 let entry = held.entry(pod).or_default();
                 for gpu in gpus {
                     if !entry.contains(&gpu) {
