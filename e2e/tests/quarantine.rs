@@ -14,7 +14,7 @@ use gpuhealth_api::{
     GpuHealth, RecoveryAction,
     node_health::Phase,
     quarantine::{DEVICE_TAINT_KEY, Fenced, GpuFence, RULE_NODE_LABEL},
-    vocabulary::{IncidentOutcome, QuarantineWhy},
+    vocabulary::{IncidentOutcome, QuarantineWhy, Reason},
 };
 use gpuhealth_e2e::{
     agent::Answer,
@@ -27,7 +27,7 @@ use gpuhealth_e2e::{
 };
 use k8s_openapi::{
     api::{
-        core::v1::{Node, Pod},
+        core::v1::{Node, Pod, ResourceHealth, ResourceStatus},
         resource::{v1::ResourceClaim, v1beta2::DeviceTaintRule},
     },
     apimachinery::pkg::util::intstr::IntOrString,
@@ -205,6 +205,117 @@ async fn a_bad_gpu_on_a_dra_node_costs_that_gpu_and_the_node_keeps_serving() {
         .await
         .expect("a later pod");
     assert_eq!(device_of(&s, "late").await, "gpu-7");
+    drop(watch);
+    assert!(
+        !ever_cordoned.load(Ordering::SeqCst),
+        "the node was never cordoned"
+    );
+}
+
+/// The kubelet's word, written as it would: `device` of the pod's claim
+/// `gpu` is Unhealthy.
+async fn kubelet_says_unhealthy(s: &Scenario, pod: &str, device: &str) {
+    let pods: Api<Pod> = Api::namespaced(s.client.clone(), &s.namespace);
+    let running = until(pods.clone(), pod, WAIT, |p| {
+        p.status
+            .as_ref()
+            .and_then(|st| st.container_statuses.as_ref())
+            .is_some_and(|c| !c.is_empty())
+    })
+    .await
+    .expect("the pod runs");
+    let mut statuses = running
+        .status
+        .and_then(|st| st.container_statuses)
+        .unwrap_or_default();
+    statuses[0].allocated_resources_status = Some(vec![ResourceStatus {
+        name: "claim:gpu".into(),
+        resources: Some(vec![ResourceHealth {
+            resource_id: device.into(),
+            health: Some("Unhealthy".into()),
+            message: Some("Xid 48: double-bit ECC error".into()),
+        }]),
+    }]);
+    pods.patch_status(
+        pod,
+        &PatchParams::default(),
+        &Patch::Merge(json!({"status": {"containerStatuses": statuses}})),
+    )
+    .await
+    .expect("the kubelet's status written");
+}
+
+#[tokio::test]
+async fn a_gpu_the_kubelet_calls_unhealthy_in_a_pods_status_is_fenced_alone() {
+    let mut s = Scenario::new_dra("dra-kubelet", 1, Scenario::quick_spec())
+        .await
+        .expect("scenario");
+    let node = s.nodes[0].clone();
+    for i in [2, 3] {
+        dra::claiming_pod(
+            &s.client,
+            &s.namespace,
+            &s.group,
+            &format!("holder-{i}"),
+            Some(i),
+        )
+        .await
+        .expect("a pod claiming one GPU");
+        device_of(&s, &format!("holder-{i}")).await;
+    }
+    hold(&s.agent.reset);
+    s.start().await.expect("operator and agent");
+    let (watch, ever_cordoned) = watch_cordon(&s.client, &node);
+
+    // The report says every GPU is well; the kubelet says GPU 3 is not.
+    let device = format!("{}/{node}/{}", dra::DRIVER, dra::device_name(3));
+    kubelet_says_unhealthy(&s, "holder-3", &device).await;
+    let status = s
+        .wait_status(&node, "GPU 3 fenced on the kubelet's word", |st| {
+            st.phase == Phase::Remediating && st.quarantine.as_ref().is_some_and(|q| q.per_gpu())
+        })
+        .await
+        .expect("fenced");
+    let q = status.quarantine.expect("recorded");
+    assert_eq!(q.gpus.len(), 1);
+    assert_eq!(q.gpus[0].index, Some(3));
+    let opened = &status.history[0].signals;
+    assert_eq!(opened.len(), 1, "{opened:?}");
+    assert_eq!(opened[0].reason, Reason::DeviceUnhealthy);
+    assert_eq!(opened[0].gpu.as_ref(), Some(&q.gpus[0].uuid));
+    assert!(
+        opened[0]
+            .message
+            .contains(&format!("{}/holder-3 Unhealthy", s.namespace))
+            && opened[0].message.contains("double-bit ECC"),
+        "{}",
+        opened[0].message
+    );
+
+    // Its holder goes; the other stays.
+    let pods: Api<Pod> = Api::namespaced(s.client.clone(), &s.namespace);
+    let left = until_set(
+        pods.clone(),
+        watcher::Config::default(),
+        "GPU 3's holder gone",
+        WAIT,
+        |set| !set.contains_key("holder-3"),
+    )
+    .await
+    .expect("holder-3 evicted");
+    assert!(left.contains_key("holder-2"));
+
+    s.agent
+        .release(&s.client, &node)
+        .await
+        .expect("the reset goes ahead");
+    let recovered = s.wait_recovered(&node).await.expect("recovered");
+    assert!(
+        recovered.history[0].trigger.contains("kubelet"),
+        "{}",
+        recovered.history[0].trigger
+    );
+    fence_gone(&s, &node).await;
     drop(watch);
     assert!(
         !ever_cordoned.load(Ordering::SeqCst),

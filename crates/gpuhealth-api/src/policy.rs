@@ -369,6 +369,14 @@ pub struct Detection {
     #[schemars(length(max = 32))]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["key"]))]
     pub device_taints: Vec<DeviceTaintSignal>,
+
+    /// The kubelet's health of the devices it gave each pod
+    /// (`allocatedResourcesStatus` in pod status, on by default since
+    /// Kubernetes 1.36): a GPU it reports `Unhealthy` (the device plugin's
+    /// `quarantine.devicePluginResource`, or a device of
+    /// `quarantine.draDriver`) is that GPU's signal.
+    #[serde(default)]
+    pub pod_device_health: PodDeviceHealthSignal,
 }
 
 impl Default for Detection {
@@ -378,8 +386,30 @@ impl Default for Detection {
             node_conditions: Vec::new(),
             xid_overrides: Vec::new(),
             device_taints: default_device_taints(),
+            pod_device_health: PodDeviceHealthSignal::default(),
         }
     }
+}
+
+/// The kubelet's word that a GPU a pod holds is unhealthy, as a signal.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PodDeviceHealthSignal {
+    /// The ladder rung it starts from; `Ignore` reads it not at all.
+    #[serde(default = "default_pod_device_health_action")]
+    pub action: SignalAction,
+}
+
+impl Default for PodDeviceHealthSignal {
+    fn default() -> Self {
+        PodDeviceHealthSignal {
+            action: default_pod_device_health_action(),
+        }
+    }
+}
+
+fn default_pod_device_health_action() -> SignalAction {
+    SignalAction::GpuReset
 }
 
 /// A device taint that is a signal.

@@ -44,6 +44,16 @@ const ELSEWHERE: &[(&str, &str, &str)] = &[
     ),
     ("e2e/tests/gitops.rs", "Paused", "Argo CD's health word"),
     (
+        "crates/gpuhealth-operator/src/pod_health.rs",
+        "Unhealthy",
+        "the kubelet's word for a device's health in pod status",
+    ),
+    (
+        "e2e/tests/quarantine.rs",
+        "Unhealthy",
+        "the kubelet's word for a device's health in pod status",
+    ),
+    (
         "crates/gpuhealth-operator/src/observe.rs",
         "Succeeded",
         "a pod phase",

@@ -29,6 +29,9 @@ pub struct Context {
     /// The cluster's DRA devices' taints and gpuhealth's
     /// `DeviceTaintRule`s, from watches; None where it serves no DRA.
     pub dra: Option<crate::devices::Dra>,
+    /// The pods holding a device the kubelet calls unhealthy, from a
+    /// watch of every pod.
+    pub pod_health: Arc<crate::pod_health::PodHealth>,
     pub recorder: Recorder,
     /// Decisions that may start a remediation are made one at a time, each
     /// seeing the statuses the ones before it wrote: reconciles of different

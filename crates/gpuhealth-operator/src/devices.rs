@@ -293,6 +293,15 @@ fn claim_names(pod: &Pod) -> BTreeSet<&str> {
     named.chain(made).collect()
 }
 
+/// The devices claim `namespace/name` was allocated, as
+/// `driver/pool/device`, from the watch.
+pub fn allocated_to(claims: &Store<ResourceClaim>, namespace: &str, name: &str) -> Vec<String> {
+    claims
+        .get(&ObjectRef::new(name).within(namespace))
+        .map(|c| allocated(&c).collect())
+        .unwrap_or_default()
+}
+
 /// The devices a claim was allocated, as `driver/pool/device`.
 fn allocated(claim: &ResourceClaim) -> impl Iterator<Item = String> + '_ {
     claim

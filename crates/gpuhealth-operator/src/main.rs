@@ -12,6 +12,7 @@ mod leader;
 mod locks;
 mod metrics;
 mod observe;
+mod pod_health;
 mod policy_status;
 mod reconcile;
 mod retry;
@@ -269,7 +270,10 @@ async fn run(args: Args) -> Result<(), Fatal> {
     // DRA: devices' taints and gpuhealth's DeviceTaintRules, where the
     // cluster serves them; a change reconciles the node concerned.
     let (device_changed, device_changes) = futures::channel::mpsc::unbounded();
-    let dra = devices::watch(&client, device_changed).await;
+    let dra = devices::watch(&client, device_changed.clone()).await;
+    // The kubelet's health of the devices it gave each pod: a change
+    // reconciles the pod's node.
+    let pod_health = pod_health::watch(client.clone(), device_changed);
     let ctx = Arc::new(Context {
         client: client.clone(),
         nodes: nodes.clone(),
@@ -277,6 +281,7 @@ async fn run(args: Args) -> Result<(), Fatal> {
         node_health,
         budgets,
         dra,
+        pod_health,
         decisions: Default::default(),
         holders_seen: Default::default(),
         failures: Default::default(),

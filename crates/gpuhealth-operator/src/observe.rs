@@ -99,6 +99,7 @@ pub fn node_view(
         break_glass: annotations.get(BREAK_GLASS_ANNOTATION).cloned(),
         dra: None,
         gpu_resource: None,
+        unhealthy_devices: Vec::new(),
     }
 }
 

@@ -41,6 +41,9 @@ words! {
         /// A DRA driver tainted a GPU's device with a key in
         /// `detection.deviceTaints`.
         DeviceTainted,
+        /// The kubelet reports a GPU a pod holds `Unhealthy` in the pod's
+        /// status.
+        DeviceUnhealthy,
         /// A signal with no reason of its own.
         Unhealthy,
 

@@ -147,6 +147,7 @@ impl<'a> Stepper<'a> {
             report_refreshed_at: node.report_refreshed_at,
             xids_since: self.xids_since(),
             devices: node.dra.as_ref().map_or(&[], |d| d.devices.as_slice()),
+            unhealthy: &node.unhealthy_devices,
         };
         self.diagnosis = diagnose(self.now(), &self.spec().detection, &evidence);
         self.clear_findings_of_mended_inputs();

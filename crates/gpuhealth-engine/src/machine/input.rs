@@ -10,7 +10,7 @@ use k8s_openapi::jiff::Timestamp;
 
 use crate::{
     budget::Budget,
-    diagnosis::ObservedCondition,
+    diagnosis::{ObservedCondition, UnhealthyDevice},
     drain::{BudgetView, PodView},
     fence::{DraView, ResourceCount},
     workload::WorkloadView,
@@ -42,10 +42,13 @@ pub struct NodeView {
     /// clearing a request or the cordon record by hand.
     pub break_glass: Option<String>,
     /// The node's DRA devices and gpuhealth's `DeviceTaintRule`s for it;
-    /// None where the cluster serves no `DeviceTaintRule`.
+    /// None where the cluster serves no ResourceSlice.
     pub dra: Option<DraView>,
     /// The policy's device-plugin resource on the node, if it offers it.
     pub gpu_resource: Option<ResourceCount>,
+    /// The policy's GPUs the kubelet reports unhealthy in the status of
+    /// the pods on the node that hold them.
+    pub unhealthy_devices: Vec<UnhealthyDevice>,
 }
 
 /// The validation pod of the attempt in flight, as observed.

@@ -132,6 +132,7 @@ impl World {
                 break_glass: None,
                 dra: None,
                 gpu_resource: None,
+                unhealthy_devices: Vec::new(),
             },
             pods,
             disruption_budgets: Vec::new(),

@@ -103,6 +103,14 @@ pub async fn read(ctx: &Context, node: &Node) -> Result<Option<Read>, Error> {
                 .unwrap_or_default(),
         });
     }
+    view.unhealthy_devices = ctx.pod_health.on(
+        &name,
+        quarantine,
+        ctx.dra
+            .as_ref()
+            .zip(view.dra.as_ref())
+            .map(|(dra, v)| (&dra.claims, v.devices.as_slice())),
+    );
 
     let pods: Vec<PodView> = if needs.pods {
         let api: Api<Pod> = Api::all(ctx.client.clone());

@@ -16,6 +16,10 @@ use crate::{
     xid::{self, XidClass},
 };
 
+mod devices;
+
+pub use devices::{HeldDevice, UnhealthyDevice};
+
 /// A node condition as observed.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ObservedCondition {
@@ -93,6 +97,9 @@ pub struct Evidence<'a> {
     pub xids_since: Option<Timestamp>,
     /// The node's DRA devices, with the taints their driver put on them.
     pub devices: &'a [DeviceView],
+    /// GPUs the kubelet reports unhealthy in the status of the pods that
+    /// hold them.
+    pub unhealthy: &'a [UnhealthyDevice],
 }
 
 pub fn diagnose(now: Timestamp, detection: &Detection, evidence: &Evidence<'_>) -> Diagnosis {
@@ -142,7 +149,8 @@ pub fn diagnose(now: Timestamp, detection: &Detection, evidence: &Evidence<'_>) 
             None => {}
         }
     }
-    device_taint_signals(detection, evidence, &mut d);
+    devices::device_taint_signals(detection, evidence, &mut d);
+    devices::pod_device_health_signals(detection, evidence, &mut d);
     // Strongest first, an Xid first among equals (its code and text say
     // why); stable, so the rest keep the order found.
     d.signals
@@ -267,48 +275,6 @@ fn gpu_signals(
     }
 }
 
-/// A taint of `detection.deviceTaints` on a GPU's device, added since the
-/// GPU's last remediation, is that GPU's signal.
-fn device_taint_signals(detection: &Detection, evidence: &Evidence<'_>, d: &mut Diagnosis) {
-    for device in evidence.devices {
-        let Some(uuid) = &device.uuid else {
-            continue;
-        };
-        for taint in &device.taints {
-            let Some(rule) = detection.device_taints.iter().find(|r| r.key == taint.key) else {
-                continue;
-            };
-            let Some(action) = rule.action.recovery_action() else {
-                continue;
-            };
-            let added = taint.time_added;
-            if evidence
-                .xids_since
-                .is_some_and(|since| added.is_none_or(|a| a <= since))
-            {
-                continue;
-            }
-            let value = taint
-                .value
-                .as_deref()
-                .map_or_else(String::new, |v| format!("={v}"));
-            let at = added.map_or_else(String::new, |a| format!(" at {a}"));
-            d.signals.push(Signal {
-                action,
-                reason: Reason::DeviceTainted,
-                message: format!(
-                    "its DRA driver tainted device {} (GPU {uuid}) {}{value}:{}{at}",
-                    device.id(),
-                    taint.key,
-                    taint.effect
-                ),
-                gpu: Some(uuid.clone()),
-                xid: None,
-            });
-        }
-    }
-}
-
 /// `t + d`, saturating rather than overflowing.
 pub fn after(t: Timestamp, d: std::time::Duration) -> Timestamp {
     t.saturating_add(d).unwrap_or(Timestamp::MAX)
@@ -325,17 +291,17 @@ mod tests {
 
     use super::*;
 
-    fn ts(s: &str) -> Timestamp {
+    pub(super) fn ts(s: &str) -> Timestamp {
         s.parse().expect("timestamp")
     }
 
-    fn incident_report() -> Result<GpuReport, ContractError> {
+    pub(super) fn incident_report() -> Result<GpuReport, ContractError> {
         GpuReport::parse(include_str!(
-            "../../gpuhealth-api/tests/fixtures/incident-gpu-report.json"
+            "../../../gpuhealth-api/tests/fixtures/incident-gpu-report.json"
         ))
     }
 
-    fn detection() -> Detection {
+    pub(super) fn detection() -> Detection {
         GpuHealthPolicySpec::for_selector(Default::default()).detection
     }
 
@@ -348,6 +314,7 @@ mod tests {
             report_refreshed_at: None,
             xids_since: None,
             devices: &[],
+            unhealthy: &[],
         };
         let d = diagnose(ts("2026-05-29T08:25:00Z"), &detection(), &evidence);
         assert_eq!(d.required(), Some(RecoveryAction::GpuReset));
@@ -368,67 +335,10 @@ mod tests {
             report_refreshed_at: None,
             xids_since: Some(ts("2026-05-29T09:00:00Z")),
             devices: &[],
+            unhealthy: &[],
         };
         let d = diagnose(ts("2026-05-29T09:10:00Z"), &detection(), &evidence);
         assert!(d.is_clear(), "{d:?}");
-    }
-
-    #[test]
-    fn a_drivers_device_taint_is_its_gpus_signal_until_a_remediation_answers_it() {
-        use crate::fence::{DeviceTaintView, DeviceView};
-        let mut report = incident_report().expect("valid");
-        for g in &mut report.gpus {
-            g.health = GpuHealth::Healthy;
-            g.recovery_action = Some(0);
-            g.xids.clear();
-        }
-        let report = Ok(report);
-        let tainted = |key: &str| DeviceView {
-            driver: "gpu.nvidia.com".into(),
-            pool: "node-a".into(),
-            name: "gpu-3".into(),
-            uuid: Some("GPU-0a1b2c3d-0000-4000-8000-000000000003".into()),
-            taints: vec![DeviceTaintView {
-                key: key.into(),
-                value: Some("79".into()),
-                effect: "NoSchedule".into(),
-                time_added: Some(ts("2026-05-29T08:20:00Z")),
-            }],
-        };
-        let devices = [tainted("gpu.nvidia.com/xid")];
-        let evidence = |since: Option<Timestamp>, devices| Evidence {
-            conditions: &[],
-            report: Some(&report),
-            report_refreshed_at: None,
-            xids_since: since,
-            devices,
-        };
-        let now = ts("2026-05-29T08:25:00Z");
-        let d = diagnose(now, &detection(), &evidence(None, &devices));
-        assert_eq!(d.required(), Some(RecoveryAction::GpuReset));
-        assert_eq!(d.gpus(), ["GPU-0a1b2c3d-0000-4000-8000-000000000003"]);
-        assert_eq!(d.signals[0].reason, Reason::DeviceTainted);
-        assert!(
-            d.signals[0]
-                .message
-                .contains("device gpu.nvidia.com/node-a/gpu-3 (GPU GPU-0a1b2c3d-0000-4000-8000-000000000003) gpu.nvidia.com/xid=79:NoSchedule"),
-            "{}",
-            d.signals[0].message
-        );
-        let lost = [tainted("gpu.nvidia.com/gpu-lost")];
-        let d = diagnose(now, &detection(), &evidence(None, &lost));
-        assert_eq!(d.required(), Some(RecoveryAction::NodeReboot));
-        // Added before the last remediation: answered, though the driver
-        // never lifts it.
-        let d = diagnose(
-            now,
-            &detection(),
-            &evidence(Some(ts("2026-05-29T08:21:00Z")), &devices),
-        );
-        assert!(d.is_clear(), "{d:?}");
-        // A key the policy does not list is not a signal.
-        let other = [tainted("example.com/maintenance")];
-        assert!(diagnose(now, &detection(), &evidence(None, &other)).is_clear());
     }
 
     #[test]
@@ -449,6 +359,7 @@ mod tests {
                 report_refreshed_at: None,
                 xids_since: None,
                 devices: &[],
+                unhealthy: &[],
             },
         );
         assert_eq!(d.required(), Some(RecoveryAction::NodeReboot));
@@ -476,6 +387,7 @@ mod tests {
                 report_refreshed_at: None,
                 xids_since: None,
                 devices: &[],
+                unhealthy: &[],
             },
         );
         assert!(d.signals.is_empty(), "{d:?}");
@@ -502,6 +414,7 @@ mod tests {
             report_refreshed_at: None,
             xids_since: None,
             devices: &[],
+            unhealthy: &[],
         };
         let early = diagnose(ts("2026-05-29T08:00:30Z"), &det, &ev);
         assert_eq!(early.required(), None);
@@ -523,6 +436,7 @@ mod tests {
                 report_refreshed_at: None,
                 xids_since: None,
                 devices: &[],
+                unhealthy: &[],
             },
         );
         assert!(d.signals.is_empty());
@@ -554,6 +468,7 @@ mod tests {
                     report_refreshed_at: None,
                     xids_since: None,
                     devices: &[],
+                    unhealthy: &[],
                 }
             )
             .signals
@@ -574,6 +489,7 @@ mod tests {
                 report_refreshed_at: None,
                 xids_since: None,
                 devices: &[],
+                unhealthy: &[],
             },
         );
         assert_eq!(d.required(), Some(RecoveryAction::GpuReset));
