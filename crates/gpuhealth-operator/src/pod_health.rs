@@ -78,9 +78,12 @@ pub fn watch(client: Client, changed: UnboundedSender<ObjectRef<Node>>) -> Arc<P
     let health = Arc::new(PodHealth::default());
     let kept = health.clone();
     tokio::spawn(async move {
-        let mut events = std::pin::pin!(
-            watcher::watcher(Api::<Pod>::all(client), watcher::Config::default()).default_backoff()
-        );
+        // Pages of 50: a list of every pod is read once at start (and after
+        // a watch falls too far behind), and 500 whole pods at a time left
+        // the operator 12 MiB bigger for good at 1,000 pods.
+        let config = watcher::Config::default().page_size(50);
+        let mut events =
+            std::pin::pin!(watcher::watcher(Api::<Pod>::all(client), config).default_backoff());
         let mut relisting: Option<ByNode> = None;
         while let Some(event) = events.next().await {
             let woken = match event {
