@@ -263,6 +263,18 @@ pub fn fences_up(timeline: &[Seen], node: &str) -> usize {
     up.len()
 }
 
+/// Whether `node` was last seen unschedulable in `timeline`, if it was
+/// seen at all.
+pub fn cordoned(timeline: &[Seen], node: &str) -> Option<bool> {
+    timeline.iter().rev().find_map(|s| match s {
+        Seen::Cordon {
+            node: n,
+            unschedulable,
+        } if n == node => Some(*unschedulable),
+        _ => None,
+    })
+}
+
 /// `node`'s latest phase in `timeline`, if it is there.
 pub fn latest_phase(timeline: &[Seen], node: &str) -> Option<Phase> {
     timeline.iter().rev().find_map(|s| match s {

@@ -34,7 +34,7 @@ use tokio::sync::Mutex;
 use super::{Fault, Rng, Row, fleet::Fleet, policy};
 use crate::{
     Result,
-    invariants::{Seen, Violation, latest_phase},
+    invariants::{Violation, cordoned, latest_phase},
     sim::{is_cordoned, set_cordon},
     wait::Background,
 };
@@ -68,14 +68,7 @@ pub async fn run(trials: usize, rng: &mut Rng) -> Result<Row> {
         fleet
             .recorder
             .until(0, "the person's uncordon", super::fleet::SETTLE, |t| {
-                let cordoned = t.iter().rev().find_map(|s| match s {
-                    Seen::Cordon {
-                        node,
-                        unschedulable,
-                    } if *node == person => Some(*unschedulable),
-                    _ => None,
-                });
-                cordoned == Some(false)
+                cordoned(t, &person) == Some(false)
             })
             .await?;
     }

@@ -13,7 +13,7 @@ use kube::Api;
 use super::{Fault, Rng, inject, repair};
 use crate::{
     Result,
-    invariants::{Expectations, Seen, Violation, check, ending, fences_up, latest_phase},
+    invariants::{Expectations, Seen, Violation, check, cordoned, ending, fences_up, latest_phase},
     operator::{self, Options},
     process::Process,
     recorder::Recorder,
@@ -252,12 +252,17 @@ impl Fleet {
         self.trial_mark = mark;
         self.trial_sick = sick.clone();
         let missed = disturb(self, rng).await?;
-        // A recovered node's rules go after its status says so.
+        // A recovered node's rules go, and its cordon is lifted (unless a
+        // person's), after its status says so: the status is written first.
+        let foreign = self.foreign_cordons.clone();
+        let back_in_service = |t: &[Seen], n: &String| {
+            fences_up(t, n) == 0 && (foreign.contains(n) || cordoned(t, n) != Some(true))
+        };
         let waited = self
             .settle(mark, "every sick node to end", |t| {
                 sick.iter().all(|n| {
                     let end = ending(t, n);
-                    end.is_some() && (end != Some(Phase::Healthy) || fences_up(t, n) == 0)
+                    end.is_some() && (end != Some(Phase::Healthy) || back_in_service(t, n))
                 })
             })
             .await;
