@@ -155,15 +155,21 @@ mod tests {
     };
     use crate::fence::{DeviceTaintView, DeviceView};
 
-    #[test]
-    fn a_drivers_device_taint_is_its_gpus_signal_until_a_remediation_answers_it() {
+    /// The incident's report with every GPU well: what a device says is
+    /// then the only signal.
+    fn every_gpu_well() -> GpuReport {
         let mut report = incident_report().expect("valid");
         for g in &mut report.gpus {
             g.health = GpuHealth::Healthy;
             g.recovery_action = Some(0);
             g.xids.clear();
         }
-        let report = Ok(report);
+        report
+    }
+
+    #[test]
+    fn a_drivers_device_taint_is_its_gpus_signal_until_a_remediation_answers_it() {
+        let report = Ok(every_gpu_well());
         let tainted = |key: &str| DeviceView {
             driver: "gpu.nvidia.com".into(),
             pool: "node-a".into(),
@@ -224,13 +230,7 @@ mod tests {
 
     #[test]
     fn a_gpu_the_kubelet_calls_unhealthy_is_its_signal_until_a_remediation_answers_it() {
-        let mut report = incident_report().expect("valid");
-        for g in &mut report.gpus {
-            g.health = GpuHealth::Healthy;
-            g.recovery_action = Some(0);
-            g.xids.clear();
-        }
-        let report = Ok(report);
+        let report = Ok(every_gpu_well());
         let gpu3 = "GPU-0a1b2c3d-0000-4000-8000-000000000003";
         fn with<'a>(
             report: &'a Result<GpuReport, ContractError>,
