@@ -72,21 +72,11 @@ impl FakeBackend {
         serde_json::from_str(raw).map_err(|e| format!("{SIM_HARDWARE_ANNOTATION}: {e}"))
     }
 
-    async fn save(&self, node: &Node, hw: &SimHardware) -> Result<(), String> {
-        let value = serde_json::to_string(hw).map_err(|e| e.to_string())?;
-        let patch = json!({"metadata": {"annotations": {SIM_HARDWARE_ANNOTATION: value}}});
-        Api::<Node>::all(self.client.clone())
-            .patch(
-                &node.name_any(),
-                &crate::patch_params(),
-                &Patch::Merge(patch),
-            )
-            .await
-            .map(|_| ())
-            .map_err(|e| e.to_string())
-    }
-
-    /// Records the request, heals `which` GPUs if the hardware says it works.
+    /// Records request `id` as carried out and heals `which` GPUs if the
+    /// hardware says it works, in one write guarded by the resourceVersion
+    /// read: a write by someone else meanwhile (a test changing the
+    /// hardware) refuses it with 409 and the change is made again on what
+    /// is there now, so that no record of an execution is ever lost.
     async fn carry_out(
         &self,
         node: &Node,
@@ -94,19 +84,40 @@ impl FakeBackend {
         outcome: impl Fn(&SimHardware) -> SimOutcome,
         which: impl Fn(&GpuEntry) -> bool,
     ) -> Result<bool, String> {
-        let mut hw = Self::hardware(node)?;
-        hw.executed.push(id.to_owned());
-        let works = outcome(&hw) == SimOutcome::Succeed;
-        if works {
-            for gpu in hw.gpus.iter_mut().filter(|g| which(g)) {
-                gpu.health = GpuHealth::Healthy;
-                gpu.recovery_action = Some(0);
-                gpu.xids.clear();
-                gpu.remapped_rows = None;
+        let api = Api::<Node>::all(self.client.clone());
+        let mut current = node.clone();
+        loop {
+            let mut hw = Self::hardware(&current)?;
+            hw.executed.push(id.to_owned());
+            let works = outcome(&hw) == SimOutcome::Succeed;
+            if works {
+                for gpu in hw.gpus.iter_mut().filter(|g| which(g)) {
+                    gpu.health = GpuHealth::Healthy;
+                    gpu.recovery_action = Some(0);
+                    gpu.xids.clear();
+                    gpu.remapped_rows = None;
+                }
+            }
+            let value = serde_json::to_string(&hw).map_err(|e| e.to_string())?;
+            let patch = json!({"metadata": {
+                "resourceVersion": current.resource_version(),
+                "annotations": {SIM_HARDWARE_ANNOTATION: value},
+            }});
+            match api
+                .patch(
+                    &node.name_any(),
+                    &crate::patch_params(),
+                    &Patch::Merge(patch),
+                )
+                .await
+            {
+                Ok(_) => return Ok(works),
+                Err(kube::Error::Api(e)) if e.code == 409 => {
+                    current = api.get(&node.name_any()).await.map_err(|e| e.to_string())?;
+                }
+                Err(e) => return Err(e.to_string()),
             }
         }
-        self.save(node, &hw).await?;
-        Ok(works)
     }
 }
 
