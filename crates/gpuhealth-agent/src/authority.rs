@@ -26,7 +26,8 @@ pub enum Refusal {
     /// The node is schedulable and the GPUs are not fenced for this
     /// request: nothing was drained for it.
     NotCordoned,
-    /// gpuhealth's cordon record names another incident.
+    /// gpuhealth's cordon record names another incident, one the record
+    /// does not show closed.
     CordonedForAnother(String),
 }
 
@@ -133,8 +134,19 @@ pub fn check(
         .annotations()
         .get(CordonRecord::ANNOTATION)
         .and_then(|v| CordonRecord::parse(v).ok());
+    // A record naming an incident the history shows closed is stale: a
+    // person's `kubectl uncordon` after a hand-over leaves it, and the
+    // cordon is now someone else's (kept by this incident).
+    let closed = |incident: &str| {
+        health
+            .history
+            .iter()
+            .any(|i| i.id == incident && i.outcome.is_some())
+    };
     match (record, &health.incident) {
-        (Some(r), Some(incident)) if r.incident.as_str() != incident => {
+        (Some(r), Some(incident))
+            if r.incident.as_str() != incident && !closed(r.incident.as_str()) =>
+        {
             Err(Refusal::CordonedForAnother(r.incident.to_string()))
         }
         _ => Ok(()),
@@ -215,6 +227,40 @@ mod tests {
             check(&id("inc-1-reboot-1"), Asked::Reboot, &n, Some(&health)),
             Ok(())
         );
+    }
+
+    #[test]
+    fn a_cordon_record_left_by_a_closed_incident_is_stale_and_an_open_ones_is_not() {
+        use gpuhealth_api::{node_health::Incident, vocabulary::IncidentOutcome};
+        let gpus = vec!["GPU-7".to_owned()];
+        let reset = Asked::Reset { gpus: &gpus };
+        let request = id("inc-1-reset-1");
+        // A person re-cordoned a node whose last incident was handed over:
+        // the record still names that incident.
+        let recordoned = node(true, Some("inc-0"));
+        let mut health = in_flight(RecoveryAction::GpuReset, "inc-1-reset-1");
+        let past = |outcome| Incident {
+            id: "inc-0".into(),
+            started_at: Time(Timestamp::UNIX_EPOCH),
+            ended_at: None,
+            trigger: String::new(),
+            signals: Vec::new(),
+            attempts: Vec::new(),
+            actions: Vec::new(),
+            outcome,
+            gpus: Vec::new(),
+            maintenance_deadline: None,
+            workloads: None,
+        };
+        health.history = vec![past(None)];
+        assert_eq!(
+            check(&request, reset, &recordoned, Some(&health))
+                .expect_err("an incident not closed")
+                .reason(),
+            "CordonedForAnother"
+        );
+        health.history = vec![past(Some(IncidentOutcome::Failed))];
+        assert_eq!(check(&request, reset, &recordoned, Some(&health)), Ok(()));
     }
 
     #[test]
