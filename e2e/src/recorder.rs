@@ -16,10 +16,10 @@ use std::{
 use futures::StreamExt;
 use gpuhealth_api::quarantine::{MANAGED_BY_LABEL, RULE_NODE_LABEL};
 use gpuhealth_api::{
-    GpuNodeHealth,
+    GpuHealth, GpuNodeHealth,
     contract::{
-        AnnotationValue, DISRUPTION_TOLERANCE_ANNOTATION, REBOOT_REQUEST_ANNOTATION,
-        RESET_REQUEST_ANNOTATION, RebootRequest, ResetRequest,
+        AnnotationValue, CORDONED_BY_ANNOTATION, DISRUPTION_TOLERANCE_ANNOTATION,
+        REBOOT_REQUEST_ANNOTATION, RESET_REQUEST_ANNOTATION, RebootRequest, ResetRequest,
     },
 };
 use k8s_openapi::api::{
@@ -29,11 +29,9 @@ use k8s_openapi::api::{
 use kube::{Api, Client, ResourceExt, runtime::watcher};
 use tokio::sync::{Notify, mpsc};
 
-use gpuhealth_engine::machine::is_disruptive;
-
 use crate::{
     Result,
-    invariants::Seen,
+    invariants::{Seen, SimGpu, Target},
     node_agent::hardware,
     sim::{SIM_GROUP_LABEL, is_cordoned},
     wait::{Background, events, within},
@@ -98,11 +96,8 @@ impl Recorder {
             let (sink, tx) = (sink.clone(), tx.clone());
             Background::spawn(async move {
                 let mut last: BTreeMap<String, Seen> = BTreeMap::new();
-                // A relist is the cluster at one instant: applied one object
-                // at a time in name order, a node entering a disruptive phase
-                // could be counted before another's leaving it, an overlap
-                // that never was. It is applied whole at its end, leavings
-                // first.
+                // A relist is the cluster at one instant: it is applied
+                // whole at its end.
                 let mut relist: Vec<Seen> = Vec::new();
                 let mut stream = std::pin::pin!(events(api, watcher::Config::default()));
                 while let Some(event) = stream.next().await {
@@ -114,10 +109,6 @@ impl Recorder {
                             continue;
                         }
                         watcher::Event::InitDone => {
-                            relist.sort_by_key(|s| match s {
-                                Seen::Health { phase, .. } => is_disruptive(*phase),
-                                _ => false,
-                            });
                             for seen in relist.drain(..) {
                                 if let Seen::Health { node, .. } = &seen
                                     && last.get(node) != Some(&seen)
@@ -155,20 +146,23 @@ impl Recorder {
             let api: Api<Pod> = Api::namespaced(client.clone(), namespace);
             let (sink, tx) = (sink.clone(), tx.clone());
             Background::spawn(async move {
-                // Pod key -> whether it is a `never` pod.
-                let mut known: BTreeMap<String, bool> = BTreeMap::new();
+                let mut known: BTreeMap<String, PodSeen> = BTreeMap::new();
                 let mut relisted: BTreeSet<String> = BTreeSet::new();
                 let mut stream = std::pin::pin!(events(api, watcher::Config::default()));
                 while let Some(event) = stream.next().await {
                     match event {
-                        watcher::Event::Apply(p) => {
-                            known.insert(key(&p), is_never(&p));
+                        watcher::Event::Apply(p) | watcher::Event::InitApply(p) => {
+                            relisted.insert(key(&p));
+                            let now = PodSeen::of(&p);
+                            let before = known.insert(key(&p), now.clone());
+                            if before.is_none_or(|b| b.node != now.node) {
+                                sink.record([Seen::PodUp {
+                                    pod: key(&p),
+                                    node: now.node,
+                                }]);
+                            }
                         }
                         watcher::Event::Init => relisted.clear(),
-                        watcher::Event::InitApply(p) => {
-                            relisted.insert(key(&p));
-                            known.insert(key(&p), is_never(&p));
-                        }
                         watcher::Event::InitDone => {
                             let gone: Vec<String> = known
                                 .keys()
@@ -176,17 +170,16 @@ impl Recorder {
                                 .cloned()
                                 .collect();
                             for pod in gone {
-                                let never = known.remove(&pod).unwrap_or_default();
-                                sink.record([Seen::PodGone { pod, never }]);
+                                let last = known.remove(&pod).unwrap_or_default();
+                                sink.record([last.gone(pod)]);
                             }
                             let _ = tx.try_send(());
                         }
                         watcher::Event::Delete(p) => {
-                            known.remove(&key(&p));
-                            sink.record([Seen::PodGone {
-                                pod: key(&p),
-                                never: is_never(&p),
-                            }]);
+                            let last = known.remove(&key(&p));
+                            let mut now = PodSeen::of(&p);
+                            now.evicted |= last.is_some_and(|l| l.evicted);
+                            sink.record([now.gone(key(&p))]);
                         }
                     }
                 }
@@ -318,16 +311,47 @@ fn key(pod: &Pod) -> String {
     format!("{}/{}", pod.namespace().unwrap_or_default(), pod.name_any())
 }
 
-fn is_never(pod: &Pod) -> bool {
-    pod.annotations()
-        .get(DISRUPTION_TOLERANCE_ANNOTATION)
-        .is_some_and(|v| v == "never")
+/// What was last seen of one pod.
+#[derive(Clone, Default)]
+struct PodSeen {
+    node: Option<String>,
+    never: bool,
+    evicted: bool,
+}
+
+impl PodSeen {
+    fn of(pod: &Pod) -> PodSeen {
+        let conditions = pod.status.as_ref().and_then(|s| s.conditions.as_ref());
+        PodSeen {
+            node: pod.spec.as_ref().and_then(|s| s.node_name.clone()),
+            never: pod
+                .annotations()
+                .get(DISRUPTION_TOLERANCE_ANNOTATION)
+                .is_some_and(|v| v == "never"),
+            // What the API server's Eviction API marks a pod with.
+            evicted: conditions.is_some_and(|c| {
+                c.iter().any(|c| {
+                    c.type_ == "DisruptionTarget"
+                        && c.reason.as_deref() == Some("EvictionByEvictionAPI")
+                })
+            }),
+        }
+    }
+
+    fn gone(self, pod: String) -> Seen {
+        Seen::PodGone {
+            pod,
+            never: self.never,
+            evicted: self.evicted,
+        }
+    }
 }
 
 /// What was last seen of one node.
 #[derive(Default)]
 struct NodeSeen {
-    cordoned: Option<bool>,
+    cordoned: Option<(bool, bool)>,
+    gpus: Option<Vec<SimGpu>>,
     requests: BTreeMap<&'static str, String>,
     /// How many times the simulated hardware shows each request carried out.
     executed: BTreeMap<String, usize>,
@@ -337,12 +361,37 @@ impl NodeSeen {
     fn changes(&mut self, node: &Node) -> Vec<Seen> {
         let name = node.name_any();
         let mut changes = Vec::new();
-        let cordoned = is_cordoned(node);
+        let cordoned = (
+            is_cordoned(node),
+            node.annotations().contains_key(CORDONED_BY_ANNOTATION),
+        );
         if self.cordoned != Some(cordoned) {
             self.cordoned = Some(cordoned);
             changes.push(Seen::Cordon {
                 node: name.clone(),
-                unschedulable: cordoned,
+                unschedulable: cordoned.0,
+                ours: cordoned.1,
+            });
+        }
+        let hw = hardware(node);
+        let gpus: Vec<SimGpu> = hw
+            .iter()
+            .flat_map(|h| &h.gpus)
+            .map(|g| SimGpu {
+                uuid: g.uuid.clone(),
+                bad: g.health != GpuHealth::Healthy,
+                pods: g
+                    .pods
+                    .iter()
+                    .map(|p| format!("{}/{}", p.namespace, p.name))
+                    .collect(),
+            })
+            .collect();
+        if self.gpus.as_ref() != Some(&gpus) {
+            self.gpus = Some(gpus.clone());
+            changes.push(Seen::Hardware {
+                node: name.clone(),
+                gpus,
             });
         }
         for key in [RESET_REQUEST_ANNOTATION, REBOOT_REQUEST_ANNOTATION] {
@@ -353,19 +402,22 @@ impl NodeSeen {
                 continue;
             }
             self.requests.insert(key, value.clone());
-            let id = if key == RESET_REQUEST_ANNOTATION {
-                ResetRequest::parse(value).map(|r| r.id.to_string())
+            let read = if key == RESET_REQUEST_ANNOTATION {
+                ResetRequest::parse(value).map(|r| (r.id.to_string(), Target::Gpus(r.gpus)))
             } else {
-                RebootRequest::parse(value).map(|r| r.id.to_string())
+                RebootRequest::parse(value).map(|r| (r.id.to_string(), Target::Node))
             };
+            let (id, target) =
+                read.unwrap_or_else(|e| (format!("unreadable: {e}"), Target::Unreadable));
             changes.push(Seen::Request {
                 node: name.clone(),
-                id: id.unwrap_or_else(|e| format!("unreadable: {e}")),
+                id,
                 value: value.clone(),
+                target,
             });
         }
         let mut counts: BTreeMap<String, usize> = BTreeMap::new();
-        for id in hardware(node).map(|h| h.executed).unwrap_or_default() {
+        for id in hw.map(|h| h.executed).unwrap_or_default() {
             *counts.entry(id).or_default() += 1;
         }
         for (id, count) in counts {

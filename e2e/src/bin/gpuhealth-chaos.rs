@@ -27,7 +27,8 @@ struct Args {
     /// Trials with a hostile producer writing gpuhealth's annotations.
     #[arg(long, default_value_t = 5)]
     hostile_trials: usize,
-    /// Storms of 30% of the nodes failing at once.
+    /// Storms of 30% of the nodes failing at once, for each limit that
+    /// must hold (the breaker; maxConcurrent).
     #[arg(long, default_value_t = 5)]
     storm_trials: usize,
     /// The random seed; by default the time. Printed, so that a run can be
@@ -109,12 +110,17 @@ async fn main() -> ExitCode {
         );
     }
     if args.storm_trials > 0 {
-        collect(
-            &mut rows,
-            &mut failed,
-            "storm",
-            chaos::storm::run(args.storm_trials, &mut rng).await,
-        );
+        for limit in [
+            chaos::storm::Limit::Breaker,
+            chaos::storm::Limit::MaxConcurrent,
+        ] {
+            collect(
+                &mut rows,
+                &mut failed,
+                "storm",
+                chaos::storm::run(args.storm_trials, limit, &mut rng).await,
+            );
+        }
     }
     let table = chaos::table(&rows);
     println!("{table}");

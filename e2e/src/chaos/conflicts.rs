@@ -83,7 +83,7 @@ pub async fn run(trials: usize, rng: &mut Rng) -> Result<Row> {
             "the operator's leader made {writes} writes; {conflicts} were refused with 409 and decided again"
         ));
     }
-    fleet.note_exits(&mut row);
+    fleet.add_notes(&mut row);
     Ok(row)
 }
 

@@ -97,7 +97,7 @@ pub async fn run(trials: usize, rng: &mut Rng) -> Result<Row> {
             least.as_secs_f64()
         ));
     }
-    fleet.note_exits(&mut row);
+    fleet.add_notes(&mut row);
     Ok(row)
 }
 

@@ -13,7 +13,9 @@ use kube::Api;
 use super::{Fault, Rng, inject, repair};
 use crate::{
     Result,
-    invariants::{Expectations, Seen, Violation, check, cordoned, ending, fences_up, latest_phase},
+    invariants::{
+        Expectations, Seen, Target, Violation, check, cordoned, ending, fences_up, latest_phase,
+    },
     operator::{self, Options},
     process::Process,
     recorder::Recorder,
@@ -40,6 +42,11 @@ pub struct Fleet {
     pub trial_sick: Vec<String>,
     /// Nodes the run has cordoned itself: nobody else may uncordon them.
     pub foreign_cordons: BTreeSet<String>,
+    /// What the checker had to judge, over every trial: evictions and
+    /// readable requests seen. A row shows them, so that a checker with
+    /// nothing to judge is seen to have had nothing.
+    evictions: usize,
+    requests: usize,
 }
 
 impl Fleet {
@@ -76,6 +83,8 @@ impl Fleet {
             trial_mark: 0,
             trial_sick: Vec::new(),
             foreign_cordons: BTreeSet::new(),
+            evictions: 0,
+            requests: 0,
         };
         while fleet.replicas.len() < replicas {
             fleet.start_replica().await?;
@@ -109,9 +118,13 @@ impl Fleet {
         Some(self.exited.remove(i))
     }
 
-    /// Says under the scenario's table row how many replicas exited by
-    /// themselves (and were replaced).
-    pub fn note_exits(&self, row: &mut super::Row) {
+    /// Says under the scenario's table row what the checker judged, and
+    /// how many replicas exited by themselves (and were replaced).
+    pub fn add_notes(&self, row: &mut super::Row) {
+        row.notes.push(format!(
+            "the checker judged {} evictions and {} reset or reboot requests",
+            self.evictions, self.requests
+        ));
         if !self.exited.is_empty() {
             row.notes.push(format!(
                 "{} replica(s) exited on losing the Lease and were replaced, as a Deployment would",
@@ -152,10 +165,47 @@ impl Fleet {
                 .recorder
                 .until(mark, what, left.min(Duration::from_secs(5)), &done)
                 .await;
-            if waited.is_ok() || left.is_zero() {
+            if waited.is_ok() {
                 return waited;
             }
+            if left.is_zero() {
+                self.say_where_stuck(mark);
+                return Err(crate::HarnessError::Timeout {
+                    what: what.to_owned(),
+                    secs: SETTLE.as_secs(),
+                });
+            }
             self.replace_exited().await?;
+        }
+    }
+
+    /// What a wait that timed out was waiting on, for the run's output
+    /// (a CI run keeps no logs): the trial's sick nodes as last seen, and
+    /// the end of each replica's log.
+    fn say_where_stuck(&self, mark: usize) {
+        let timeline = self.recorder.since(mark);
+        for node in &self.trial_sick {
+            let last = |want: fn(&Seen) -> bool| {
+                timeline
+                    .iter()
+                    .rev()
+                    .find(|s| seen_on(s, node) && want(s))
+                    .map_or("-".to_owned(), |s| format!("{s:?}"))
+            };
+            eprintln!(
+                "chaos: stuck? {node}: {} | {} | rules up {}",
+                last(|s| matches!(s, Seen::Health { .. })),
+                last(|s| matches!(s, Seen::Cordon { .. })),
+                fences_up(&timeline, node),
+            );
+        }
+        for replica in &self.replicas {
+            let log = replica.log_text();
+            let tail: Vec<&str> = log.lines().rev().take(15).collect();
+            eprintln!("chaos: the end of {}'s log:", replica.name);
+            for line in tail.into_iter().rev() {
+                eprintln!("  {line}");
+            }
         }
     }
 
@@ -267,7 +317,16 @@ impl Fleet {
             })
             .await;
         let ended = self.recorder.mark();
-        let mut violations = check(&self.recorder.since(mark)[..ended - mark], &expect);
+        let judged = &self.recorder.since(mark)[..ended - mark];
+        self.evictions += judged
+            .iter()
+            .filter(|s| matches!(s, Seen::PodGone { evicted: true, .. }))
+            .count();
+        self.requests += judged
+            .iter()
+            .filter(|s| matches!(s, Seen::Request { target, .. } if *target != Target::Unreadable))
+            .count();
+        let mut violations = check(judged, &expect);
         violations.extend(missed);
         if let Err(e) = waited {
             eprintln!("chaos: {e}");
@@ -302,5 +361,18 @@ impl Fleet {
             .collect();
         violations.extend(check(&self.recorder.since(after), &later));
         Ok((expect, violations))
+    }
+}
+
+/// Whether `seen` is about `node`.
+fn seen_on(seen: &Seen, node: &str) -> bool {
+    match seen {
+        Seen::Health { node: n, .. }
+        | Seen::Cordon { node: n, .. }
+        | Seen::Hardware { node: n, .. }
+        | Seen::Executed { node: n, .. }
+        | Seen::Request { node: n, .. }
+        | Seen::Fence { node: n, .. } => n == node,
+        Seen::PodUp { .. } | Seen::PodGone { .. } => false,
     }
 }

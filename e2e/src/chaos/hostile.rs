@@ -3,13 +3,13 @@
 //! same policy (nodes with no agent, so that it is their only writer):
 //! malformed, oversize, of an unknown version, with unknown enum values,
 //! stamped an hour in the future. None of it may act on those nodes
-//! (no cordon, no disruptive phase), and no replica may fall over.
+//! (no cordon, no rule, no request of gpuhealth's), and no replica may fall
+//! over.
 
 use gpuhealth_api::contract::{
     AnnotationValue, CORDONED_BY_ANNOTATION, GPU_REPORT_ANNOTATION, MAINTENANCE_ANNOTATION,
     MAX_VALUE_BYTES, REQUEST_RESULT_ANNOTATION, RESET_REQUEST_ANNOTATION,
 };
-use gpuhealth_engine::machine::is_disruptive;
 use k8s_openapi::{
     api::core::v1::Node,
     apimachinery::pkg::{apis::meta::v1::Time, util::intstr::IntOrString},
@@ -25,7 +25,7 @@ use serde_json::json;
 use super::{Fault, Rng, Row, fleet::Fleet, policy};
 use crate::{
     Result,
-    invariants::{Seen, Violation},
+    invariants::{Seen, Target, Violation},
     reports,
     sim::{GpuNodeSpec, SIM_GROUP_LABEL, gpu_node, node_is_ready},
     wait::until_set,
@@ -110,9 +110,16 @@ pub async fn run(trials: usize, rng: &mut Rng) -> Result<Row> {
                 Seen::Cordon {
                     node,
                     unschedulable: true,
-                } if targets.contains(node) => Some(node.clone()),
-                Seen::Health { node, phase, .. }
-                    if targets.contains(node) && is_disruptive(*phase) =>
+                    ..
+                }
+                | Seen::Fence { node, up: true, .. }
+                    if targets.contains(node) =>
+                {
+                    Some(node.clone())
+                }
+                // The hostile writer's own unreadable requests act on nothing.
+                Seen::Request { node, target, .. }
+                    if targets.contains(node) && *target != Target::Unreadable =>
                 {
                     Some(node.clone())
                 }
@@ -138,7 +145,7 @@ pub async fn run(trials: usize, rng: &mut Rng) -> Result<Row> {
     row.notes.push(format!(
         "{written} hostile annotation values written on nodes without an agent (malformed, oversize, unknown version or enum value, from the future)"
     ));
-    fleet.note_exits(&mut row);
+    fleet.add_notes(&mut row);
     Ok(row)
 }
 

@@ -40,6 +40,6 @@ pub async fn run(trials: usize, rng: &mut Rng) -> Result<Row> {
             .await?;
         row.add_trial(&expect, violations);
     }
-    fleet.note_exits(&mut row);
+    fleet.add_notes(&mut row);
     Ok(row)
 }

@@ -33,6 +33,6 @@ pub async fn run(trials: usize, rng: &mut Rng) -> Result<Row> {
         eprintln!("chaos: this trial restarted {component}");
         row.add_trial(&expect, violations);
     }
-    fleet.note_exits(&mut row);
+    fleet.add_notes(&mut row);
     Ok(row)
 }

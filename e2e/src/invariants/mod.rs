@@ -1,12 +1,20 @@
-//! The promises a chaos run checks afterwards (issue 9), over what an
-//! independent watcher saw during the run, in the order it saw it. Pure, so
-//! that each check is tested here, with no cluster, against the violation
-//! it must catch.
+//! The promises a chaos run checks afterwards, over what an independent
+//! watcher saw during the run, in the order it saw it. It judges from the
+//! cluster's own objects: a node is disrupted while it carries gpuhealth's
+//! cordon or one of its `DeviceTaintRule`s, a GPU is bad while the
+//! simulated hardware says so, a pod is held while it exists. It imports
+//! nothing of gpuhealth but the names of its annotations and labels, and
+//! trusts a `GpuNodeHealth` status only for what a status promises (how a
+//! sick node ends) and for a handover (a `Failed` node is a person's).
+//! Pure, so that each check is tested with no cluster against the
+//! violation it must catch (`tests.rs`).
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use gpuhealth_api::{node_health::Phase, vocabulary::Reason};
-use gpuhealth_engine::machine::is_disruptive;
+
+#[cfg(test)]
+mod tests;
 
 /// One change seen on a watch.
 #[derive(Clone, Debug, PartialEq)]
@@ -18,19 +26,37 @@ pub enum Seen {
         phase: Phase,
         reason: Option<Reason>,
     },
-    /// A node's `spec.unschedulable`.
-    Cordon { node: String, unschedulable: bool },
-    /// A pod gone from the cluster (`namespace/name`), and whether it was
-    /// annotated `gpuhealth.io/disruption-tolerance: never`.
-    PodGone { pod: String, never: bool },
+    /// A node's `spec.unschedulable`, and whether gpuhealth's cordon record
+    /// was on the node with it.
+    Cordon {
+        node: String,
+        unschedulable: bool,
+        ours: bool,
+    },
+    /// A node's simulated GPUs as they changed: the truth a real node's
+    /// hardware would hold.
+    Hardware { node: String, gpus: Vec<SimGpu> },
+    /// A pod first seen in the cluster (`namespace/name`), on `node`.
+    PodUp { pod: String, node: Option<String> },
+    /// A pod gone from the cluster (`namespace/name`), whether it was
+    /// annotated `gpuhealth.io/disruption-tolerance: never`, and whether it
+    /// went through the Eviction API (the API server marks such a pod with
+    /// a `DisruptionTarget` condition before it goes).
+    PodGone {
+        pod: String,
+        never: bool,
+        evicted: bool,
+    },
     /// The agent carried out request `id` on `node` (as the simulated
     /// hardware recorded it).
     Executed { node: String, id: String },
-    /// A reset or reboot request annotation on `node`, whole.
+    /// A reset or reboot request annotation on `node`, whole, and what it
+    /// acts on.
     Request {
         node: String,
         id: String,
         value: String,
+        target: Target,
     },
     /// One of gpuhealth's `DeviceTaintRule`s for `node`, up or gone.
     Fence {
@@ -38,6 +64,27 @@ pub enum Seen {
         rule: String,
         up: bool,
     },
+}
+
+/// What a request acts on.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Target {
+    /// A reset of these GPUs (UUIDs).
+    Gpus(Vec<String>),
+    /// A reboot: every GPU of the node.
+    Node,
+    /// Nothing: no agent acts on a value it cannot read (a hostile
+    /// writer's), so it is judged only for being rewritten.
+    Unreadable,
+}
+
+/// One simulated GPU: its UUID, whether it is bad (anything but healthy),
+/// and the pods (`namespace/name`) the hardware shows running on it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SimGpu {
+    pub uuid: String,
+    pub bad: bool,
+    pub pods: Vec<String>,
 }
 
 /// What the run set up, against which the timeline is judged.
@@ -58,6 +105,7 @@ pub struct Expectations {
 /// A broken promise, with what shows it.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Violation {
+    /// More of a policy's nodes disrupted at once than `maxConcurrent`.
     OverBudget {
         policy: String,
         limit: usize,
@@ -90,35 +138,87 @@ pub enum Violation {
         phase: Option<Phase>,
         reason: Option<Reason>,
     },
-    /// A node drained or acted on while neither it was cordoned nor any
-    /// GPU of it fenced: new work could land on its bad GPU.
+    /// A pod evicted or a request written (`what`) on a node neither
+    /// cordoned nor with a GPU fenced: new work could land on its bad GPU.
     Unfenced {
         node: String,
-        phase: Phase,
+        what: String,
     },
     /// A rule still up for a node back in service: its GPU fenced forever.
     RuleOutlivedIncident {
         node: String,
         rule: String,
     },
+    /// A reset or reboot requested while a pod the hardware shows on one
+    /// of its GPUs still exists: the drain had not finished.
+    RequestWhileHeld {
+        node: String,
+        id: String,
+        pod: String,
+    },
+    /// gpuhealth's cordon still on a node that ended `Healthy`.
+    CordonOutlivedIncident {
+        node: String,
+    },
+    /// gpuhealth's cordon lifted while the node's hardware still had a bad
+    /// GPU.
+    UncordonedWhileBad {
+        node: String,
+    },
+    /// A pod evicted from a node fenced only GPU by GPU, though it held no
+    /// bad GPU: outside the drain's scope.
+    EvictedOutsideScope {
+        pod: String,
+        node: String,
+    },
+}
+
+/// What the judge knows of one node at a point of the timeline.
+#[derive(Default)]
+struct NodeNow<'a> {
+    health: Option<(&'a Option<String>, Phase, &'a Option<Reason>)>,
+    unschedulable: bool,
+    /// gpuhealth's cordon is on it.
+    ours: bool,
+    rules: BTreeSet<&'a str>,
+    gpus: &'a [SimGpu],
+}
+
+impl NodeNow<'_> {
+    fn fenced(&self) -> bool {
+        self.unschedulable || !self.rules.is_empty()
+    }
+
+    /// Out of service on gpuhealth's account: its cordon or a rule of its,
+    /// unless the node was handed to a person.
+    fn disrupted(&self) -> bool {
+        (self.ours && self.unschedulable || !self.rules.is_empty())
+            && !matches!(self.health, Some((_, Phase::Failed, _)))
+    }
+
+    fn bad(&self) -> bool {
+        self.gpus.iter().any(|g| g.bad)
+    }
 }
 
 /// Every promise `timeline` breaks; empty when it keeps them all.
 pub fn check(timeline: &[Seen], expect: &Expectations) -> Vec<Violation> {
     let mut violations = Vec::new();
-    // Per node: its latest health, and whether a foreign cordon is on it.
-    let mut health: BTreeMap<&str, (&Option<String>, Phase, &Option<Reason>)> = BTreeMap::new();
-    // The run made them before the timeline starts.
+    let mut nodes: BTreeMap<&str, NodeNow> = BTreeMap::new();
+    for foreign in &expect.foreign_cordons {
+        nodes.entry(foreign).or_default().unschedulable = true;
+    }
+    // The run's cordons made before the timeline starts.
     let mut foreign_on: BTreeSet<&str> =
         expect.foreign_cordons.iter().map(String::as_str).collect();
     let mut executed: BTreeSet<(&str, &str)> = BTreeSet::new();
     let mut requests: BTreeMap<(&str, &str), &str> = BTreeMap::new();
-    // Report each policy's worst moment once, not every event past it.
+    // Pods that exist, with their node.
+    let mut pods: BTreeMap<&str, Option<&str>> = BTreeMap::new();
+    // Each policy's worst moment, reported once.
     let mut over: BTreeMap<String, Vec<String>> = BTreeMap::new();
-    // Per node: whether it is cordoned, and the rules of gpuhealth's up.
-    let mut cordoned: BTreeSet<&str> = expect.foreign_cordons.iter().map(String::as_str).collect();
-    let mut fences: BTreeMap<&str, BTreeSet<&str>> = BTreeMap::new();
     let mut unfenced: BTreeSet<&str> = BTreeSet::new();
+    let mut bad_uncordons: BTreeSet<&str> = BTreeSet::new();
     for seen in timeline {
         match seen {
             Seen::Health {
@@ -127,39 +227,24 @@ pub fn check(timeline: &[Seen], expect: &Expectations) -> Vec<Violation> {
                 phase,
                 reason,
             } => {
-                health.insert(node, (policy, *phase, reason));
-                let fenced = cordoned.contains(node.as_str())
-                    || fences.get(node.as_str()).is_some_and(|r| !r.is_empty());
-                if matches!(phase, Phase::Draining | Phase::Remediating)
-                    && !fenced
-                    && unfenced.insert(node)
-                {
-                    violations.push(Violation::Unfenced {
-                        node: node.clone(),
-                        phase: *phase,
-                    });
-                }
-                let Some(p) = policy else { continue };
-                let disrupted: Vec<String> = health
-                    .iter()
-                    .filter(|(_, (q, phase, _))| q.as_ref() == Some(p) && is_disruptive(*phase))
-                    .map(|(n, _)| (*n).to_owned())
-                    .collect();
-                let limit = expect.max_concurrent.get(p).copied().unwrap_or(usize::MAX);
-                let worst = over.get(p).map_or(limit, Vec::len);
-                if disrupted.len() > worst {
-                    over.insert(p.clone(), disrupted);
-                }
+                nodes.entry(node).or_default().health = Some((policy, *phase, reason));
             }
             Seen::Cordon {
                 node,
                 unschedulable,
+                ours,
             } => {
-                if *unschedulable {
-                    cordoned.insert(node);
-                } else {
-                    cordoned.remove(node.as_str());
+                let now = nodes.entry(node).or_default();
+                if now.ours
+                    && now.unschedulable
+                    && !unschedulable
+                    && now.bad()
+                    && bad_uncordons.insert(node)
+                {
+                    violations.push(Violation::UncordonedWhileBad { node: node.clone() });
                 }
+                now.unschedulable = *unschedulable;
+                now.ours = *ours;
                 if !expect.foreign_cordons.contains(node) {
                     continue;
                 }
@@ -169,9 +254,40 @@ pub fn check(timeline: &[Seen], expect: &Expectations) -> Vec<Violation> {
                     violations.push(Violation::ForeignUncordon { node: node.clone() });
                 }
             }
-            Seen::PodGone { pod, never } => {
+            Seen::Hardware { node, gpus } => nodes.entry(node).or_default().gpus = gpus,
+            Seen::PodUp { pod, node } => {
+                pods.insert(pod, node.as_deref());
+            }
+            Seen::PodGone {
+                pod,
+                never,
+                evicted,
+            } => {
+                let node = pods.remove(pod.as_str()).flatten();
                 if *never && !expect.deleted_by_run.contains(pod) {
                     violations.push(Violation::NeverPodEvicted { pod: pod.clone() });
+                }
+                let (true, Some(node)) = (*evicted, node) else {
+                    continue;
+                };
+                let now = nodes.entry(node).or_default();
+                if !now.fenced() {
+                    if unfenced.insert(node) {
+                        violations.push(Violation::Unfenced {
+                            node: node.to_owned(),
+                            what: format!("{pod} evicted"),
+                        });
+                    }
+                } else if !now.unschedulable
+                    && !now
+                        .gpus
+                        .iter()
+                        .any(|g| g.bad && g.pods.iter().any(|p| p == pod))
+                {
+                    violations.push(Violation::EvictedOutsideScope {
+                        pod: pod.clone(),
+                        node: node.to_owned(),
+                    });
                 }
             }
             Seen::Executed { node, id } => {
@@ -182,17 +298,53 @@ pub fn check(timeline: &[Seen], expect: &Expectations) -> Vec<Violation> {
                     });
                 }
             }
-            Seen::Request { node, id, value } => {
-                let first = *requests.entry((node, id)).or_insert(value);
-                if first != value {
-                    violations.push(Violation::RequestRewritten {
+            Seen::Request {
+                node,
+                id,
+                value,
+                target,
+            } => {
+                // Judged when first written; a later value must be the same.
+                if let Some(first) = requests.insert((node, id), value) {
+                    if first != value {
+                        violations.push(Violation::RequestRewritten {
+                            node: node.clone(),
+                            id: id.clone(),
+                        });
+                    }
+                    continue;
+                }
+                let acts_on = |g: &SimGpu| match target {
+                    Target::Gpus(these) => these.contains(&g.uuid),
+                    Target::Node => true,
+                    Target::Unreadable => false,
+                };
+                if *target == Target::Unreadable {
+                    continue;
+                }
+                let now = nodes.entry(node).or_default();
+                if !now.fenced() && unfenced.insert(node) {
+                    violations.push(Violation::Unfenced {
+                        node: node.clone(),
+                        what: format!("request {id}"),
+                    });
+                }
+                let held = now
+                    .gpus
+                    .iter()
+                    .filter(|g| acts_on(g))
+                    .flat_map(|g| &g.pods)
+                    .find(|p| pods.contains_key(p.as_str()));
+                if let Some(pod) = held {
+                    violations.push(Violation::RequestWhileHeld {
                         node: node.clone(),
                         id: id.clone(),
+                        pod: pod.clone(),
                     });
                 }
             }
             Seen::Fence { node, rule, up } => {
-                let rules = fences.entry(node).or_default();
+                let rules = &mut nodes.entry(node).or_default().rules;
                 if *up {
                     rules.insert(rule);
                 } else {
@@ -200,13 +352,35 @@ pub fn check(timeline: &[Seen], expect: &Expectations) -> Vec<Violation> {
                 }
             }
         }
+        if let Some(policy) = affected_policy(seen, &nodes) {
+            let disrupted: Vec<String> = nodes
+                .iter()
+                .filter(|(_, n)| n.disrupted() && policy_of(n) == Some(policy))
+                .map(|(name, _)| (*name).to_owned())
+                .collect();
+            let limit = expect
+                .max_concurrent
+                .get(policy)
+                .copied()
+                .unwrap_or(usize::MAX);
+            let worst = over.get(policy).map_or(limit, Vec::len);
+            if disrupted.len() > worst {
+                over.insert(policy.to_owned(), disrupted);
+            }
+        }
     }
-    for (node, rules) in &fences {
-        if matches!(health.get(node), Some((_, Phase::Healthy, _))) {
-            for rule in rules {
+    for (node, now) in &nodes {
+        let healthy = matches!(now.health, Some((_, Phase::Healthy, _)));
+        if healthy {
+            for rule in &now.rules {
                 violations.push(Violation::RuleOutlivedIncident {
                     node: (*node).to_owned(),
                     rule: (*rule).to_owned(),
+                });
+            }
+            if now.ours && now.unschedulable {
+                violations.push(Violation::CordonOutlivedIncident {
+                    node: (*node).to_owned(),
                 });
             }
         }
@@ -223,7 +397,7 @@ pub fn check(timeline: &[Seen], expect: &Expectations) -> Vec<Violation> {
         });
     }
     for (node, expected) in &expect.sick {
-        let last = health.get(node.as_str());
+        let last = nodes.get(node.as_str()).and_then(|n| n.health);
         let settled = match last {
             Some((_, Phase::Healthy, _)) => *expected == Phase::Healthy,
             Some((_, Phase::Failed, reason)) => *expected == Phase::Failed && reason.is_some(),
@@ -233,12 +407,26 @@ pub fn check(timeline: &[Seen], expect: &Expectations) -> Vec<Violation> {
             violations.push(Violation::NotSettled {
                 node: node.clone(),
                 expected: *expected,
-                phase: last.map(|(_, p, _)| *p),
-                reason: last.and_then(|(_, _, r)| **r),
+                phase: last.map(|(_, p, _)| p),
+                reason: last.and_then(|(_, _, r)| *r),
             });
         }
     }
     violations
+}
+
+/// The policy whose count of disrupted nodes `seen` may have changed.
+fn affected_policy<'a>(seen: &Seen, nodes: &BTreeMap<&str, NodeNow<'a>>) -> Option<&'a str> {
+    let node = match seen {
+        Seen::Health { node, .. } | Seen::Cordon { node, .. } | Seen::Fence { node, .. } => node,
+        _ => return None,
+    };
+    nodes.get(node.as_str()).and_then(policy_of)
+}
+
+/// The policy a node's status names (which policy selects it).
+fn policy_of<'a>(now: &NodeNow<'a>) -> Option<&'a str> {
+    now.health.and_then(|(p, _, _)| p.as_deref())
 }
 
 /// How many of gpuhealth's rules for `node` are up at the end of
@@ -270,6 +458,7 @@ pub fn cordoned(timeline: &[Seen], node: &str) -> Option<bool> {
         Seen::Cordon {
             node: n,
             unschedulable,
+            ..
         } if n == node => Some(*unschedulable),
         _ => None,
     })
@@ -298,235 +487,4 @@ pub fn ending(timeline: &[Seen], node: &str) -> Option<Phase> {
         }
     }
     last.filter(|p| sick && matches!(p, Phase::Healthy | Phase::Failed))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn health(node: &str, phase: Phase) -> Seen {
-        Seen::Health {
-            node: node.into(),
-            policy: Some("p".into()),
-            phase,
-            reason: (phase == Phase::Failed).then_some(Reason::EscalationExhausted),
-        }
-    }
-
-    fn expect() -> Expectations {
-        Expectations {
-            max_concurrent: [("p".to_owned(), 2)].into(),
-            foreign_cordons: ["human".to_owned()].into(),
-            deleted_by_run: ["ns/deleted-by-the-run".to_owned()].into(),
-            sick: [
-                ("a".to_owned(), Phase::Healthy),
-                ("b".to_owned(), Phase::Failed),
-            ]
-            .into(),
-        }
-    }
-
-    /// A run that keeps every promise: two nodes at a time at most, the
-    /// foreign cordon left alone, the `never` pod deleted only by the run.
-    fn kept() -> Vec<Seen> {
-        vec![
-            Seen::Cordon {
-                node: "human".into(),
-                unschedulable: true,
-            },
-            health("a", Phase::Quarantined),
-            Seen::Cordon {
-                node: "b".into(),
-                unschedulable: true,
-            },
-            health("b", Phase::Draining),
-            Seen::Request {
-                node: "a".into(),
-                id: "inc-1-reset-1".into(),
-                value: "reset at 10:00:00".into(),
-            },
-            Seen::Request {
-                node: "a".into(),
-                id: "inc-1-reset-1".into(),
-                value: "reset at 10:00:00".into(),
-            },
-            Seen::Executed {
-                node: "a".into(),
-                id: "inc-1-reset-1".into(),
-            },
-            health("a", Phase::Healthy),
-            health("c", Phase::Quarantined),
-            Seen::PodGone {
-                pod: "ns/deleted-by-the-run".into(),
-                never: true,
-            },
-            health("b", Phase::Failed),
-            health("c", Phase::Healthy),
-            // A GPU fenced alone: never cordoned, its rule up throughout.
-            health("f", Phase::Quarantined),
-            Seen::Fence {
-                node: "f".into(),
-                rule: "gpuhealth-inc-2-gpu-7".into(),
-                up: true,
-            },
-            health("f", Phase::Draining),
-            health("f", Phase::Remediating),
-            health("f", Phase::Verifying),
-            health("f", Phase::Healthy),
-            Seen::Fence {
-                node: "f".into(),
-                rule: "gpuhealth-inc-2-gpu-7".into(),
-                up: false,
-            },
-        ]
-    }
-
-    #[test]
-    fn a_node_has_ended_once_back_healthy_or_failed_after_being_sick() {
-        let timeline = kept();
-        assert_eq!(ending(&timeline, "a"), Some(Phase::Healthy));
-        assert_eq!(ending(&timeline, "b"), Some(Phase::Failed));
-        assert_eq!(ending(&timeline[..3], "b"), None, "still draining");
-        assert_eq!(
-            ending(&[health("d", Phase::Healthy)], "d"),
-            None,
-            "never sick"
-        );
-    }
-
-    #[test]
-    fn a_foreign_cordon_made_before_the_timeline_is_still_guarded() {
-        let timeline = vec![
-            health("a", Phase::Healthy),
-            Seen::Cordon {
-                node: "human".into(),
-                unschedulable: false,
-            },
-        ];
-        let expect = Expectations {
-            foreign_cordons: ["human".to_owned()].into(),
-            ..Default::default()
-        };
-        assert_eq!(
-            check(&timeline, &expect),
-            [Violation::ForeignUncordon {
-                node: "human".into()
-            }]
-        );
-    }
-
-    #[test]
-    fn a_run_that_keeps_its_promises_has_no_violation() {
-        assert_eq!(check(&kept(), &expect()), []);
-    }
-
-    #[test]
-    fn each_broken_promise_is_caught() {
-        let mut timeline = kept();
-        // A third node disrupted while two still are, once.
-        let cordon = |node: &str| Seen::Cordon {
-            node: node.into(),
-            unschedulable: true,
-        };
-        timeline.insert(4, cordon("d"));
-        timeline.insert(5, health("d", Phase::Remediating));
-        timeline.insert(6, cordon("e"));
-        timeline.insert(7, health("e", Phase::Remediating));
-        timeline.push(Seen::Cordon {
-            node: "human".into(),
-            unschedulable: false,
-        });
-        timeline.push(Seen::PodGone {
-            pod: "ns/training".into(),
-            never: true,
-        });
-        timeline.push(Seen::Executed {
-            node: "a".into(),
-            id: "inc-1-reset-1".into(),
-        });
-        timeline.push(Seen::Request {
-            node: "a".into(),
-            id: "inc-1-reset-1".into(),
-            value: "reset at 10:00:01".into(),
-        });
-        // Drained with neither a cordon nor a fence; a rule left up after
-        // recovery.
-        timeline.push(health("g", Phase::Draining));
-        timeline.push(Seen::Fence {
-            node: "c".into(),
-            rule: "gpuhealth-inc-1-gpu-3".into(),
-            up: true,
-        });
-        timeline.push(Seen::Health {
-            node: "b".into(),
-            policy: Some("p".into()),
-            phase: Phase::Failed,
-            reason: None,
-        });
-        let found = check(&timeline, &expect());
-        assert_eq!(
-            found,
-            [
-                Violation::ForeignUncordon {
-                    node: "human".into()
-                },
-                Violation::NeverPodEvicted {
-                    pod: "ns/training".into()
-                },
-                Violation::ExecutedTwice {
-                    node: "a".into(),
-                    id: "inc-1-reset-1".into()
-                },
-                Violation::RequestRewritten {
-                    node: "a".into(),
-                    id: "inc-1-reset-1".into()
-                },
-                Violation::Unfenced {
-                    node: "g".into(),
-                    phase: Phase::Draining
-                },
-                Violation::RuleOutlivedIncident {
-                    node: "c".into(),
-                    rule: "gpuhealth-inc-1-gpu-3".into()
-                },
-                Violation::OverBudget {
-                    policy: "p".into(),
-                    limit: 2,
-                    disrupted: vec!["a".into(), "b".into(), "d".into(), "e".into()],
-                },
-                Violation::NotSettled {
-                    node: "b".into(),
-                    expected: Phase::Failed,
-                    phase: Some(Phase::Failed),
-                    reason: None
-                },
-            ]
-        );
-    }
-
-    #[test]
-    fn a_sick_node_never_seen_still_working_or_ending_otherwise_is_not_settled() {
-        let timeline = vec![health("a", Phase::Verifying)];
-        let found = check(&timeline, &expect());
-        assert_eq!(
-            found,
-            [
-                Violation::NotSettled {
-                    node: "a".into(),
-                    expected: Phase::Healthy,
-                    phase: Some(Phase::Verifying),
-                    reason: None
-                },
-                Violation::NotSettled {
-                    node: "b".into(),
-                    expected: Phase::Failed,
-                    phase: None,
-                    reason: None
-                },
-            ]
-        );
-        // Failed where it should have recovered, and the other way round.
-        let timeline = vec![health("a", Phase::Failed), health("b", Phase::Healthy)];
-        assert_eq!(check(&timeline, &expect()).len(), 2);
-    }
 }

@@ -1,0 +1,398 @@
+use super::*;
+
+fn health(node: &str, phase: Phase) -> Seen {
+    Seen::Health {
+        node: node.into(),
+        policy: Some("p".into()),
+        phase,
+        reason: (phase == Phase::Failed).then_some(Reason::EscalationExhausted),
+    }
+}
+
+/// gpuhealth's cordon (with its record) on or off.
+fn cordon(node: &str, on: bool) -> Seen {
+    Seen::Cordon {
+        node: node.into(),
+        unschedulable: on,
+        ours: on,
+    }
+}
+
+/// A person's cordon.
+fn persons_cordon(node: &str, on: bool) -> Seen {
+    Seen::Cordon {
+        node: node.into(),
+        unschedulable: on,
+        ours: false,
+    }
+}
+
+/// `node`'s hardware: GPU `<node>-<i>` bad where `bad` says, held by the
+/// pods given for it.
+fn hardware(node: &str, gpus: &[(usize, bool, &[&str])]) -> Seen {
+    Seen::Hardware {
+        node: node.into(),
+        gpus: gpus
+            .iter()
+            .map(|(i, bad, pods)| SimGpu {
+                uuid: format!("{node}-{i}"),
+                bad: *bad,
+                pods: pods.iter().map(|p| (*p).to_owned()).collect(),
+            })
+            .collect(),
+    }
+}
+
+fn pod_up(pod: &str, node: &str) -> Seen {
+    Seen::PodUp {
+        pod: pod.into(),
+        node: Some(node.into()),
+    }
+}
+
+fn evicted(pod: &str) -> Seen {
+    Seen::PodGone {
+        pod: pod.into(),
+        never: false,
+        evicted: true,
+    }
+}
+
+fn reset(node: &str, gpu: usize, id: &str) -> Seen {
+    Seen::Request {
+        node: node.into(),
+        id: id.into(),
+        value: format!("reset {node}-{gpu} as {id}"),
+        target: Target::Gpus(vec![format!("{node}-{gpu}")]),
+    }
+}
+
+fn fence(node: &str, rule: &str, up: bool) -> Seen {
+    Seen::Fence {
+        node: node.into(),
+        rule: rule.into(),
+        up,
+    }
+}
+
+fn expect() -> Expectations {
+    Expectations {
+        max_concurrent: [("p".to_owned(), 2)].into(),
+        foreign_cordons: ["human".to_owned()].into(),
+        deleted_by_run: ["ns/deleted-by-the-run".to_owned()].into(),
+        sick: [
+            ("a".to_owned(), Phase::Healthy),
+            ("b".to_owned(), Phase::Failed),
+        ]
+        .into(),
+    }
+}
+
+/// A run that keeps every promise: two nodes disrupted at a time at most,
+/// the foreign cordon left alone, pods gone before the request, the cordon
+/// lifted once the GPU is good, the `never` pod deleted only by the run, a
+/// GPU fenced alone and only its pod evicted.
+fn kept() -> Vec<Seen> {
+    vec![
+        persons_cordon("human", true),
+        hardware("a", &[(0, true, &["ns/a-pod"]), (1, false, &[])]),
+        pod_up("ns/a-pod", "a"),
+        health("a", Phase::Quarantined),
+        cordon("a", true),
+        health("b", Phase::Quarantined),
+        cordon("b", true),
+        health("b", Phase::Draining),
+        health("a", Phase::Draining),
+        evicted("ns/a-pod"),
+        reset("a", 0, "inc-1-reset-1"),
+        // The same value again (a rewrite of the whole annotation).
+        reset("a", 0, "inc-1-reset-1"),
+        Seen::Executed {
+            node: "a".into(),
+            id: "inc-1-reset-1".into(),
+        },
+        hardware("a", &[(0, false, &["ns/a-pod"]), (1, false, &[])]),
+        // Handed to a person: still cordoned, no longer gpuhealth's to count.
+        health("b", Phase::Failed),
+        health("c", Phase::Quarantined),
+        cordon("c", true),
+        health("a", Phase::Healthy),
+        cordon("a", false),
+        Seen::PodGone {
+            pod: "ns/deleted-by-the-run".into(),
+            never: true,
+            evicted: false,
+        },
+        health("c", Phase::Healthy),
+        cordon("c", false),
+        // A GPU fenced alone: never cordoned, its rule up throughout, only
+        // the pod on the bad GPU evicted.
+        hardware(
+            "f",
+            &[(7, true, &["ns/f-pod"]), (1, false, &["ns/f-other"])],
+        ),
+        pod_up("ns/f-pod", "f"),
+        pod_up("ns/f-other", "f"),
+        health("f", Phase::Quarantined),
+        fence("f", "gpuhealth-inc-2-gpu-7", true),
+        health("f", Phase::Draining),
+        evicted("ns/f-pod"),
+        reset("f", 7, "inc-2-reset-1"),
+        hardware("f", &[(7, false, &[]), (1, false, &["ns/f-other"])]),
+        health("f", Phase::Healthy),
+        fence("f", "gpuhealth-inc-2-gpu-7", false),
+    ]
+}
+
+#[test]
+fn a_node_has_ended_once_back_healthy_or_failed_after_being_sick() {
+    let timeline = kept();
+    assert_eq!(ending(&timeline, "a"), Some(Phase::Healthy));
+    assert_eq!(ending(&timeline, "b"), Some(Phase::Failed));
+    assert_eq!(ending(&timeline[..8], "b"), None, "still draining");
+    assert_eq!(
+        ending(&[health("d", Phase::Healthy)], "d"),
+        None,
+        "never sick"
+    );
+}
+
+#[test]
+fn a_foreign_cordon_made_before_the_timeline_is_still_guarded() {
+    let timeline = vec![health("a", Phase::Healthy), persons_cordon("human", false)];
+    let expect = Expectations {
+        foreign_cordons: ["human".to_owned()].into(),
+        ..Default::default()
+    };
+    assert_eq!(
+        check(&timeline, &expect),
+        [Violation::ForeignUncordon {
+            node: "human".into()
+        }]
+    );
+}
+
+#[test]
+fn a_run_that_keeps_its_promises_has_no_violation() {
+    assert_eq!(check(&kept(), &expect()), []);
+}
+
+/// `kept()` with `seen` put in before its entry `at`.
+fn kept_with(at: usize, seen: impl IntoIterator<Item = Seen>) -> Vec<Violation> {
+    let mut timeline = kept();
+    for (i, s) in seen.into_iter().enumerate() {
+        timeline.insert(at + i, s);
+    }
+    check(&timeline, &expect())
+}
+
+#[test]
+fn more_nodes_cordoned_than_max_concurrent_is_over_budget_whatever_their_status_says() {
+    // Two more cordons while a and b are cordoned, with no status at all
+    // saying they are disrupted (d's says Healthy).
+    let found = kept_with(
+        7,
+        [
+            health("d", Phase::Healthy),
+            cordon("d", true),
+            health("e", Phase::Healthy),
+            fence("e", "gpuhealth-inc-3-gpu-1", true),
+            fence("e", "gpuhealth-inc-3-gpu-1", false),
+            cordon("d", false),
+        ],
+    );
+    assert_eq!(
+        found,
+        [Violation::OverBudget {
+            policy: "p".into(),
+            limit: 2,
+            disrupted: vec!["a".into(), "b".into(), "d".into(), "e".into()],
+        }]
+    );
+}
+
+#[test]
+fn a_request_while_a_pod_still_runs_on_its_gpu_is_caught() {
+    // The reset written before the pod on GPU 0 was gone.
+    let mut timeline = kept();
+    let request = timeline.remove(10);
+    timeline.insert(9, request);
+    assert_eq!(
+        check(&timeline, &expect()),
+        [Violation::RequestWhileHeld {
+            node: "a".into(),
+            id: "inc-1-reset-1".into(),
+            pod: "ns/a-pod".into(),
+        }]
+    );
+    // A pod on another GPU does not hold a reset of GPU 0; a reboot's
+    // scope is the whole node.
+    let other = [
+        pod_up("ns/a-other", "a"),
+        hardware(
+            "a",
+            &[(0, true, &["ns/a-pod"]), (1, false, &["ns/a-other"])],
+        ),
+    ];
+    assert_eq!(kept_with(9, other.clone()), []);
+    let reboot = Seen::Request {
+        node: "a".into(),
+        id: "inc-1-reboot-1".into(),
+        value: "reboot".into(),
+        target: Target::Node,
+    };
+    assert_eq!(
+        kept_with(10, other.into_iter().chain([reboot])),
+        [Violation::RequestWhileHeld {
+            node: "a".into(),
+            id: "inc-1-reboot-1".into(),
+            pod: "ns/a-other".into(),
+        }]
+    );
+}
+
+#[test]
+fn an_uncordon_while_the_gpu_is_still_bad_is_caught() {
+    // The hardware's mending removed: a's cordon goes while GPU 0 is bad.
+    let mut timeline = kept();
+    timeline.remove(13);
+    assert_eq!(
+        check(&timeline, &expect()),
+        [Violation::UncordonedWhileBad { node: "a".into() }]
+    );
+}
+
+#[test]
+fn gpuhealths_cordon_left_on_a_healthy_node_is_caught() {
+    let mut timeline = kept();
+    let uncordon = timeline.iter().position(|s| *s == cordon("c", false));
+    timeline.remove(uncordon.unwrap_or_default());
+    assert_eq!(
+        check(&timeline, &expect()),
+        [Violation::CordonOutlivedIncident { node: "c".into() }]
+    );
+    // A person's cordon on a healthy node is the person's.
+    let mut timeline = kept();
+    timeline.push(persons_cordon("c", true));
+    assert_eq!(check(&timeline, &expect()), []);
+}
+
+#[test]
+fn an_eviction_outside_the_fenced_gpu_or_on_an_unfenced_node_is_caught() {
+    let end = kept().len();
+    let found = kept_with(
+        end - 2,
+        [
+            evicted("ns/f-other"),
+            hardware("g", &[(2, true, &["ns/g-pod"])]),
+            pod_up("ns/g-pod", "g"),
+            evicted("ns/g-pod"),
+            reset("g", 2, "inc-4-reset-1"),
+        ],
+    );
+    assert_eq!(
+        found,
+        [
+            Violation::EvictedOutsideScope {
+                pod: "ns/f-other".into(),
+                node: "f".into(),
+            },
+            Violation::Unfenced {
+                node: "g".into(),
+                what: "ns/g-pod evicted".into(),
+            },
+        ]
+    );
+    // A pod deleted (not evicted) by someone else is not gpuhealth's doing.
+    let deleted = Seen::PodGone {
+        pod: "ns/f-other".into(),
+        never: false,
+        evicted: false,
+    };
+    assert_eq!(kept_with(end - 2, [deleted]), []);
+}
+
+#[test]
+fn the_other_broken_promises_are_caught() {
+    let mut timeline = kept();
+    timeline.push(persons_cordon("human", false));
+    timeline.push(Seen::PodGone {
+        pod: "ns/training".into(),
+        never: true,
+        evicted: true,
+    });
+    timeline.push(Seen::Executed {
+        node: "a".into(),
+        id: "inc-1-reset-1".into(),
+    });
+    timeline.push(Seen::Request {
+        node: "a".into(),
+        id: "inc-1-reset-1".into(),
+        value: "reset at 10:00:01".into(),
+        target: Target::Gpus(vec!["a-0".into()]),
+    });
+    // A rule left up after recovery; b Failed without a reason.
+    timeline.push(fence("c", "gpuhealth-inc-1-gpu-3", true));
+    timeline.push(Seen::Health {
+        node: "b".into(),
+        policy: Some("p".into()),
+        phase: Phase::Failed,
+        reason: None,
+    });
+    let found = check(&timeline, &expect());
+    assert_eq!(
+        found,
+        [
+            Violation::ForeignUncordon {
+                node: "human".into()
+            },
+            Violation::NeverPodEvicted {
+                pod: "ns/training".into()
+            },
+            Violation::ExecutedTwice {
+                node: "a".into(),
+                id: "inc-1-reset-1".into()
+            },
+            Violation::RequestRewritten {
+                node: "a".into(),
+                id: "inc-1-reset-1".into()
+            },
+            Violation::RuleOutlivedIncident {
+                node: "c".into(),
+                rule: "gpuhealth-inc-1-gpu-3".into()
+            },
+            Violation::NotSettled {
+                node: "b".into(),
+                expected: Phase::Failed,
+                phase: Some(Phase::Failed),
+                reason: None
+            },
+        ]
+    );
+}
+
+#[test]
+fn a_sick_node_never_seen_still_working_or_ending_otherwise_is_not_settled() {
+    let timeline = vec![health("a", Phase::Verifying)];
+    let found = check(&timeline, &expect());
+    assert_eq!(
+        found,
+        [
+            Violation::NotSettled {
+                node: "a".into(),
+                expected: Phase::Healthy,
+                phase: Some(Phase::Verifying),
+                reason: None
+            },
+            Violation::NotSettled {
+                node: "b".into(),
+                expected: Phase::Failed,
+                phase: None,
+                reason: None
+            },
+        ]
+    );
+    // Failed where it should have recovered, and the other way round.
+    let timeline = vec![health("a", Phase::Failed), health("b", Phase::Healthy)];
+    assert_eq!(check(&timeline, &expect()).len(), 2);
+}
