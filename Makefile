@@ -69,7 +69,7 @@ chaos:
 	e2e/cluster/with-cluster.sh $(TARGET_DIR)/debug/gpuhealth-chaos --out target/chaos.md $(CHAOS_ARGS)
 
 chaos-bounded:
-	$(MAKE) chaos CHAOS_ARGS="--kill-trials 10 --restart-trials 2 --fencing-trials 1 --conflict-trials 2 --hostile-trials 1 --storm-trials 1"
+	$(MAKE) chaos CHAOS_ARGS="--kill-trials 6 --restart-trials 2 --fencing-trials 1 --conflict-trials 2 --hostile-trials 1 --storm-trials 1"
 
 # Fuzzing what gpuhealth reads from others (fuzz/: the GPU report, the
 # request and result annotations, the maintenance notice, the kernel log),
