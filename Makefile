@@ -66,7 +66,7 @@ bench-smoke:
 CHAOS_ARGS ?=
 chaos:
 	cargo build -p gpuhealth-operator -p gpuhealth-agent -p gpuhealth-e2e --bins
-	e2e/cluster/with-cluster.sh $(TARGET_DIR)/debug/gpuhealth-chaos --out target/chaos.md $(CHAOS_ARGS)
+	GPUHEALTH_CLUSTER_AUDIT=1 e2e/cluster/with-cluster.sh $(TARGET_DIR)/debug/gpuhealth-chaos --out target/chaos.md $(CHAOS_ARGS)
 
 chaos-bounded:
 	$(MAKE) chaos CHAOS_ARGS="--kill-trials 6 --restart-trials 2 --fencing-trials 1 --conflict-trials 2 --hostile-trials 1 --storm-trials 1"

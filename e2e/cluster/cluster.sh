@@ -203,7 +203,28 @@ start() {
   # scheduler (and the controller manager's eviction, for NoExecute) only
   # with DRADeviceTaintRules on.
   local dra_gates=--feature-gates=DRADeviceTaintRules=true
-  launch kube-apiserver "$bin/kube-apiserver" "$dra_gates" \
+  # The audit log, when asked for (`make chaos`): every write, with the
+  # User-Agent that names the replica making it, and the Lease writes whole,
+  # so that the chaos checker judges leadership from the API server's own
+  # record (e2e/src/audit.rs). Off by default: it costs the benchmark time.
+  local audit=()
+  if [[ "${GPUHEALTH_CLUSTER_AUDIT:-0}" == 1 ]]; then
+    cat >"$state/audit-policy.yaml" <<'POLICY'
+apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: [RequestReceived]
+rules:
+- level: RequestResponse
+  verbs: [create, update, patch]
+  resources: [{group: coordination.k8s.io, resources: [leases]}]
+- level: Metadata
+  verbs: [create, update, patch, delete, deletecollection]
+- level: None
+POLICY
+    audit=(--audit-policy-file "$state/audit-policy.yaml" --audit-log-path "$state/audit.log"
+      --audit-log-format json --audit-log-maxsize 2000 --audit-log-maxbackup 1)
+  fi
+  launch kube-apiserver "$bin/kube-apiserver" "$dra_gates" "${audit[@]}" \
     --runtime-config resource.k8s.io/v1beta2=true \
     --etcd-servers "http://127.0.0.1:$etcd_client" \
     --bind-address 127.0.0.1 --secure-port "$api" \

@@ -154,6 +154,16 @@ async fn run(args: Args) -> Result<(), Fatal> {
     // A 429 from the Eviction API means a PodDisruptionBudget says "not now":
     // the reconcile requeues; it must not block in the client's retry loop.
     config.default_retry = false;
+    // Names this replica in every request, so that the API server's audit
+    // log says which replica made each write (and whether it led then).
+    let agent = format!(
+        "gpuhealth-operator/{} ({})",
+        env!("CARGO_PKG_VERSION"),
+        args.pod_name
+    );
+    if let Ok(agent) = http::HeaderValue::from_str(&agent) {
+        config.headers.push((http::header::USER_AGENT, agent));
+    }
     let metrics = Arc::new(Metrics::default());
     let client = ClientBuilder::try_from(config)?
         .with_layer(&CountRequests(metrics.api_requests.clone()))

@@ -14,7 +14,8 @@ use super::{Fault, Rng, inject, repair};
 use crate::{
     Result,
     invariants::{
-        Expectations, Seen, Target, Violation, check, cordoned, ending, fences_up, latest_phase,
+        Expectations, Seen, Target, Violation, check_from, cordoned, ending, fences_up,
+        latest_phase,
     },
     operator::{self, Options},
     process::Process,
@@ -121,8 +122,10 @@ impl Fleet {
     /// Says under the scenario's table row what the checker judged, and
     /// how many replicas exited by themselves (and were replaced).
     pub fn add_notes(&self, row: &mut super::Row) {
+        let (writes, violations) = self.leadership();
+        row.violations.extend(violations);
         row.notes.push(format!(
-            "the checker judged {} evictions and {} reset or reboot requests",
+            "the checker judged {} evictions, {} reset or reboot requests, and {writes} writes by the replicas against the Lease holder of the moment (the API server's audit log)",
             self.evictions, self.requests
         ));
         if !self.exited.is_empty() {
@@ -130,6 +133,27 @@ impl Fleet {
                 "{} replica(s) exited on losing the Lease and were replaced, as a Deployment would",
                 self.exited.len()
             ));
+        }
+    }
+
+    /// The writes the fleet's replicas made, and those made by one that
+    /// did not hold the Lease then, from the API server's audit log; a
+    /// cluster that keeps none is a violation, since leadership then goes
+    /// unjudged.
+    fn leadership(&self) -> (usize, Vec<Violation>) {
+        let kubeconfig = std::env::var(crate::cluster::KUBECONFIG_ENV).unwrap_or_default();
+        let log = crate::audit::log_beside(std::path::Path::new(&kubeconfig));
+        match std::fs::read_to_string(&log) {
+            Ok(text) => crate::audit::writes_without_lease(&text, &self.lease, &self.s.group),
+            Err(e) => (
+                0,
+                vec![Violation::Missing {
+                    what: format!(
+                        "no audit log at {} ({e}): start the cluster with GPUHEALTH_CLUSTER_AUDIT=1, as make chaos does",
+                        log.display()
+                    ),
+                }],
+            ),
         }
     }
 
@@ -317,7 +341,8 @@ impl Fleet {
             })
             .await;
         let ended = self.recorder.mark();
-        let judged = &self.recorder.since(mark)[..ended - mark];
+        let history = self.recorder.since(0);
+        let judged = &history[mark..ended];
         self.evictions += judged
             .iter()
             .filter(|s| matches!(s, Seen::PodGone { evicted: true, .. }))
@@ -326,7 +351,7 @@ impl Fleet {
             .iter()
             .filter(|s| matches!(s, Seen::Request { target, .. } if *target != Target::Unreadable))
             .count();
-        let mut violations = check(judged, &expect);
+        let mut violations = check_from(&history[..ended], mark, &expect);
         violations.extend(missed);
         if let Err(e) = waited {
             eprintln!("chaos: {e}");
@@ -346,12 +371,20 @@ impl Fleet {
         }
         // Counted from the trial's start, so that a rule put up before the
         // repair is seen to go.
-        self.settle(mark, "repaired nodes back in service", |t| {
-            handed_over
-                .iter()
-                .all(|n| latest_phase(t, n) == Some(Phase::Healthy) && fences_up(t, n) == 0)
-        })
-        .await?;
+        // A node that never comes back is this trial's violation, reported
+        // with the others, not an error that would drop them.
+        if let Err(e) = self
+            .settle(mark, "repaired nodes back in service", |t| {
+                handed_over
+                    .iter()
+                    .all(|n| latest_phase(t, n) == Some(Phase::Healthy) && fences_up(t, n) == 0)
+            })
+            .await
+        {
+            violations.push(Violation::Missing {
+                what: e.to_string(),
+            });
+        }
         let mut later = self.expectations();
         // A person's repair uncordons the nodes handed over, foreign or not.
         later.foreign_cordons.retain(|n| !handed_over.contains(n));
@@ -359,7 +392,7 @@ impl Fleet {
             .iter()
             .map(|(_, h)| format!("{}/{h}", self.s.namespace))
             .collect();
-        violations.extend(check(&self.recorder.since(after), &later));
+        violations.extend(check_from(&self.recorder.since(0), after, &later));
         Ok((expect, violations))
     }
 }

@@ -22,7 +22,7 @@ use super::{
 };
 use crate::{
     Result,
-    invariants::{Seen, Violation, check, latest_phase},
+    invariants::{Seen, Violation, check_from, latest_phase},
     wait::until,
 };
 
@@ -98,9 +98,9 @@ pub async fn run(trials: usize, limit: Limit, rng: &mut Rng) -> Result<Row> {
             // The breaker's limit, judged as a budget: two of ten.
             Limit::Breaker => {
                 expect.max_concurrent = [(fleet.s.policy.clone(), 2)].into();
-                let judged = fleet.recorder.since(fleet.trial_mark);
+                let history = fleet.recorder.since(0);
                 violations.extend(
-                    check(&judged, &expect)
+                    check_from(&history, fleet.trial_mark, &expect)
                         .into_iter()
                         .filter(|v| matches!(v, Violation::OverBudget { .. })),
                 );

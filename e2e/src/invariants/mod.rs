@@ -171,6 +171,14 @@ pub enum Violation {
         pod: String,
         node: String,
     },
+    /// A write by a replica that did not hold the Lease when the API
+    /// server received it (from the audit log: [`crate::audit`]).
+    WriteWithoutLease {
+        replica: String,
+        holder: String,
+        what: String,
+        at: String,
+    },
 }
 
 /// What the judge knows of one node at a point of the timeline.
@@ -203,6 +211,14 @@ impl NodeNow<'_> {
 
 /// Every promise `timeline` breaks; empty when it keeps them all.
 pub fn check(timeline: &[Seen], expect: &Expectations) -> Vec<Violation> {
+    check_from(timeline, 0, expect)
+}
+
+/// Every promise the entries of `timeline` from `from` on break, judged
+/// with what the entries before told (the pods that exist, the cordons and
+/// rules up, the hardware), so that a trial is judged on the cluster as it
+/// stood when it began.
+pub fn check_from(timeline: &[Seen], from: usize, expect: &Expectations) -> Vec<Violation> {
     let mut violations = Vec::new();
     let mut nodes: BTreeMap<&str, NodeNow> = BTreeMap::new();
     for foreign in &expect.foreign_cordons {
@@ -219,7 +235,14 @@ pub fn check(timeline: &[Seen], expect: &Expectations) -> Vec<Violation> {
     let mut over: BTreeMap<String, Vec<String>> = BTreeMap::new();
     let mut unfenced: BTreeSet<&str> = BTreeSet::new();
     let mut bad_uncordons: BTreeSet<&str> = BTreeSet::new();
-    for seen in timeline {
+    for (i, seen) in timeline.iter().enumerate() {
+        if i == from {
+            // Judging starts: what was reported of the past is forgotten.
+            violations.clear();
+            unfenced.clear();
+            bad_uncordons.clear();
+            over.clear();
+        }
         match seen {
             Seen::Health {
                 node,
@@ -364,10 +387,13 @@ pub fn check(timeline: &[Seen], expect: &Expectations) -> Vec<Violation> {
                 .copied()
                 .unwrap_or(usize::MAX);
             let worst = over.get(policy).map_or(limit, Vec::len);
-            if disrupted.len() > worst {
+            if disrupted.len() > worst && i >= from {
                 over.insert(policy.to_owned(), disrupted);
             }
         }
+    }
+    if from >= timeline.len() {
+        violations.clear();
     }
     for (node, now) in &nodes {
         let healthy = matches!(now.health, Some((_, Phase::Healthy, _)));

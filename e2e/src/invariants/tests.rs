@@ -396,3 +396,43 @@ fn a_sick_node_never_seen_still_working_or_ending_otherwise_is_not_settled() {
     let timeline = vec![health("a", Phase::Failed), health("b", Phase::Healthy)];
     assert_eq!(check(&timeline, &expect()).len(), 2);
 }
+
+#[test]
+fn a_trial_is_judged_on_the_cluster_as_it_stood_when_it_began() {
+    // The pod and the hardware were seen before the trial; the reset
+    // while the pod still runs is the trial's. The foreign uncordon before
+    // it is not.
+    let timeline = vec![
+        persons_cordon("human", false),
+        pod_up("ns/a-pod", "a"),
+        hardware("a", &[(0, true, &["ns/a-pod"])]),
+        cordon("a", true),
+        reset("a", 0, "inc-1-reset-1"),
+    ];
+    let expect = Expectations {
+        foreign_cordons: ["human".to_owned()].into(),
+        ..Default::default()
+    };
+    assert_eq!(
+        check_from(&timeline, 4, &expect),
+        [Violation::RequestWhileHeld {
+            node: "a".into(),
+            id: "inc-1-reset-1".into(),
+            pod: "ns/a-pod".into(),
+        }]
+    );
+    assert_eq!(check_from(&timeline, 5, &expect), []);
+    assert_eq!(
+        check(&timeline, &expect),
+        [
+            Violation::ForeignUncordon {
+                node: "human".into()
+            },
+            Violation::RequestWhileHeld {
+                node: "a".into(),
+                id: "inc-1-reset-1".into(),
+                pod: "ns/a-pod".into(),
+            }
+        ]
+    );
+}
