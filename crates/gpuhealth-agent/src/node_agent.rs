@@ -59,6 +59,14 @@ pub enum CrashPoint {
 /// going bad is written at once: it is what the operator must act on.
 pub const COALESCE: Duration = Duration::from_secs(1);
 
+/// How long to wait after `failures` report writes in a row failed: half a
+/// second, doubling, at most 30 s.
+fn retry_delay(failures: u32) -> Duration {
+    let doubled =
+        Duration::from_millis(500).saturating_mul(1 << failures.clamp(1, 7).saturating_sub(1));
+    doubled.min(Duration::from_secs(30))
+}
+
 /// The longest a request may keep the loop busy: a reset's wait for holders
 /// to let go, nvidia-smi, and the wait for the kubelet, with room to spare.
 pub const REQUEST_MAY_TAKE: Duration = Duration::from_secs(15 * 60);
@@ -93,6 +101,11 @@ pub struct NodeAgent<B> {
     /// [`COALESCE`] to pass.
     last_write: Option<std::time::Instant>,
     deferred: bool,
+    /// Report writes refused or failed in a row, and when the next may go:
+    /// without it an API server that refuses connections had every agent
+    /// retry its due refresh in a tight loop.
+    write_failures: u32,
+    retry_at: Option<std::time::Instant>,
     condition: Option<(&'static str, Timestamp)>,
     /// Signalled when the backend has news (a kernel log line), so the agent
     /// need not wait for its next poll.
@@ -156,6 +169,8 @@ impl<B: Backend> NodeAgent<B> {
             caught_up: false,
             last_write: None,
             deferred: false,
+            write_failures: 0,
+            retry_at: None,
             condition: None,
             wake: Arc::default(),
             metrics: Arc::default(),
@@ -197,9 +212,9 @@ impl<B: Backend> NodeAgent<B> {
                 },
                 _ = tick.tick() => {}
                 () = self.wake.notified() => {}
-                () = tokio::time::sleep(self.coalesced_for()), if self.deferred => {}
+                () = tokio::time::sleep(self.coalesced_for().max(self.retry_in())), if self.deferred => {}
                 // The refresh goes out on time, not at the next poll after it.
-                () = tokio::time::sleep(self.refresh_in()), if self.last_write.is_some() => {}
+                () = tokio::time::sleep(self.refresh_in()), if self.last_write.is_some() || self.retry_at.is_some() => {}
             }
             let Some(current) = &node else { continue };
             let current = current.clone();
@@ -509,9 +524,14 @@ impl<B: Backend> NodeAgent<B> {
             .annotate(GPU_REPORT_ANNOTATION, &report.to_annotation())
             .await
         {
-            warn!(error = %e, "publishing the GPU report; will retry");
+            self.write_failures = self.write_failures.saturating_add(1);
+            let delay = retry_delay(self.write_failures);
+            self.retry_at = Some(std::time::Instant::now() + delay);
+            warn!(error = %e, retry_in = ?delay, "publishing the GPU report; will retry");
             return;
         }
+        self.write_failures = 0;
+        self.retry_at = None;
         if changed {
             info!(
                 bad = report.bad_gpus().count(),
@@ -529,8 +549,16 @@ impl<B: Backend> NodeAgent<B> {
 
     /// How long until the report is due for its refresh.
     fn refresh_in(&self) -> Duration {
-        self.last_write.map_or(Duration::ZERO, |t| {
+        let due = self.last_write.map_or(Duration::ZERO, |t| {
             self.settings.refresh.saturating_sub(t.elapsed())
+        });
+        due.max(self.retry_in())
+    }
+
+    /// How long until a failed report write may be tried again.
+    fn retry_in(&self) -> Duration {
+        self.retry_at.map_or(Duration::ZERO, |t| {
+            t.saturating_duration_since(std::time::Instant::now())
         })
     }
 
@@ -603,5 +631,19 @@ impl<B: Backend> NodeAgent<B> {
             Ok(_) => self.condition = Some((status, now)),
             Err(e) => warn!(error = %e, "writing the GpuHealthy condition; will retry"),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn failed_report_writes_back_off_to_thirty_seconds() {
+        let delays: Vec<u128> = (1..=9).map(|n| retry_delay(n).as_millis()).collect();
+        assert_eq!(
+            delays,
+            [500, 1000, 2000, 4000, 8000, 16000, 30000, 30000, 30000]
+        );
     }
 }
