@@ -5,7 +5,7 @@ export CARGO_BUILD_JOBS ?= 2
 CLUSTER := e2e/cluster/cluster.sh
 TARGET_DIR := $(or $(CARGO_TARGET_DIR),$(CURDIR)/target)
 
-.PHONY: build crds docs lint unit e2e chaos chaos-bounded fuzz fuzz-smoke bench bench-smoke test cluster-up cluster-down demo clean
+.PHONY: build crds docs lint unit e2e chaos chaos-bounded previous-release fuzz fuzz-smoke bench bench-smoke test cluster-up cluster-down demo clean
 
 build:
 	cargo build --workspace --all-targets
@@ -64,12 +64,23 @@ bench-smoke:
 # watcher; prints a table and writes it to target/chaos.md. `chaos-bounded`
 # is the shorter run `make test` includes.
 CHAOS_ARGS ?=
-chaos:
+chaos: previous-release
 	cargo build -p gpuhealth-operator -p gpuhealth-agent -p gpuhealth-e2e --bins
 	GPUHEALTH_CLUSTER_AUDIT=1 e2e/cluster/with-cluster.sh $(TARGET_DIR)/debug/gpuhealth-chaos --out target/chaos.md $(CHAOS_ARGS)
 
 chaos-bounded:
-	$(MAKE) chaos CHAOS_ARGS="--kill-trials 6 --restart-trials 2 --fencing-trials 1 --conflict-trials 2 --hostile-trials 1 --storm-trials 1"
+	$(MAKE) chaos CHAOS_ARGS="--kill-trials 4 --restart-trials 2 --fencing-trials 1 --conflict-trials 2 --hostile-trials 1 --storm-trials 1 --upgrade-trials 4"
+
+# The release before this one, for the chaos run's upgrade scenario: the
+# operator of commit PREVIOUS (the one before HEAD), built from git into
+# target/previous (its own target directory, so that neither build undoes
+# the other's).
+PREVIOUS ?= HEAD~1
+previous-release:
+	rm -rf target/previous-src && git worktree prune
+	git worktree add --detach target/previous-src $(PREVIOUS)
+	cd target/previous-src && env -u CARGO_TARGET_DIR cargo build -p gpuhealth-operator --target-dir $(CURDIR)/target/previous; \
+	  status=$$?; cd $(CURDIR) && git worktree remove --force target/previous-src; exit $$status
 
 # Fuzzing what gpuhealth reads from others (fuzz/: the GPU report, the
 # request and result annotations, the maintenance notice, the kernel log),

@@ -32,6 +32,9 @@ pub struct Options {
     /// The operator's own leader-election timings instead of the tests'
     /// short ones (the benchmark counts the Lease's renewals).
     pub default_lease_timings: bool,
+    /// Another release's binary to run instead of this build (the chaos
+    /// run's upgrade scenario).
+    pub binary: Option<std::path::PathBuf>,
 }
 
 /// Starts `gpuhealth-operator` as replica `name` (`make e2e` builds it first).
@@ -41,7 +44,11 @@ pub async fn start(name: &str) -> Result<Process> {
 
 pub async fn start_with(name: &str, options: Options) -> Result<Process> {
     let secs = |d: Duration| format!("{}s", d.as_secs());
-    Process::launch("gpuhealth-operator", name, |command| {
+    let bin = options
+        .binary
+        .clone()
+        .unwrap_or_else(|| crate::process::built("gpuhealth-operator"));
+    Process::launch_from(bin, "gpuhealth-operator", name, |command| {
         command
             .env(
                 "RUST_LOG",

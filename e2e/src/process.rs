@@ -63,7 +63,28 @@ impl Process {
         Process::start(binary, name, false, configure).await
     }
 
+    /// Like [`Process::launch`], from the binary at `bin` rather than this
+    /// workspace's build of `binary` (another release's).
+    pub async fn launch_from(
+        bin: PathBuf,
+        binary: &str,
+        name: &str,
+        configure: impl FnOnce(&mut Command),
+    ) -> Result<Process> {
+        Process::start_at(bin, binary, name, true, configure).await
+    }
+
     async fn start(
+        binary: &str,
+        name: &str,
+        metrics_flag: bool,
+        configure: impl FnOnce(&mut Command),
+    ) -> Result<Process> {
+        Process::start_at(built(binary), binary, name, metrics_flag, configure).await
+    }
+
+    async fn start_at(
+        bin: PathBuf,
         binary: &str,
         name: &str,
         metrics_flag: bool,
@@ -78,7 +99,6 @@ impl Process {
             let listener = std::net::TcpListener::bind("127.0.0.1:0").map_err(io)?;
             listener.local_addr().map_err(io)?
         };
-        let bin = built(binary);
         let mut command = match binary {
             "gpuhealth-agent" => confined(&bin).await?,
             _ => Command::new(&bin),
@@ -126,6 +146,19 @@ impl Process {
     /// Kills it at once (SIGKILL), as a crash would.
     pub async fn kill(&mut self) {
         let _ = self.child.kill().await;
+    }
+
+    /// Asks it to stop (SIGTERM), as a Deployment's rolling update does.
+    pub async fn terminate(&self) -> Result<()> {
+        let Some(pid) = self.pid() else {
+            return Ok(());
+        };
+        tokio::process::Command::new("kill")
+            .args(["-TERM", &pid.to_string()])
+            .status()
+            .await
+            .map_err(io)?;
+        Ok(())
     }
 
     /// Waits for the process to exit by itself.

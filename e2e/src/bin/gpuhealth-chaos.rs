@@ -31,6 +31,13 @@ struct Args {
     /// must hold (the breaker; maxConcurrent).
     #[arg(long, default_value_t = 5)]
     storm_trials: usize,
+    /// Trials upgrading the replicas from the previous release to this
+    /// build mid-remediation.
+    #[arg(long, default_value_t = 8)]
+    upgrade_trials: usize,
+    /// The previous release's operator binary (`make previous-release`).
+    #[arg(long, default_value = "target/previous/debug/gpuhealth-operator")]
+    previous_operator: PathBuf,
     /// The random seed; by default the time. Printed, so that a run can be
     /// repeated.
     #[arg(long)]
@@ -107,6 +114,14 @@ async fn main() -> ExitCode {
             &mut failed,
             "hostile input",
             chaos::hostile::run(args.hostile_trials, &mut rng).await,
+        );
+    }
+    if args.upgrade_trials > 0 {
+        collect(
+            &mut rows,
+            &mut failed,
+            "upgrade mid-remediation",
+            chaos::upgrade::run(args.upgrade_trials, &args.previous_operator, &mut rng).await,
         );
     }
     if args.storm_trials > 0 {

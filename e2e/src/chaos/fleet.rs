@@ -59,6 +59,18 @@ impl Fleet {
         spec: GpuHealthPolicySpec,
         replicas: usize,
     ) -> Result<Fleet> {
+        Fleet::with_options(name, nodes, spec, replicas, Options::default()).await
+    }
+
+    /// Like [`Fleet::new`], its replicas started with `options` (another
+    /// release's binary, say).
+    pub async fn with_options(
+        name: &str,
+        nodes: usize,
+        spec: GpuHealthPolicySpec,
+        replicas: usize,
+        options: Options,
+    ) -> Result<Fleet> {
         let max_concurrent = match &spec.max_concurrent {
             k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(n) => *n as usize,
             k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::String(_) => usize::MAX,
@@ -67,7 +79,7 @@ impl Fleet {
         let lease = format!("{}-lease", s.group);
         s.operator_options = Options {
             lease: Some(lease.clone()),
-            ..Default::default()
+            ..options
         };
         let mut recorder = Recorder::start(&s.client, &s.group, &s.namespace);
         recorder.ready().await?;
@@ -108,6 +120,25 @@ impl Fleet {
         let replica = operator::start_with(&name, options).await?;
         self.replicas.push(replica);
         Ok(name)
+    }
+
+    /// Replaces every replica by one running `binary` (`None`: this build),
+    /// as a Deployment's rolling update does: the new replica started, then
+    /// the old one asked to stop (SIGTERM; killed if it has not stopped in
+    /// 30 s). Replicas started later run `binary` too.
+    pub async fn roll_to(&mut self, binary: Option<std::path::PathBuf>) -> Result<()> {
+        self.s.operator_options.binary = binary;
+        let old: Vec<String> = self.replicas.iter().map(|r| r.name.clone()).collect();
+        for name in old {
+            self.start_replica().await?;
+            if let Some(mut replica) = self.remove(&name) {
+                replica.terminate().await?;
+                if replica.exited(Duration::from_secs(30)).await.is_err() {
+                    replica.kill().await;
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Takes replica `name` out of the fleet, still running if it was.

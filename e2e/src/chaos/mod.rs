@@ -10,6 +10,7 @@ pub mod hostile;
 pub mod kill;
 pub mod restarts;
 pub mod storm;
+pub mod upgrade;
 
 use std::{fmt::Write as _, time::Duration};
 

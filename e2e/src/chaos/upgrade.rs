@@ -1,0 +1,61 @@
+//! Upgrade mid-remediation: the fleet's replicas run the previous release
+//! (`make previous-release`: the commit before this one, built from git).
+//! Each trial breaks nodes and, once one of them is in the trial's phase
+//! (each phase in turn: Quarantined, Draining, Remediating, Verifying),
+//! replaces the replicas by this build as a Deployment's rolling update
+//! would. Nothing may be lost, repeated or left cordoned: the same
+//! invariants as every trial. Between trials, with every node settled, the
+//! fleet rolls back to the previous release for the next one.
+
+use std::{path::Path, time::Duration};
+
+use gpuhealth_api::node_health::Phase;
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+
+use super::{Fault, Rng, Row, fleet::Fleet, policy};
+use crate::{Result, operator::Options};
+
+const PHASES: [Phase; 4] = [
+    Phase::Quarantined,
+    Phase::Draining,
+    Phase::Remediating,
+    Phase::Verifying,
+];
+
+pub async fn run(trials: usize, previous: &Path, rng: &mut Rng) -> Result<Row> {
+    if !previous.exists() {
+        return Err(crate::HarnessError::ClusterStart(format!(
+            "no previous release at {} (make previous-release builds it)",
+            previous.display()
+        )));
+    }
+    let spec = policy(2, IntOrString::String("100%".into()));
+    let options = Options {
+        binary: Some(previous.to_path_buf()),
+        ..Default::default()
+    };
+    let mut fleet = Fleet::with_options("chaos-upgrade", 6, spec, 2, options).await?;
+    fleet.s.publish_devices().await?;
+    let mut row = Row::new("upgrade mid-remediation");
+    for trial in 0..trials {
+        let phase = PHASES[trial % PHASES.len()];
+        let faulty = 1 + rng.below(3);
+        let (expect, violations) = fleet
+            .trial(rng, faulty, &Fault::ALL, async |fleet, rng| {
+                fleet.reached(phase).await?;
+                tokio::time::sleep(rng.within(Duration::from_secs(2))).await;
+                fleet.roll_to(None).await?;
+                eprintln!("chaos: upgraded the replicas to this build in {phase:?}");
+                Ok(Vec::new())
+            })
+            .await?;
+        row.add_trial(&expect, violations);
+        fleet.roll_to(Some(previous.to_path_buf())).await?;
+    }
+    row.notes.push(format!(
+        "from {} to this build, once per trial, each phase in turn",
+        previous.display()
+    ));
+    fleet.add_notes(&mut row);
+    Ok(row)
+}
