@@ -5,7 +5,7 @@ export CARGO_BUILD_JOBS ?= 2
 CLUSTER := e2e/cluster/cluster.sh
 TARGET_DIR := $(or $(CARGO_TARGET_DIR),$(CURDIR)/target)
 
-.PHONY: build crds docs lint unit e2e chaos chaos-bounded previous-release fuzz fuzz-smoke bench bench-smoke test cluster-up cluster-down demo clean
+.PHONY: build crds docs lint unit e2e chaos chaos-bounded previous-release previous-build fuzz fuzz-smoke bench bench-smoke test cluster-up cluster-down demo clean
 
 build:
 	cargo build --workspace --all-targets
@@ -77,6 +77,13 @@ chaos-bounded:
 # the other's).
 PREVIOUS ?= HEAD~1
 previous-release:
+	@if ! git rev-parse --verify -q '$(PREVIOUS)^{commit}' >/dev/null; then \
+	  echo "[previous-release] this clone has no commit $(PREVIOUS) (a shallow clone?): the upgrade scenario will say it did not run"; \
+	  rm -rf target/previous; exit 0; \
+	fi; \
+	$(MAKE) previous-build
+
+previous-build:
 	rm -rf target/previous-src && git worktree prune
 	git worktree add --detach target/previous-src $(PREVIOUS)
 	cd target/previous-src && env -u CARGO_TARGET_DIR cargo build -p gpuhealth-operator --target-dir $(CURDIR)/target/previous; \
