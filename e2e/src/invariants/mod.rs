@@ -197,11 +197,28 @@ impl NodeNow<'_> {
         self.unschedulable || !self.rules.is_empty()
     }
 
-    /// Out of service on gpuhealth's account: its cordon or a rule of its,
-    /// unless the node was handed to a person.
+    /// Out of service on gpuhealth's account: its cordon or a rule of its
+    /// on the node, while its status says a remediation is under way.
+    /// Both, for now: counted from the fences alone, the full run of
+    /// 2026-12-02 found a third node fenced while two recovered ones still
+    /// were (the status is written before the uncordon and the rules'
+    /// deletion: a gap for the operator to close), and the recorder's
+    /// separate watches can deliver a status seconds after a later fence
+    /// (to be ordered by resourceVersion).
     fn disrupted(&self) -> bool {
         (self.ours && self.unschedulable || !self.rules.is_empty())
-            && !matches!(self.health, Some((_, Phase::Failed, _)))
+            && matches!(
+                self.health,
+                Some((
+                    _,
+                    Phase::Quarantined
+                        | Phase::Draining
+                        | Phase::Remediating
+                        | Phase::AwaitingMaintenance
+                        | Phase::Verifying,
+                    _
+                ))
+            )
     }
 
     fn bad(&self) -> bool {

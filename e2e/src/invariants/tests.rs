@@ -187,15 +187,14 @@ fn kept_with(at: usize, seen: impl IntoIterator<Item = Seen>) -> Vec<Violation> 
 }
 
 #[test]
-fn more_nodes_cordoned_than_max_concurrent_is_over_budget_whatever_their_status_says() {
-    // Two more cordons while a and b are cordoned, with no status at all
-    // saying they are disrupted (d's says Healthy).
+fn more_nodes_fenced_in_remediation_than_max_concurrent_is_over_budget() {
+    // Two more fenced while a and b are, one by its cordon, one by a rule.
     let found = kept_with(
         7,
         [
-            health("d", Phase::Healthy),
+            health("d", Phase::Remediating),
             cordon("d", true),
-            health("e", Phase::Healthy),
+            health("e", Phase::Draining),
             fence("e", "gpuhealth-inc-3-gpu-1", true),
             fence("e", "gpuhealth-inc-3-gpu-1", false),
             cordon("d", false),
