@@ -361,18 +361,10 @@ impl NodeSeen {
     fn changes(&mut self, node: &Node) -> Vec<Seen> {
         let name = node.name_any();
         let mut changes = Vec::new();
-        let cordoned = (
-            is_cordoned(node),
-            node.annotations().contains_key(CORDONED_BY_ANNOTATION),
-        );
-        if self.cordoned != Some(cordoned) {
-            self.cordoned = Some(cordoned);
-            changes.push(Seen::Cordon {
-                node: name.clone(),
-                unschedulable: cordoned.0,
-                ours: cordoned.1,
-            });
-        }
+        // A relist (after an API server restart) can show several writes
+        // at once, in no known order: the hardware first, then the cordon,
+        // then requests, the order that invents no violation (a mend and
+        // the uncordon after it; a cordon and the request after it).
         let hw = hardware(node);
         let gpus: Vec<SimGpu> = hw
             .iter()
@@ -392,6 +384,18 @@ impl NodeSeen {
             changes.push(Seen::Hardware {
                 node: name.clone(),
                 gpus,
+            });
+        }
+        let cordoned = (
+            is_cordoned(node),
+            node.annotations().contains_key(CORDONED_BY_ANNOTATION),
+        );
+        if self.cordoned != Some(cordoned) {
+            self.cordoned = Some(cordoned);
+            changes.push(Seen::Cordon {
+                node: name.clone(),
+                unschedulable: cordoned.0,
+                ours: cordoned.1,
             });
         }
         for key in [RESET_REQUEST_ANNOTATION, REBOOT_REQUEST_ANNOTATION] {
