@@ -175,7 +175,22 @@ impl Fleet {
         let kubeconfig = std::env::var(crate::cluster::KUBECONFIG_ENV).unwrap_or_default();
         let log = crate::audit::log_beside(std::path::Path::new(&kubeconfig));
         match std::fs::read_to_string(&log) {
-            Ok(text) => crate::audit::writes_without_lease(&text, &self.lease, &self.s.group),
+            Ok(text) => {
+                let (writes, mut violations) =
+                    crate::audit::writes_without_lease(&text, &self.lease, &self.s.group);
+                // None attributed: the replicas' User-Agent is not what the
+                // judge reads, and it would pass having judged nothing.
+                if writes == 0 {
+                    violations.push(Violation::Missing {
+                        what: format!(
+                            "no write of {}'s replicas in the audit log at {}",
+                            self.s.group,
+                            log.display()
+                        ),
+                    });
+                }
+                (writes, violations)
+            }
             Err(e) => (
                 0,
                 vec![Violation::Missing {
