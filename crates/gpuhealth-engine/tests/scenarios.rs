@@ -249,6 +249,33 @@ fn when_everything_fails_the_node_stays_cordoned_for_a_person() {
 }
 
 #[test]
+fn a_person_s_uncordon_of_a_handed_over_node_leaves_no_record_to_claim_their_next_cordon() {
+    let mut w = World::incident();
+    w.reset_agent = Agent::Fails;
+    w.reboot_agent = Agent::Fails;
+    w.run_until(|w| w.state.phase == Phase::Failed, HOUR);
+    assert!(w.node.cordoned_by.is_some());
+    // A person repairs the node and uncordons it as kubectl does: the
+    // record stays behind, and gpuhealth forgets it.
+    w.clear();
+    w.node.unschedulable = false;
+    w.reconcile();
+    assert_eq!(w.state.phase, Phase::Healthy);
+    assert_eq!(w.node.cordoned_by, None);
+    // Their next cordon is theirs: the next incident keeps it, never lifts it.
+    w.advance(HOUR);
+    w.reset_agent = Agent::Succeeds;
+    w.node.unschedulable = true;
+    w.set_gpu_health(2, GpuHealth::ResetRequired);
+    w.run_until(
+        |w| w.state.phase == Phase::Healthy && w.state.incident.is_none(),
+        HOUR,
+    );
+    assert!(w.node.unschedulable, "a person's cordon is never lifted");
+    assert_eq!(w.count(|a| matches!(a, Action::Uncordon { .. })), 0);
+}
+
+#[test]
 fn a_silent_agent_times_out_and_escalates() {
     let mut w = World::incident();
     w.reset_agent = Agent::Silent;

@@ -41,6 +41,7 @@ pub async fn run(
     let label = match action {
         Action::Cordon { .. } => "cordon",
         Action::Uncordon { .. } => "uncordon",
+        Action::ForgetCordonRecord { .. } => "forget_cordon_record",
         Action::Evict { .. } => "evict",
         Action::ForceDelete { .. } => "force_delete",
         Action::RequestReset { .. } => "request_reset",
@@ -103,6 +104,20 @@ async fn carry_out(
                 .patch(&name, &patch_params(), &Patch::Merge(patch))
                 .await?;
             info!(node = %name, %incident, "uncordoned");
+        }
+        Action::ForgetCordonRecord { incident } => {
+            // Guarded like the uncordon: a cordon written since (gpuhealth's
+            // own, with a record of its own) is never stripped of its record.
+            let patch = json!({
+                "metadata": {
+                    "resourceVersion": node.resource_version(),
+                    "annotations": {CORDONED_BY_ANNOTATION: null},
+                },
+            });
+            nodes
+                .patch(&name, &patch_params(), &Patch::Merge(patch))
+                .await?;
+            info!(node = %name, %incident, "someone else uncordoned the node: gpuhealth's record of its cordon removed");
         }
         Action::Evict { pod } => {
             let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &pod.namespace);

@@ -14,8 +14,8 @@ use super::{Fault, Rng, inject, repair};
 use crate::{
     Result,
     invariants::{
-        Expectations, Seen, Target, Violation, check_from, cordoned, ending, fences_up,
-        latest_phase,
+        Expectations, Seen, Target, Violation, carries_cordon_record, check_from, cordoned, ending,
+        fences_up, latest_phase,
     },
     operator::{self, Options},
     process::Process,
@@ -416,14 +416,18 @@ impl Fleet {
             repair(&self.s, node, holder).await?;
         }
         // Counted from the trial's start, so that a rule put up before the
-        // repair is seen to go.
+        // repair is seen to go. The person's uncordon leaves gpuhealth's
+        // record of its cordon, which the operator must remove: left, it
+        // would claim the person's next cordon as gpuhealth's.
         // A node that never comes back is this trial's violation, reported
         // with the others, not an error that would drop them.
         if let Err(e) = self
             .settle(mark, "repaired nodes back in service", |t| {
-                handed_over
-                    .iter()
-                    .all(|n| latest_phase(t, n) == Some(Phase::Healthy) && fences_up(t, n) == 0)
+                handed_over.iter().all(|n| {
+                    latest_phase(t, n) == Some(Phase::Healthy)
+                        && fences_up(t, n) == 0
+                        && carries_cordon_record(t, n) != Some(true)
+                })
             })
             .await
         {

@@ -507,6 +507,15 @@ pub fn cordoned(timeline: &[Seen], node: &str) -> Option<bool> {
     })
 }
 
+/// Whether `node` carries gpuhealth's record of a cordon, by the latest
+/// observation in `timeline`.
+pub fn carries_cordon_record(timeline: &[Seen], node: &str) -> Option<bool> {
+    timeline.iter().rev().find_map(|s| match s {
+        Seen::Cordon { node: n, ours, .. } if n == node => Some(*ours),
+        _ => None,
+    })
+}
+
 /// `node`'s latest phase in `timeline`, if it is there.
 pub fn latest_phase(timeline: &[Seen], node: &str) -> Option<Phase> {
     timeline.iter().rev().find_map(|s| match s {

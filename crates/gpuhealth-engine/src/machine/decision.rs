@@ -18,6 +18,12 @@ pub enum Action {
     Uncordon {
         incident: String,
     },
+    /// Remove a `gpuhealth.io/cordoned-by` naming `incident` from a node
+    /// someone else uncordoned, only if the node is as decided on: left
+    /// there, it would claim a person's next cordon as gpuhealth's.
+    ForgetCordonRecord {
+        incident: String,
+    },
     /// Create the `DeviceTaintRule` `rule`, tainting `device` (as
     /// `driver/pool/device`) `NoSchedule` for `incident`; one that exists
     /// already is left as it is.

@@ -151,6 +151,31 @@ impl Stepper<'_> {
         .then(|| last.id.clone())
     }
 
+    /// A record of ours on a node that is not cordoned, naming an incident
+    /// that is not the open one: someone uncordoned the node by hand (a
+    /// handed-over node repaired, say). It is forgotten, unless this step
+    /// cordons, whose write carries the record of its own. Only under
+    /// Enforce, like every write to the node.
+    pub(super) fn forget_stale_cordon_record(&mut self) {
+        let node = self.input.node;
+        let Some(record) = node.cordoned_by.as_ref() else {
+            return;
+        };
+        let cordons = self
+            .actions
+            .iter()
+            .any(|a| matches!(a, Action::Cordon { .. }));
+        if self.spec().mode == Mode::Enforce
+            && !node.unschedulable
+            && self.status.incident.as_ref() != Some(record)
+            && !cordons
+        {
+            self.actions.push(Action::ForgetCordonRecord {
+                incident: record.clone(),
+            });
+        }
+    }
+
     /// Whether this GPU or node was remediated as often as the policy
     /// allows in its window; why, if so.
     pub(super) fn repeat_offender(&self, gpus: &[String]) -> Option<String> {

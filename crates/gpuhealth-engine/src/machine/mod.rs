@@ -130,6 +130,7 @@ pub fn step(input: &Input<'_>) -> Decision {
         "a step handed on more than {HANDLERS_PER_STEP} times"
     );
     s.keep_fences();
+    s.forget_stale_cordon_record();
     s.decision()
 }
 

@@ -274,6 +274,14 @@ impl World {
                 self.labels.insert(key.clone(), value.clone());
             }
             Action::ClearBreakGlass => self.node.break_glass = None,
+            Action::ForgetCordonRecord { incident } => {
+                assert!(
+                    !self.node.unschedulable,
+                    "a record forgotten on a cordoned node"
+                );
+                assert_eq!(self.node.cordoned_by.as_ref(), Some(incident));
+                self.node.cordoned_by = None;
+            }
             Action::TaintDevice { rule, incident, .. } => {
                 let dra = self
                     .node
