@@ -39,7 +39,7 @@ use crate::{
 
 /// Records until dropped.
 pub struct Recorder {
-    timeline: Arc<Mutex<Vec<Seen>>>,
+    timeline: Arc<Mutex<Timeline>>,
     /// Woken on every entry.
     grew: Arc<Notify>,
     listed: mpsc::Receiver<()>,
@@ -50,13 +50,52 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-/// Appends to the timeline and wakes whoever waits on it.
+/// The entries in the order the API server made the changes: by the
+/// resourceVersion of the object each was read from. The watches deliver
+/// in order each, but not with one another: a status could arrive seconds
+/// after a cordon written after it (the Kubernetes resourceVersion is
+/// opaque; here, one API server on one etcd, it is the etcd revision).
+#[derive(Default)]
+struct Timeline {
+    seen: Vec<Seen>,
+    versions: Vec<u64>,
+    /// Entries before this were handed out by a mark and never move.
+    frozen: usize,
+    /// The highest version so far.
+    latest: u64,
+}
+
+impl Timeline {
+    /// Inserts `seen`, read from an object at `version` (None: not known,
+    /// as for a pod found gone by a relist: after all so far).
+    fn insert(&mut self, version: Option<u64>, seen: Seen) {
+        let version = version.unwrap_or(self.latest);
+        self.latest = self.latest.max(version);
+        let mut at = self.seen.len();
+        while at > self.frozen && self.versions[at - 1] > version {
+            at -= 1;
+        }
+        self.seen.insert(at, seen);
+        self.versions.insert(at, version);
+    }
+}
+
+/// The resourceVersion of `object` as a number, where it is one.
+fn version(object: &impl ResourceExt) -> Option<u64> {
+    object.resource_version()?.parse().ok()
+}
+
+/// Puts entries into the timeline and wakes whoever waits on it.
 #[derive(Clone)]
-struct Sink(Arc<Mutex<Vec<Seen>>>, Arc<Notify>);
+struct Sink(Arc<Mutex<Timeline>>, Arc<Notify>);
 
 impl Sink {
-    fn record(&self, seen: impl IntoIterator<Item = Seen>) {
-        lock(&self.0).extend(seen);
+    fn record(&self, version: Option<u64>, seen: impl IntoIterator<Item = Seen>) {
+        let mut timeline = lock(&self.0);
+        for s in seen {
+            timeline.insert(version, s);
+        }
+        drop(timeline);
         self.1.notify_waiters();
     }
 }
@@ -65,7 +104,7 @@ impl Recorder {
     /// Watches the nodes of simulation group `group` (and their
     /// `GpuNodeHealth`) and the pods in `namespace`.
     pub fn start(client: &Client, group: &str, namespace: &str) -> Recorder {
-        let timeline: Arc<Mutex<Vec<Seen>>> = Arc::default();
+        let timeline: Arc<Mutex<Timeline>> = Arc::default();
         let grew: Arc<Notify> = Arc::default();
         let sink = Sink(timeline.clone(), grew.clone());
         let (tx, listed) = mpsc::channel(4);
@@ -80,7 +119,7 @@ impl Recorder {
                     match event {
                         watcher::Event::Apply(n) | watcher::Event::InitApply(n) => {
                             let seen = last.entry(n.name_any()).or_default();
-                            sink.record(seen.changes(&n));
+                            sink.record(version(&n), seen.changes(&n));
                         }
                         watcher::Event::InitDone => {
                             let _ = tx.try_send(());
@@ -98,7 +137,7 @@ impl Recorder {
                 let mut last: BTreeMap<String, Seen> = BTreeMap::new();
                 // A relist is the cluster at one instant: it is applied
                 // whole at its end.
-                let mut relist: Vec<Seen> = Vec::new();
+                let mut relist: Vec<(Option<u64>, Seen)> = Vec::new();
                 let mut stream = std::pin::pin!(events(api, watcher::Config::default()));
                 while let Some(event) = stream.next().await {
                     let (g, listing) = match event {
@@ -109,12 +148,12 @@ impl Recorder {
                             continue;
                         }
                         watcher::Event::InitDone => {
-                            for seen in relist.drain(..) {
+                            for (at, seen) in relist.drain(..) {
                                 if let Seen::Health { node, .. } = &seen
                                     && last.get(node) != Some(&seen)
                                 {
                                     last.insert(node.clone(), seen.clone());
-                                    sink.record([seen]);
+                                    sink.record(at, [seen]);
                                 }
                             }
                             let _ = tx.try_send(());
@@ -126,6 +165,7 @@ impl Recorder {
                     if !node.starts_with(&prefix) {
                         continue;
                     }
+                    let at = version(&g);
                     let status = g.status.unwrap_or_default();
                     let seen = Seen::Health {
                         node: node.clone(),
@@ -134,10 +174,10 @@ impl Recorder {
                         reason: status.reason,
                     };
                     if listing {
-                        relist.push(seen);
+                        relist.push((at, seen));
                     } else if last.get(&node) != Some(&seen) {
                         last.insert(node, seen.clone());
-                        sink.record([seen]);
+                        sink.record(at, [seen]);
                     }
                 }
             })
@@ -156,10 +196,13 @@ impl Recorder {
                             let now = PodSeen::of(&p);
                             let before = known.insert(key(&p), now.clone());
                             if before.is_none_or(|b| b.node != now.node) {
-                                sink.record([Seen::PodUp {
-                                    pod: key(&p),
-                                    node: now.node,
-                                }]);
+                                sink.record(
+                                    version(&p),
+                                    [Seen::PodUp {
+                                        pod: key(&p),
+                                        node: now.node,
+                                    }],
+                                );
                             }
                         }
                         watcher::Event::Init => relisted.clear(),
@@ -171,7 +214,7 @@ impl Recorder {
                                 .collect();
                             for pod in gone {
                                 let last = known.remove(&pod).unwrap_or_default();
-                                sink.record([last.gone(pod)]);
+                                sink.record(None, [last.gone(pod)]);
                             }
                             let _ = tx.try_send(());
                         }
@@ -179,7 +222,7 @@ impl Recorder {
                             let last = known.remove(&key(&p));
                             let mut now = PodSeen::of(&p);
                             now.evicted |= last.is_some_and(|l| l.evicted);
-                            sink.record([now.gone(key(&p))]);
+                            sink.record(version(&p), [now.gone(key(&p))]);
                         }
                     }
                 }
@@ -207,11 +250,14 @@ impl Recorder {
                             relisted.insert(r.name_any());
                             let Some(node) = node_of(&r) else { continue };
                             if up.insert(r.name_any(), node.clone()).is_none() {
-                                sink.record([Seen::Fence {
-                                    node,
-                                    rule: r.name_any(),
-                                    up: true,
-                                }]);
+                                sink.record(
+                                    version(&r),
+                                    [Seen::Fence {
+                                        node,
+                                        rule: r.name_any(),
+                                        up: true,
+                                    }],
+                                );
                             }
                         }
                         watcher::Event::Init => relisted.clear(),
@@ -223,22 +269,28 @@ impl Recorder {
                                 .collect();
                             for rule in gone {
                                 if let Some(node) = up.remove(&rule) {
-                                    sink.record([Seen::Fence {
-                                        node,
-                                        rule,
-                                        up: false,
-                                    }]);
+                                    sink.record(
+                                        None,
+                                        [Seen::Fence {
+                                            node,
+                                            rule,
+                                            up: false,
+                                        }],
+                                    );
                                 }
                             }
                             let _ = tx.try_send(());
                         }
                         watcher::Event::Delete(r) => {
                             if let Some(node) = up.remove(&r.name_any()) {
-                                sink.record([Seen::Fence {
-                                    node,
-                                    rule: r.name_any(),
-                                    up: false,
-                                }]);
+                                sink.record(
+                                    version(&r),
+                                    [Seen::Fence {
+                                        node,
+                                        rule: r.name_any(),
+                                        up: false,
+                                    }],
+                                );
                             }
                         }
                     }
@@ -269,9 +321,12 @@ impl Recorder {
         .await
     }
 
-    /// How many entries are recorded: a mark for [`Recorder::since`].
+    /// How many entries are recorded: a mark for [`Recorder::since`]. An
+    /// entry arriving later is never put before it.
     pub fn mark(&self) -> usize {
-        lock(&self.timeline).len()
+        let mut timeline = lock(&self.timeline);
+        timeline.frozen = timeline.seen.len();
+        timeline.frozen
     }
 
     /// Waits until `done` holds for what was recorded since `mark`.
@@ -301,6 +356,7 @@ impl Recorder {
     /// Everything recorded since `mark`.
     pub fn since(&self, mark: usize) -> Vec<Seen> {
         lock(&self.timeline)
+            .seen
             .get(mark..)
             .map(<[Seen]>::to_vec)
             .unwrap_or_default()
@@ -437,5 +493,45 @@ impl NodeSeen {
             }
         }
         changes
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cordon(node: &str) -> Seen {
+        Seen::Cordon {
+            node: node.into(),
+            unschedulable: true,
+            ours: true,
+        }
+    }
+
+    fn nodes(t: &Timeline) -> Vec<&str> {
+        t.seen
+            .iter()
+            .map(|s| match s {
+                Seen::Cordon { node, .. } => node.as_str(),
+                _ => "",
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_late_entry_takes_its_place_by_version_but_never_before_a_mark() {
+        let mut t = Timeline::default();
+        t.insert(Some(10), cordon("a"));
+        t.insert(Some(30), cordon("c"));
+        // Delivered late by another watch: it happened before c.
+        t.insert(Some(20), cordon("b"));
+        // Same version (one observation): in the order given.
+        t.insert(Some(20), cordon("b2"));
+        assert_eq!(nodes(&t), ["a", "b", "b2", "c"]);
+        t.frozen = t.seen.len();
+        t.insert(Some(5), cordon("late"));
+        t.insert(None, cordon("unknown"));
+        t.insert(Some(6), cordon("after"));
+        assert_eq!(nodes(&t), ["a", "b", "b2", "c", "late", "after", "unknown"]);
     }
 }

@@ -37,6 +37,9 @@ pub fn unhealthy(s: &GpuNodeHealthStatus) -> bool {
 pub struct Fleet<'a> {
     /// Nodes out of service on gpuhealth's account.
     pub disruptive: HashSet<&'a str>,
+    /// Nodes handed over to a person (`Failed`): theirs now, whatever
+    /// fence of gpuhealth's they still carry.
+    pub handed_over: HashSet<&'a str>,
     /// Nodes counted by the circuit breaker.
     pub unhealthy: usize,
 }
@@ -50,27 +53,43 @@ impl<'a> Fleet<'a> {
             if is_disruptive(status.phase) {
                 fleet.disruptive.insert(name);
             }
+            if status.phase == Phase::Failed {
+                fleet.handed_over.insert(name);
+            }
             fleet.unhealthy += usize::from(unhealthy(status));
         }
         fleet
     }
 
     /// The budget of a node about to decide, counted apart from `self`:
-    /// `managed` nodes in all, and `disrupted_by_others` (nodes other tools
-    /// are disrupting) taking capacity too unless gpuhealth counts them
-    /// already. The node counts itself as unhealthy: it asks only when it
-    /// wants to start, the one time the engine consults the breaker.
+    /// `managed` nodes in all; `still_fenced` (nodes carrying gpuhealth's
+    /// cordon or device rules) counted as disrupted until the fence is
+    /// gone, unless handed over; and `disrupted_by_others` (nodes other
+    /// tools are disrupting) taking capacity too unless gpuhealth counts
+    /// them already. A recovered node's status says `Healthy` before its
+    /// fence is lifted (the intent first): without the fence counted, the
+    /// next node would start in that gap, one more than `maxConcurrent`.
+    /// The node counts itself as unhealthy: it asks only when it wants to
+    /// start, the one time the engine consults the breaker.
     pub fn budget_for_one_more(
         &self,
         spec: &GpuHealthPolicySpec,
         managed: usize,
+        still_fenced: &[String],
         disrupted_by_others: &[String],
     ) -> Budget {
+        let lifting = still_fenced
+            .iter()
+            .map(String::as_str)
+            .filter(|n| !self.disruptive.contains(n) && !self.handed_over.contains(n))
+            .collect::<HashSet<_>>();
         let by_others = disrupted_by_others
             .iter()
-            .filter(|n| !self.disruptive.contains(n.as_str()))
+            .map(String::as_str)
+            .filter(|n| !self.disruptive.contains(n) && !lifting.contains(n))
             .count();
-        Budget::new(spec, managed, self.disruptive.len(), self.unhealthy + 1).with_others(by_others)
+        let disruptive = self.disruptive.len() + lifting.len();
+        Budget::new(spec, managed, disruptive, self.unhealthy + 1).with_others(by_others)
     }
 
     /// The budget as the policy's status shows it: whether the breaker is open.

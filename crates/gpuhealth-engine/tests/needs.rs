@@ -5,7 +5,11 @@ mod common;
 use std::time::Duration;
 
 use common::World;
-use gpuhealth_api::{GpuHealth, node_health::Phase, policy::Mode};
+use gpuhealth_api::{
+    GpuHealth,
+    node_health::{GpuNodeHealthStatus, Phase},
+    policy::Mode,
+};
 use gpuhealth_engine::{
     budget::Fleet,
     machine::{HoldersSince, needs},
@@ -66,8 +70,30 @@ fn the_fleet_counts_disruptive_and_unhealthy_nodes_once() {
     assert_eq!(fleet.unhealthy, 1);
     // Deciding for a third node: it counts itself too, and a node another
     // tool disrupts takes capacity unless already counted.
-    let budget = fleet.budget_for_one_more(&w.spec, 10, &["a".into(), "c".into()]);
+    let budget = fleet.budget_for_one_more(&w.spec, 10, &[], &["a".into(), "c".into()]);
     assert_eq!(budget.disruptive_elsewhere, 1);
     assert_eq!(budget.disrupted_by_others, 1);
     assert_eq!(budget.unhealthy, 2);
+}
+
+#[test]
+fn a_recovered_node_counts_until_its_fence_is_lifted_and_a_handed_over_one_never() {
+    let mut w = World::incident();
+    w.spec.mode = Mode::Enforce;
+    w.run_until(|w| w.state.phase == Phase::Draining, HOUR);
+    let draining = w.state.clone();
+    let recovered = Default::default();
+    let failed = GpuNodeHealthStatus {
+        phase: Phase::Failed,
+        ..Default::default()
+    };
+    let fleet = Fleet::count([("a", &draining), ("b", &recovered), ("c", &failed)]);
+    // `b` says Healthy but still carries the cordon; `c` is a person's;
+    // `a` is counted once, fenced or not.
+    let fenced = ["a".into(), "b".into(), "c".into()];
+    let budget = fleet.budget_for_one_more(&w.spec, 10, &fenced, &["b".into()]);
+    assert_eq!(budget.disruptive_elsewhere, 2);
+    assert_eq!(budget.disrupted_by_others, 0, "b is counted once");
+    let lifted = fleet.budget_for_one_more(&w.spec, 10, &["a".into(), "c".into()], &[]);
+    assert_eq!(lifted.disruptive_elsewhere, 1);
 }

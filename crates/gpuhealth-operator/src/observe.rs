@@ -233,6 +233,13 @@ pub fn holders_hash(holders: &BTreeMap<String, Vec<String>>) -> u64 {
     hasher.finish()
 }
 
+/// Whether `node` is cordoned with gpuhealth's record of it: out of
+/// service on gpuhealth's account whatever its status says.
+pub fn carries_our_cordon(node: &Node) -> bool {
+    node.spec.as_ref().and_then(|s| s.unschedulable) == Some(true)
+        && node.annotations().contains_key(CORDONED_BY_ANNOTATION)
+}
+
 /// The budgets among `pdbs` that cover any of `pods`, with the pods they cover.
 /// A budget whose selector does not parse covers nothing.
 pub fn budget_views(pdbs: &[PodDisruptionBudget], pods: &[PodView]) -> Vec<BudgetView> {

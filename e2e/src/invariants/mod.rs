@@ -198,27 +198,11 @@ impl NodeNow<'_> {
     }
 
     /// Out of service on gpuhealth's account: its cordon or a rule of its
-    /// on the node, while its status says a remediation is under way.
-    /// Both, for now: counted from the fences alone, the full run of
-    /// 2026-12-02 found a third node fenced while two recovered ones still
-    /// were (the status is written before the uncordon and the rules'
-    /// deletion: a gap for the operator to close), and the recorder's
-    /// separate watches can deliver a status seconds after a later fence
-    /// (to be ordered by resourceVersion).
+    /// on the node, whatever the status says, unless the node was handed
+    /// over to a person (`Failed`): what `maxConcurrent` bounds.
     fn disrupted(&self) -> bool {
         (self.ours && self.unschedulable || !self.rules.is_empty())
-            && matches!(
-                self.health,
-                Some((
-                    _,
-                    Phase::Quarantined
-                        | Phase::Draining
-                        | Phase::Remediating
-                        | Phase::AwaitingMaintenance
-                        | Phase::Verifying,
-                    _
-                ))
-            )
+            && !matches!(self.health, Some((_, Phase::Failed, _)))
     }
 
     fn bad(&self) -> bool {

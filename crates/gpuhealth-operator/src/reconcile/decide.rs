@@ -3,7 +3,11 @@
 //! written or about to be. No I/O here: the reads were done without the
 //! lock, so that one node's API calls never hold up another's decision.
 
-use std::{collections::HashMap, sync::Arc, time::Instant};
+use std::{
+    collections::{HashMap, HashSet},
+    sync::Arc,
+    time::Instant,
+};
 
 use gpuhealth_api::{GpuHealthPolicy, GpuNodeHealth, node_health::GpuNodeHealthStatus};
 use gpuhealth_engine::{
@@ -15,7 +19,8 @@ use k8s_openapi::jiff::Timestamp;
 use super::{pending::Pending, read::Read};
 use crate::{
     context::{Context, latest},
-    observe::disrupted_by,
+    devices::node_of,
+    observe::{carries_our_cordon, disrupted_by},
     selection::policy_nodes,
 };
 
@@ -69,6 +74,9 @@ pub fn decide<'a>(ctx: &'a Context, read: &Read, waiting: Instant) -> Decided<'a
 /// all the others' passes (the benchmark: seconds at 1,000 nodes).
 pub struct Fleet {
     managed: usize,
+    /// Managed nodes, other than this one, still carrying gpuhealth's
+    /// cordon or device rules.
+    still_fenced: Vec<String>,
     /// Managed nodes, other than this one, that other tools are disrupting.
     disrupted_by_others: Vec<String>,
 }
@@ -76,10 +84,23 @@ pub struct Fleet {
 impl Fleet {
     fn of(ctx: &Context, policy: &GpuHealthPolicy, this: &str) -> Fleet {
         let managed = policy_nodes(ctx, policy);
-        let disrupted_by_others = managed
-            .iter()
-            .filter_map(|n| n.metadata.name.as_deref().map(|name| (n, name)))
-            .filter(|(_, name)| *name != this)
+        let others = || {
+            managed
+                .iter()
+                .filter_map(|n| n.metadata.name.as_deref().map(|name| (n, name)))
+                .filter(|(_, name)| *name != this)
+        };
+        let with_rules: HashSet<String> = ctx
+            .dra
+            .as_ref()
+            .and_then(|dra| dra.rules.as_ref())
+            .map(|rules| rules.state().iter().filter_map(|r| node_of(r)).collect())
+            .unwrap_or_default();
+        let still_fenced = others()
+            .filter(|(n, name)| carries_our_cordon(n) || with_rules.contains(*name))
+            .map(|(_, name)| name.to_owned())
+            .collect();
+        let disrupted_by_others = others()
             .filter(|(n, name)| {
                 !disrupted_by(n, &policy.spec.other_actors, &ctx.locks.of(name)).is_empty()
             })
@@ -87,6 +108,7 @@ impl Fleet {
             .collect();
         Fleet {
             managed: managed.len(),
+            still_fenced,
             disrupted_by_others,
         }
     }
@@ -107,6 +129,7 @@ impl Fleet {
         budget::Fleet::count(others).budget_for_one_more(
             &policy.spec,
             self.managed,
+            &self.still_fenced,
             &self.disrupted_by_others,
         )
     }
