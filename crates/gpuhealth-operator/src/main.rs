@@ -3,6 +3,7 @@
 
 mod account;
 mod actions;
+mod api_client;
 mod conditions;
 mod context;
 mod devices;
@@ -31,7 +32,6 @@ use gpuhealth_http::api_requests::CountRequests;
 use k8s_openapi::api::{core::v1::Node, policy::v1::PodDisruptionBudget};
 use kube::{
     Api, Config, ResourceExt,
-    client::ClientBuilder,
     runtime::{
         Controller, WatchStreamExt,
         events::{Recorder, Reporter},
@@ -165,7 +165,7 @@ async fn run(args: Args) -> Result<(), Fatal> {
         config.headers.push((http::header::USER_AGENT, agent));
     }
     let metrics = Arc::new(Metrics::default());
-    let client = ClientBuilder::try_from(config)?
+    let client = api_client::builder(config)?
         .with_layer(&CountRequests(metrics.api_requests.clone()))
         .build();
     info!(

@@ -21,6 +21,10 @@ struct Args {
     /// Trials cutting the leader off the API server mid-remediation.
     #[arg(long, default_value_t = 5)]
     fencing_trials: usize,
+    /// Trials cutting the leader off the API server mid-remediation with a
+    /// partition that delivers what it sent after the standby has acted.
+    #[arg(long, default_value_t = 5)]
+    late_partition_trials: usize,
     /// Trials with another writer replacing the same nodes and pods.
     #[arg(long, default_value_t = 10)]
     conflict_trials: usize,
@@ -97,7 +101,25 @@ async fn main() -> ExitCode {
             &mut rows,
             &mut failed,
             "fencing",
-            chaos::fencing::run(args.fencing_trials, &mut rng).await,
+            chaos::fencing::run(
+                args.fencing_trials,
+                chaos::fencing::Partition::Drops,
+                &mut rng,
+            )
+            .await,
+        );
+    }
+    if args.late_partition_trials > 0 {
+        collect(
+            &mut rows,
+            &mut failed,
+            "late partition",
+            chaos::fencing::run(
+                args.late_partition_trials,
+                chaos::fencing::Partition::DeliversLate,
+                &mut rng,
+            )
+            .await,
         );
     }
     if args.conflict_trials > 0 {

@@ -5,6 +5,11 @@
 //! by the old leader after it stopped, none by the new one before it led,
 //! and the old leader's stop before the new one's start. The cut-off
 //! replica exits (a Deployment would restart it).
+//!
+//! The late partition is the same, except that the proxy keeps what the
+//! cut-off leader sends and delivers it once the standby has taken over
+//! and acted: anything it wrote that arrived then would be a write without
+//! the Lease, which the audit log shows.
 
 use std::time::Duration;
 
@@ -16,13 +21,33 @@ use crate::{Result, cluster, invariants::Violation, operator::Options, proxy::Pr
 
 const PHASES: [Phase; 2] = [Phase::Draining, Phase::Remediating];
 
-pub async fn run(trials: usize, rng: &mut Rng) -> Result<Row> {
+/// How the partition treats what the cut-off leader sends.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Partition {
+    /// Lost.
+    Drops,
+    /// Kept, and delivered after the standby has acted.
+    DeliversLate,
+}
+
+/// How long after the standby takes over the held bytes are let through:
+/// time for it to act first.
+const LATE_BY: Duration = Duration::from_secs(5);
+
+pub async fn run(trials: usize, partition: Partition, rng: &mut Rng) -> Result<Row> {
     let spec = policy(2, IntOrString::String("100%".into()));
-    let mut fleet = Fleet::new("chaos-fence", 6, spec, 1).await?;
+    let group = match partition {
+        Partition::Drops => "chaos-fence",
+        Partition::DeliversLate => "chaos-late",
+    };
+    let mut fleet = Fleet::new(group, 6, spec, 1).await?;
     let proxy = Proxy::start(cluster::api_server_addr().await?).await?;
     let kubeconfig = std::env::temp_dir().join(format!("{}-via-proxy.kubeconfig", fleet.s.group));
     cluster::kubeconfig_via(proxy.addr, &kubeconfig).await?;
-    let mut row = Row::new("fencing: leader cut off");
+    let mut row = Row::new(match partition {
+        Partition::Drops => "fencing: leader cut off",
+        Partition::DeliversLate => "late partition: the cut-off leader's bytes delivered late",
+    });
     let mut margins = Vec::new();
     for _ in 0..trials {
         // The replica behind the proxy takes over from the current leader,
@@ -57,12 +82,18 @@ pub async fn run(trials: usize, rng: &mut Rng) -> Result<Row> {
             .trial(rng, faulty, &Fault::ALL, async |fleet, rng| {
                 fleet.reached(PHASES[rng.below(PHASES.len())]).await?;
                 tokio::time::sleep(rng.within(Duration::from_secs(1))).await;
-                proxy.cut();
-                eprintln!("chaos: cut {cut_off} off the API server");
+                match partition {
+                    Partition::Drops => proxy.cut(),
+                    Partition::DeliversLate => proxy.hold(),
+                }
+                eprintln!("chaos: cut {cut_off} off the API server ({partition:?})");
                 Ok(Vec::new())
             })
             .await?;
         leads(&fleet, &standby).await?;
+        if partition == Partition::DeliversLate {
+            tokio::time::sleep(LATE_BY).await;
+        }
         proxy.restore();
         let Some(mut old) = fleet.remove(&cut_off) else {
             continue;
@@ -90,6 +121,17 @@ pub async fn run(trials: usize, rng: &mut Rng) -> Result<Row> {
             Err(what) => violations.push(Violation::Missing { what }),
         }
         row.add_trial(&expect, violations);
+    }
+    if partition == Partition::DeliversLate {
+        let held = &proxy.held;
+        let read = |n: &std::sync::atomic::AtomicU64| n.load(std::sync::atomic::Ordering::SeqCst);
+        row.notes.push(format!(
+            "the proxy held {} bytes the cut-off leader sent; {} were delivered {} s after the standby took over, {} lost when the leader reset its connections on stopping",
+            read(&held.bytes),
+            read(&held.delivered),
+            LATE_BY.as_secs(),
+            read(&held.discarded)
+        ));
     }
     if let Some(least) = margins.iter().min() {
         row.notes.push(format!(
