@@ -43,6 +43,18 @@ pub struct Held {
     pub discarded: AtomicU64,
 }
 
+impl Held {
+    /// Bytes held now: neither delivered nor lost yet.
+    pub fn pending(&self) -> u64 {
+        let read = |n: &AtomicU64| n.load(Ordering::SeqCst);
+        read(&self.bytes).saturating_sub(read(&self.delivered) + read(&self.discarded))
+    }
+
+    pub fn delivered(&self) -> u64 {
+        self.delivered.load(Ordering::SeqCst)
+    }
+}
+
 pub struct Proxy {
     pub addr: SocketAddr,
     link: watch::Sender<Link>,

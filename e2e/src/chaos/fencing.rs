@@ -17,7 +17,13 @@ use gpuhealth_api::node_health::Phase;
 use k8s_openapi::{apimachinery::pkg::util::intstr::IntOrString, jiff::Timestamp};
 
 use super::{Fault, Rng, Row, fleet::Fleet, policy};
-use crate::{Result, cluster, invariants::Violation, operator::Options, proxy::Proxy, wait::until};
+use crate::{
+    Result, cluster,
+    invariants::Violation,
+    operator::Options,
+    proxy::Proxy,
+    wait::{until, within},
+};
 
 const PHASES: [Phase; 2] = [Phase::Draining, Phase::Remediating];
 
@@ -94,6 +100,7 @@ pub async fn run(trials: usize, partition: Partition, rng: &mut Rng) -> Result<R
         if partition == Partition::DeliversLate {
             tokio::time::sleep(LATE_BY).await;
         }
+        let delivered_before = proxy.held.delivered();
         proxy.restore();
         let Some(mut old) = fleet.remove(&cut_off) else {
             continue;
@@ -102,6 +109,31 @@ pub async fn run(trials: usize, partition: Partition, rng: &mut Rng) -> Result<R
             old.kill().await;
             violations.push(Violation::Missing {
                 what: format!("{cut_off} kept running after it lost the Lease"),
+            });
+        }
+        // Anything it sent that reaches the API server now, after the
+        // standby acted, could be a write without the Lease: none may.
+        let flushed = within(
+            "the held bytes delivered or lost",
+            Duration::from_secs(10),
+            async {
+                while proxy.held.pending() > 0 {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                Ok(())
+            },
+        )
+        .await;
+        let late = proxy.held.delivered() - delivered_before;
+        if let Err(e) = flushed {
+            violations.push(Violation::Missing {
+                what: e.to_string(),
+            });
+        } else if late > 0 {
+            violations.push(Violation::Missing {
+                what: format!(
+                    "{late} bytes {cut_off} sent reached the API server after the standby took over"
+                ),
             });
         }
         let new = fleet
