@@ -72,7 +72,7 @@ chaos-bounded:
 	$(MAKE) chaos CHAOS_ARGS="--kill-trials 4 --restart-trials 2 --fencing-trials 1 --late-partition-trials 1 --conflict-trials 2 --hostile-trials 1 --storm-trials 1 --upgrade-trials 4"
 
 # The release before this one, for the chaos run's upgrade scenario: the
-# operator of commit PREVIOUS (the one before HEAD), built from git into
+# operator and agent of commit PREVIOUS (the one before HEAD), built from git into
 # target/previous (its own target directory, so that neither build undoes
 # the other's).
 PREVIOUS ?= HEAD~1
@@ -86,7 +86,7 @@ previous-release:
 previous-build:
 	rm -rf target/previous-src && git worktree prune
 	git worktree add --detach target/previous-src $(PREVIOUS)
-	cd target/previous-src && env -u CARGO_TARGET_DIR cargo build -p gpuhealth-operator --target-dir $(CURDIR)/target/previous; \
+	cd target/previous-src && env -u CARGO_TARGET_DIR cargo build -p gpuhealth-operator -p gpuhealth-agent --target-dir $(CURDIR)/target/previous; \
 	  status=$$?; cd $(CURDIR) && git worktree remove --force target/previous-src; exit $$status
 
 # Fuzzing what gpuhealth reads from others (fuzz/: the GPU report, the

@@ -32,17 +32,44 @@ pub async fn start_with(
     args: &[&str],
 ) -> Result<Process> {
     Process::launch("gpuhealth-agent", name, |command| {
-        command
-            .env("RUST_LOG", "info,kube=warn")
-            .args(args)
-            .args(["--node-name", node])
-            .arg("--state-dir")
-            .arg(state_dir);
-        if let Some(point) = crash_after {
-            command.env("GPUHEALTH_TEST_CRASH_AFTER", point);
-        }
+        configure(command, node, state_dir, crash_after, args)
     })
     .await
+}
+
+/// Like [`start`], from the agent binary at `bin` (another release's)
+/// when given.
+pub async fn start_from(
+    bin: Option<&Path>,
+    name: &str,
+    node: &str,
+    state_dir: &Path,
+) -> Result<Process> {
+    let Some(bin) = bin else {
+        return start(name, node, state_dir, None).await;
+    };
+    Process::launch_from(bin.to_path_buf(), "gpuhealth-agent", name, |command| {
+        configure(command, node, state_dir, None, &["--backend", "fake"])
+    })
+    .await
+}
+
+fn configure(
+    command: &mut tokio::process::Command,
+    node: &str,
+    state_dir: &Path,
+    crash_after: Option<&str>,
+    args: &[&str],
+) {
+    command
+        .env("RUST_LOG", "info,kube=warn")
+        .args(args)
+        .args(["--node-name", node])
+        .arg("--state-dir")
+        .arg(state_dir);
+    if let Some(point) = crash_after {
+        command.env("GPUHEALTH_TEST_CRASH_AFTER", point);
+    }
 }
 
 /// Sets the simulated hardware of `node`: what the fake backend reads.

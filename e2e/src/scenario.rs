@@ -3,6 +3,8 @@
 //! the fake agent and the operator binary. One scenario runs at a time in a
 //! test process (each starts its own operator, which manages every node).
 
+use std::time::Duration;
+
 use gpuhealth_api::{
     GpuHealthPolicy, GpuHealthPolicySpec, GpuNodeHealth, node_health::GpuNodeHealthStatus,
     vocabulary::IncidentOutcome,
@@ -240,7 +242,7 @@ impl Scenario {
                 capabilities: None,
             };
             set_hardware(&self.client, &n, &hardware).await?;
-            let state = std::env::temp_dir().join(format!("gpuhealth-agent-{n}"));
+            let state = agent_state_dir(&n);
             let _ = std::fs::remove_dir_all(&state);
             self.agents
                 .push(node_agent::start(&format!("{n}-agent"), &n, &state, None).await?);
@@ -260,6 +262,24 @@ impl Scenario {
             .await?,
         );
         self.wait_taken_in().await
+    }
+
+    /// Replaces the agent binaries started by
+    /// [`Scenario::start_with_agent_binaries`] by `binary` (this build when
+    /// None), one node at a time as a DaemonSet's rolling update does: the
+    /// old one sent SIGTERM and waited for, the new one started on the same
+    /// state directory (its journal of requests).
+    pub async fn roll_agents_to(&mut self, binary: Option<&std::path::Path>) -> Result<()> {
+        let suffix = if binary.is_some() { "-previous" } else { "" };
+        for (node, agent) in self.nodes.iter().zip(self.agents.iter_mut()) {
+            agent.terminate().await?;
+            if agent.exited(Duration::from_secs(30)).await.is_err() {
+                agent.kill().await;
+            }
+            let name = format!("{node}-agent{suffix}");
+            *agent = node_agent::start_from(binary, &name, node, &agent_state_dir(node)).await?;
+        }
+        Ok(())
     }
 
     /// The agent binaries started by [`Scenario::start_with_agent_binaries`].
@@ -449,4 +469,9 @@ impl Scenario {
     pub async fn wait_event_saying(&self, name: &str, reason: &str, text: &str) -> Result<()> {
         crate::wait::event_saying(&self.client, name, reason, text).await
     }
+}
+
+/// Where the agent binary of `node` keeps its journal.
+fn agent_state_dir(node: &str) -> std::path::PathBuf {
+    std::env::temp_dir().join(format!("gpuhealth-agent-{node}"))
 }

@@ -2,10 +2,12 @@
 //! (`make previous-release`: the commit before this one, built from git).
 //! Each trial breaks nodes and, once one of them is in the trial's phase
 //! (each phase in turn: Quarantined, Draining, Remediating, Verifying),
-//! replaces the replicas by this build as a Deployment's rolling update
-//! would. Nothing may be lost, repeated or left cordoned: the same
-//! invariants as every trial. Between trials, with every node settled, the
-//! fleet rolls back to the previous release for the next one.
+//! replaces the agents by this build as a DaemonSet's rolling update would
+//! (the old one stopped mid-request, perhaps; the new one reads its
+//! journal), then the replicas as a Deployment's would. Nothing may be
+//! lost, repeated or left cordoned: the same invariants as every trial.
+//! Between trials, with every node settled, the fleet rolls back to the
+//! previous release for the next one.
 
 use std::{path::Path, time::Duration};
 
@@ -40,6 +42,11 @@ pub async fn run(trials: usize, previous: &Path, rng: &mut Rng) -> Result<Row> {
     };
     let mut fleet = Fleet::with_options("chaos-upgrade", 6, spec, 2, options).await?;
     fleet.s.publish_devices().await?;
+    // The previous release's agent, built beside its operator; one built
+    // before the agent was upgraded too has none.
+    let previous_agent = previous.with_file_name("gpuhealth-agent");
+    let previous_agent = previous_agent.exists().then_some(previous_agent);
+    fleet.s.roll_agents_to(previous_agent.as_deref()).await?;
     for trial in 0..trials {
         let phase = PHASES[trial % PHASES.len()];
         let faulty = 1 + rng.below(3);
@@ -47,17 +54,23 @@ pub async fn run(trials: usize, previous: &Path, rng: &mut Rng) -> Result<Row> {
             .trial(rng, faulty, &Fault::ALL, async |fleet, rng| {
                 fleet.reached(phase).await?;
                 tokio::time::sleep(rng.within(Duration::from_secs(2))).await;
+                fleet.s.roll_agents_to(None).await?;
                 fleet.roll_to(None).await?;
-                eprintln!("chaos: upgraded the replicas to this build in {phase:?}");
+                eprintln!("chaos: upgraded the agents and replicas to this build in {phase:?}");
                 Ok(Vec::new())
             })
             .await?;
         row.add_trial(&expect, violations);
+        fleet.s.roll_agents_to(previous_agent.as_deref()).await?;
         fleet.roll_to(Some(previous.to_path_buf())).await?;
     }
     row.notes.push(format!(
-        "from {} to this build, once per trial, each phase in turn",
-        previous.display()
+        "from {} (and {}) to this build, once per trial, each phase in turn",
+        previous.display(),
+        previous_agent.as_ref().map_or_else(
+            || "this build's agent: the previous release has none built".to_owned(),
+            |a| a.display().to_string()
+        )
     ));
     fleet.add_notes(&mut row);
     Ok(row)
