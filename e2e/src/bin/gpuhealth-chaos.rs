@@ -25,6 +25,10 @@ struct Args {
     /// partition that delivers what it sent after the standby has acted.
     #[arg(long, default_value_t = 5)]
     late_partition_trials: usize,
+    /// Trials SIGKILLing the leader mid-remediation with a standby whose
+    /// watches lag behind.
+    #[arg(long, default_value_t = 5)]
+    lag_trials: usize,
     /// Trials with another writer replacing the same nodes and pods.
     #[arg(long, default_value_t = 10)]
     conflict_trials: usize,
@@ -120,6 +124,14 @@ async fn main() -> ExitCode {
                 &mut rng,
             )
             .await,
+        );
+    }
+    if args.lag_trials > 0 {
+        collect(
+            &mut rows,
+            &mut failed,
+            "watch lag",
+            chaos::lag::run(args.lag_trials, &mut rng).await,
         );
     }
     if args.conflict_trials > 0 {

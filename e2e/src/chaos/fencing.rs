@@ -176,7 +176,7 @@ pub async fn run(trials: usize, partition: Partition, rng: &mut Rng) -> Result<R
 }
 
 /// Waits until `name` holds the Lease.
-async fn leads(fleet: &Fleet, name: &str) -> Result<()> {
+pub(super) async fn leads(fleet: &Fleet, name: &str) -> Result<()> {
     let leases = kube::Api::namespaced(fleet.s.client.clone(), "default");
     until(
         leases,

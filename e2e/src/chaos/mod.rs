@@ -8,6 +8,7 @@ pub mod fencing;
 pub mod fleet;
 pub mod hostile;
 pub mod kill;
+pub mod lag;
 pub mod restarts;
 pub mod storm;
 pub mod upgrade;
