@@ -269,13 +269,13 @@ pub fn check_from(timeline: &[Seen], from: usize, expect: &Expectations) -> Vec<
                 }
                 now.unschedulable = *unschedulable;
                 now.ours = *ours;
-                if !expect.foreign_cordons.contains(node) {
-                    continue;
-                }
-                if *unschedulable {
-                    foreign_on.insert(node);
-                } else if foreign_on.remove(node.as_str()) {
-                    violations.push(Violation::ForeignUncordon { node: node.clone() });
+                // Not `continue`: a cordon goes on to the budget's judgement.
+                if expect.foreign_cordons.contains(node) {
+                    if *unschedulable {
+                        foreign_on.insert(node);
+                    } else if foreign_on.remove(node.as_str()) {
+                        violations.push(Violation::ForeignUncordon { node: node.clone() });
+                    }
                 }
             }
             Seen::Hardware { node, gpus } => nodes.entry(node).or_default().gpus = gpus,
@@ -376,7 +376,7 @@ pub fn check_from(timeline: &[Seen], from: usize, expect: &Expectations) -> Vec<
                 }
             }
         }
-        if let Some(policy) = affected_policy(seen, &nodes) {
+        if let Some(policy) = raised_fence(seen, &nodes) {
             let disrupted: Vec<String> = nodes
                 .iter()
                 .filter(|(_, n)| n.disrupted() && policy_of(n) == Some(policy))
@@ -443,9 +443,19 @@ pub fn check_from(timeline: &[Seen], from: usize, expect: &Expectations) -> Vec<
 }
 
 /// The policy whose count of disrupted nodes `seen` may have changed.
-fn affected_policy<'a>(seen: &Seen, nodes: &BTreeMap<&str, NodeNow<'a>>) -> Option<&'a str> {
+/// The policy of the node on which `seen` puts up a fence of gpuhealth's
+/// (its cordon, or a rule): the moments the budget is judged, since only
+/// a new fence takes a node out of service. A fence lifted, or a status
+/// that changes while fences stand (handed-over nodes given back, their
+/// statuses `Healthy` a moment before their rules go), disrupts nothing.
+fn raised_fence<'a>(seen: &Seen, nodes: &BTreeMap<&str, NodeNow<'a>>) -> Option<&'a str> {
     let node = match seen {
-        Seen::Health { node, .. } | Seen::Cordon { node, .. } | Seen::Fence { node, .. } => node,
+        Seen::Cordon {
+            node,
+            unschedulable: true,
+            ours: true,
+        }
+        | Seen::Fence { node, up: true, .. } => node,
         _ => return None,
     };
     nodes.get(node.as_str()).and_then(policy_of)

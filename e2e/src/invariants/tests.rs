@@ -211,6 +211,58 @@ fn more_nodes_fenced_in_remediation_than_max_concurrent_is_over_budget() {
 }
 
 #[test]
+fn a_node_fenced_while_a_recovered_one_still_is_over_budget() {
+    // `a` says Healthy but still carries the cordon: `c` makes three.
+    let timeline = [
+        health("a", Phase::Quarantined),
+        cordon("a", true),
+        health("b", Phase::Quarantined),
+        cordon("b", true),
+        health("a", Phase::Healthy),
+        health("c", Phase::Quarantined),
+        cordon("c", true),
+        cordon("a", false),
+    ];
+    let budget = Expectations {
+        max_concurrent: [("p".to_owned(), 2)].into(),
+        ..Default::default()
+    };
+    assert_eq!(
+        check(&timeline, &budget),
+        [Violation::OverBudget {
+            policy: "p".into(),
+            limit: 2,
+            disrupted: vec!["a".into(), "b".into(), "c".into()],
+        }]
+    );
+}
+
+#[test]
+fn handed_over_nodes_given_back_together_are_not_over_budget() {
+    // Three nodes handed over with their GPUs fenced, two at a time at
+    // most while remediated; given back, each says Healthy a moment
+    // before its rule goes: three fenced and Healthy, nothing started.
+    let rule = |n: &str| format!("gpuhealth-inc-{n}-gpu-0");
+    let mut timeline = Vec::new();
+    for n in ["x", "y"] {
+        timeline.extend([health(n, Phase::Quarantined), fence(n, &rule(n), true)]);
+    }
+    timeline.extend([health("x", Phase::Failed), health("y", Phase::Failed)]);
+    timeline.extend([
+        health("z", Phase::Quarantined),
+        fence("z", &rule("z"), true),
+        health("z", Phase::Failed),
+    ]);
+    timeline.extend(["x", "y", "z"].map(|n| health(n, Phase::Healthy)));
+    timeline.extend(["x", "y", "z"].map(|n| fence(n, &rule(n), false)));
+    let budget = Expectations {
+        max_concurrent: [("p".to_owned(), 2)].into(),
+        ..Default::default()
+    };
+    assert_eq!(check(&timeline, &budget), []);
+}
+
+#[test]
 fn a_request_while_a_pod_still_runs_on_its_gpu_is_caught() {
     // The reset written before the pod on GPU 0 was gone.
     let mut timeline = kept();
