@@ -213,8 +213,13 @@ impl Recorder {
                                 .cloned()
                                 .collect();
                             for pod in gone {
+                                // Deleted while the watch was down, at a
+                                // version unknown: taken as right after the
+                                // last one seen (a request written after the
+                                // deletion, read in the nodes' relist, is
+                                // then not placed before it).
                                 let last = known.remove(&pod).unwrap_or_default();
-                                sink.record(None, [last.gone(pod)]);
+                                sink.record(last.version, [last.gone(pod)]);
                             }
                             let _ = tx.try_send(());
                         }
@@ -373,6 +378,8 @@ struct PodSeen {
     node: Option<String>,
     never: bool,
     evicted: bool,
+    /// The resourceVersion it was last seen at.
+    version: Option<u64>,
 }
 
 impl PodSeen {
@@ -391,6 +398,7 @@ impl PodSeen {
                         && c.reason.as_deref() == Some("EvictionByEvictionAPI")
                 })
             }),
+            version: version(pod),
         }
     }
 
