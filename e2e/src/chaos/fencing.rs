@@ -60,17 +60,7 @@ pub async fn run(trials: usize, partition: Partition, rng: &mut Rng) -> Result<R
         // with a direct standby beside it; any other replica (one started
         // in place of an earlier cut-off leader) would compete for the Lease.
         let previous = fleet.live_leader().await?;
-        let others: Vec<String> = fleet
-            .replicas
-            .iter()
-            .map(|r| r.name.clone())
-            .filter(|n| *n != previous)
-            .collect();
-        for name in others {
-            if let Some(mut other) = fleet.remove(&name) {
-                other.kill().await;
-            }
-        }
+        fleet.kill_all_but(&previous).await;
         let cut_off = fleet
             .start_replica_with(Options {
                 kubeconfig: Some(kubeconfig.clone()),

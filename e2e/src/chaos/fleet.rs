@@ -141,6 +141,21 @@ impl Fleet {
         Ok(())
     }
 
+    /// SIGKILLs every replica but `keep`.
+    pub async fn kill_all_but(&mut self, keep: &str) {
+        let others: Vec<String> = self
+            .replicas
+            .iter()
+            .map(|r| r.name.clone())
+            .filter(|n| n != keep)
+            .collect();
+        for name in others {
+            if let Some(mut other) = self.remove(&name) {
+                other.kill().await;
+            }
+        }
+    }
+
     /// Takes replica `name` out of the fleet, still running if it was.
     pub fn remove(&mut self, name: &str) -> Option<Process> {
         if let Some(i) = self.replicas.iter().position(|r| r.name == name) {

@@ -8,19 +8,10 @@
 
 use std::time::Duration;
 
-use gpuhealth_api::node_health::Phase;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
-use super::{Fault, Rng, Row, fleet::Fleet, policy};
+use super::{Fault, REMEDIATION_PHASES, Rng, Row, fleet::Fleet, policy};
 use crate::Result;
-
-/// Where a kill may land: every fault passes through these.
-const PHASES: [Phase; 4] = [
-    Phase::Quarantined,
-    Phase::Draining,
-    Phase::Remediating,
-    Phase::Verifying,
-];
 
 pub async fn run(trials: usize, rng: &mut Rng) -> Result<Row> {
     let spec = policy(2, IntOrString::String("100%".into()));
@@ -31,7 +22,7 @@ pub async fn run(trials: usize, rng: &mut Rng) -> Result<Row> {
         let faulty = 1 + rng.below(3);
         let (expect, violations) = fleet
             .trial(rng, faulty, &Fault::ALL, async |fleet, rng| {
-                let phase = PHASES[rng.below(PHASES.len())];
+                let phase = REMEDIATION_PHASES[rng.below(REMEDIATION_PHASES.len())];
                 fleet.reached(phase).await?;
                 tokio::time::sleep(rng.within(Duration::from_secs(2))).await;
                 fleet.kill_leader().await?;

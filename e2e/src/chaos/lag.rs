@@ -9,22 +9,14 @@
 
 use std::{collections::BTreeSet, time::Duration};
 
-use gpuhealth_api::node_health::Phase;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
-use super::{Fault, Rng, Row, fencing::leads, fleet::Fleet, policy};
+use super::{Fault, REMEDIATION_PHASES, Rng, Row, fencing::leads, fleet::Fleet, policy};
 use crate::{Result, cluster, operator::Options, proxy::Proxy};
 
 /// How late the standby's watches deliver: the chaos runs once saw a new
 /// leader's view seven seconds old.
 const LAG: Duration = Duration::from_secs(5);
-
-const PHASES: [Phase; 4] = [
-    Phase::Quarantined,
-    Phase::Draining,
-    Phase::Remediating,
-    Phase::Verifying,
-];
 
 pub async fn run(trials: usize, rng: &mut Rng) -> Result<Row> {
     let spec = policy(2, IntOrString::String("100%".into()));
@@ -39,17 +31,7 @@ pub async fn run(trials: usize, rng: &mut Rng) -> Result<Row> {
         // A leader on a direct connection, and one lagging standby: a
         // lagging leader left by the last trial hands over to a direct one.
         let mut leader = fleet.live_leader().await?;
-        let others: Vec<String> = fleet
-            .replicas
-            .iter()
-            .map(|r| r.name.clone())
-            .filter(|n| *n != leader)
-            .collect();
-        for name in others {
-            if let Some(mut other) = fleet.remove(&name) {
-                other.kill().await;
-            }
-        }
+        fleet.kill_all_but(&leader).await;
         if lagging.contains(&leader) {
             let direct = fleet.start_replica().await?;
             if let Some(mut old) = fleet.remove(&leader) {
@@ -69,7 +51,9 @@ pub async fn run(trials: usize, rng: &mut Rng) -> Result<Row> {
         // budget first.
         let (expect, violations) = fleet
             .trial(rng, 3, &Fault::ALL, async |fleet, rng| {
-                fleet.reached(PHASES[rng.below(PHASES.len())]).await?;
+                fleet
+                    .reached(REMEDIATION_PHASES[rng.below(REMEDIATION_PHASES.len())])
+                    .await?;
                 tokio::time::sleep(rng.within(Duration::from_secs(2))).await;
                 if let Some(mut dead) = fleet.remove(&leader) {
                     dead.kill().await;

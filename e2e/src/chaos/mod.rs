@@ -13,6 +13,15 @@ pub mod restarts;
 pub mod storm;
 pub mod upgrade;
 
+/// The phases every fault passes through: where a kill, an upgrade or a
+/// takeover may land.
+pub const REMEDIATION_PHASES: [gpuhealth_api::node_health::Phase; 4] = [
+    gpuhealth_api::node_health::Phase::Quarantined,
+    gpuhealth_api::node_health::Phase::Draining,
+    gpuhealth_api::node_health::Phase::Remediating,
+    gpuhealth_api::node_health::Phase::Verifying,
+];
+
 use std::{fmt::Write as _, time::Duration};
 
 use gpuhealth_agent::fake::{SimHardware, SimOutcome};

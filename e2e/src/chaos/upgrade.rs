@@ -11,18 +11,10 @@
 
 use std::{path::Path, time::Duration};
 
-use gpuhealth_api::node_health::Phase;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
-use super::{Fault, Rng, Row, fleet::Fleet, policy};
+use super::{Fault, REMEDIATION_PHASES, Rng, Row, fleet::Fleet, policy};
 use crate::{Result, operator::Options};
-
-const PHASES: [Phase; 4] = [
-    Phase::Quarantined,
-    Phase::Draining,
-    Phase::Remediating,
-    Phase::Verifying,
-];
 
 pub async fn run(trials: usize, previous: &Path, rng: &mut Rng) -> Result<Row> {
     let mut row = Row::new("upgrade mid-remediation");
@@ -48,7 +40,7 @@ pub async fn run(trials: usize, previous: &Path, rng: &mut Rng) -> Result<Row> {
     let previous_agent = previous_agent.exists().then_some(previous_agent);
     fleet.s.roll_agents_to(previous_agent.as_deref()).await?;
     for trial in 0..trials {
-        let phase = PHASES[trial % PHASES.len()];
+        let phase = REMEDIATION_PHASES[trial % REMEDIATION_PHASES.len()];
         let faulty = 1 + rng.below(3);
         let (expect, violations) = fleet
             .trial(rng, faulty, &Fault::ALL, async |fleet, rng| {
