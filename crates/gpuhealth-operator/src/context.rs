@@ -10,7 +10,13 @@ use k8s_openapi::{
     api::{core::v1::Node, policy::v1::PodDisruptionBudget},
     jiff::Timestamp,
 };
-use kube::{Client, runtime::events::Recorder, runtime::reflector::Store};
+use kube::{
+    Client,
+    runtime::{
+        events::Recorder,
+        reflector::{Store, store::WriterDropped},
+    },
+};
 
 pub use crate::error::Error;
 use crate::{leader::Leadership, metrics::Metrics};
@@ -70,6 +76,19 @@ pub struct Context {
 }
 
 impl Context {
+    /// Resolves once every store a step reads has its first list, and the
+    /// other tools' locks their first read. The node
+    /// loop's own store, and the policies' and statuses' (filled before
+    /// leadership is sought), are waited for elsewhere.
+    pub async fn caches_ready(&self) -> Result<(), WriterDropped> {
+        self.locks.read_once().await;
+        self.budgets.wait_until_ready().await?;
+        if let Some(dra) = &self.dra {
+            dra.ready().await?;
+        }
+        Ok(())
+    }
+
     /// This process's latest decision for each node it decided on.
     pub fn lock_decisions(&self) -> MutexGuard<'_, HashMap<String, GpuNodeHealthStatus>> {
         self.decisions.lock().unwrap_or_else(|e| e.into_inner())

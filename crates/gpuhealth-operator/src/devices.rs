@@ -49,6 +49,21 @@ pub struct Dra {
     pub rules: Option<Store<DeviceTaintRule>>,
 }
 
+impl Dra {
+    /// Resolves once every store has its first list: a step reading an
+    /// empty one would take a fenced GPU's rule for gone (one node more
+    /// than `maxConcurrent`, a replica just taken over, in the chaos runs)
+    /// and a held GPU for free.
+    pub async fn ready(&self) -> Result<(), reflector::store::WriterDropped> {
+        self.slices.wait_until_ready().await?;
+        self.claims.wait_until_ready().await?;
+        if let Some(rules) = &self.rules {
+            rules.wait_until_ready().await?;
+        }
+        Ok(())
+    }
+}
+
 /// Starts the watches of what the cluster serves of DRA (none where it
 /// serves no ResourceSlice); a change that a node's step reads (a device's
 /// taints, a rule of ours) is sent as that node.
@@ -350,7 +365,29 @@ pub fn rule(name: &str, device: &str, incident: &str, node: &str) -> Option<Devi
 
 #[cfg(test)]
 mod tests {
+    use futures::FutureExt;
+
     use super::*;
+
+    #[test]
+    fn no_step_reads_the_devices_before_every_store_has_listed() {
+        let (slices, mut slice_writer) = reflector::store::<ResourceSlice>();
+        let (claims, mut claim_writer) = reflector::store::<ResourceClaim>();
+        let (rules, mut rule_writer) = reflector::store::<DeviceTaintRule>();
+        let dra = Dra {
+            slices,
+            claims,
+            rules: Some(rules),
+        };
+        slice_writer.apply_watcher_event(&watcher::Event::InitDone);
+        claim_writer.apply_watcher_event(&watcher::Event::InitDone);
+        assert!(
+            dra.ready().now_or_never().is_none(),
+            "ready with the rules not yet listed"
+        );
+        rule_writer.apply_watcher_event(&watcher::Event::InitDone);
+        assert!(matches!(dra.ready().now_or_never(), Some(Ok(()))));
+    }
 
     #[test]
     fn a_pod_holds_the_gpus_its_claims_were_allocated() {

@@ -42,6 +42,9 @@ pub struct Locks {
     /// [`UNREADABLE_AFTER`] times or more, and why (the first failure's
     /// words, so that a message does not change with every poll).
     unreadable: RwLock<Vec<(OtherActor, String)>>,
+    /// Whether a first round of reads has been made (each read then
+    /// succeeded or was counted as failing).
+    read_once: tokio::sync::watch::Sender<bool>,
 }
 
 impl Locks {
@@ -51,6 +54,12 @@ impl Locks {
             .read()
             .map(|m| m.get(node).cloned().unwrap_or_default())
             .unwrap_or_default()
+    }
+
+    /// Resolves once the first round of reads is made: before it, no lock
+    /// is known, and a budget would not count a node another tool holds.
+    pub async fn read_once(&self) {
+        let _ = self.read_once.subscribe().wait_for(|done| *done).await;
     }
 
     /// Why `actor`'s lock cannot be read, if it cannot.
@@ -140,6 +149,7 @@ pub async fn poll(
             // controllers have stopped, and so will this.
             let _ = changed.unbounded_send(());
         }
+        locks.read_once.send_replace(true);
         tokio::time::sleep(POLL).await;
     }
 }

@@ -26,7 +26,7 @@ use std::{collections::HashMap, net::SocketAddr, process::ExitCode, sync::Arc, t
 
 use clap::{Parser, ValueEnum};
 
-use futures::StreamExt;
+use futures::{FutureExt, StreamExt};
 use gpuhealth_api::{GpuHealthPolicy, GpuNodeHealth};
 use gpuhealth_http::api_requests::CountRequests;
 use k8s_openapi::api::{core::v1::Node, policy::v1::PodDisruptionBudget};
@@ -39,7 +39,7 @@ use kube::{
         watcher,
     },
 };
-use tracing::{error, info};
+use tracing::{error, info, warn};
 
 use crate::{
     context::Context,
@@ -96,6 +96,9 @@ struct Args {
     #[arg(long, default_value = "2s", value_parser = duration)]
     retry_period: Duration,
 }
+
+/// How long the stores a step reads may take to list before the wait says so.
+const CACHES_LATE: Duration = Duration::from_secs(30);
 
 fn duration(s: &str) -> Result<Duration, String> {
     s.parse::<gpuhealth_api::Duration>()
@@ -315,7 +318,7 @@ async fn run(args: Args) -> Result<(), Fatal> {
     });
     // A policy's spec may change any node's decision; a node-health change
     // only its own node's.
-    let node_loop = node_controller
+    let nodes_stream = node_controller
         .reconcile_all_on(spec_changes(policy_api.clone()))
         .watches(
             health_api.clone(),
@@ -325,8 +328,16 @@ async fn run(args: Args) -> Result<(), Fatal> {
         .reconcile_on(budget_changes)
         .reconcile_on(device_changes)
         .shutdown_on_signal()
-        .run(reconcile::reconcile, reconcile::error_policy, ctx.clone())
-        .for_each(|_| futures::future::ready(()));
+        .run(reconcile::reconcile, reconcile::error_policy, ctx.clone());
+    // No decision before every store it reads has listed; waited for here,
+    // beside the lease's renewals, not before them.
+    let caches = ctx.clone();
+    let node_loop = async move {
+        if caches_ready(&caches).await? {
+            nodes_stream.for_each(|_| futures::future::ready(())).await;
+        }
+        Ok::<(), Fatal>(())
+    };
     // A policy's status follows its nodes' statuses, which nodes it selects,
     // and whether the locks it names can be read.
     let selecting = policies.clone();
@@ -354,14 +365,37 @@ async fn run(args: Args) -> Result<(), Fatal> {
         .for_each(|_| futures::future::ready(()));
 
     tokio::select! {
-        _ = futures::future::join(node_loop, policy_loop) => {
+        stopped = futures::future::try_join(node_loop, policy_loop.map(Ok)) => {
             elector.release().await;
+            stopped?;
             info!("gpuhealth-operator stopped");
             Ok(())
         }
         () = elector.keep() => {
             metrics.leader.set(0);
             Err(Fatal::LostLeadership)
+        }
+    }
+}
+
+/// Waits for every store a step reads (`Context::caches_ready`), saying
+/// every half minute that it still does; false if stopped meanwhile.
+async fn caches_ready(ctx: &Context) -> Result<bool, Fatal> {
+    let waiting = std::time::Instant::now();
+    let ready = ctx.caches_ready();
+    tokio::pin!(ready);
+    loop {
+        tokio::select! {
+            listed = &mut ready => {
+                listed.map_err(|e| kube::Error::Service(Box::new(e)))?;
+                info!(took = ?waiting.elapsed(), "disruption budgets, devices and other tools' locks read: deciding");
+                return Ok(true);
+            }
+            () = tokio::time::sleep(CACHES_LATE) => warn!(
+                waited = ?waiting.elapsed(),
+                "no decision yet: the disruption budgets, devices or other tools' locks are not read yet (may this replica list them?)"
+            ),
+            () = shutdown_signal() => return Ok(false),
         }
     }
 }
