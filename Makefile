@@ -5,7 +5,7 @@ export CARGO_BUILD_JOBS ?= 2
 CLUSTER := e2e/cluster/cluster.sh
 TARGET_DIR := $(or $(CARGO_TARGET_DIR),$(CURDIR)/target)
 
-.PHONY: build crds docs lint unit e2e chaos chaos-bounded previous-release previous-build fuzz fuzz-smoke bench bench-smoke test cluster-up cluster-down demo clean
+.PHONY: build crds docs lint unit e2e chaos chaos-bounded previous-release previous-build fuzz fuzz-smoke bench bench-smoke peer-nhc test cluster-up cluster-down demo clean
 
 build:
 	cargo build --workspace --all-targets
@@ -42,21 +42,41 @@ e2e:
 # Not part of `make test`; `bench-smoke` is.
 BENCH_NODES ?= 1000
 BENCH_ARGS ?=
-bench:
+bench: peer-nhc
 	cargo build --release -p gpuhealth-operator -p gpuhealth-agent -p gpuhealth-bench
 	GPUHEALTH_BIN_DIR=$(TARGET_DIR)/release GPUHEALTH_CLUSTER_DIR=$(CURDIR)/target/bench-cluster \
-	  e2e/cluster/with-cluster.sh $(TARGET_DIR)/release/gpuhealth-bench --nodes $(BENCH_NODES) $(BENCH_ARGS)
+	  $(PEER_ENV) e2e/cluster/with-cluster.sh $(TARGET_DIR)/release/gpuhealth-bench --nodes $(BENCH_NODES) $(BENCH_ARGS)
 	# The newest results: a run that crosses midnight is named by its start.
 	bench/plot.sh $$(ls -t bench/results/20*.json | head -1)
 
-# The whole benchmark at 10 nodes, so that it cannot rot.
-bench-smoke:
+# The peer the benchmark runs beside gpuhealth, Medik8s Node Healthcheck:
+# built from its checkout (NHC_DIR: its source/ and recipe/) with Go modules
+# from the module proxy, in a copy (the checkout may be read-only).
+NHC_DIR ?= $(abspath $(CURDIR)/../shared/peers/medik8s-node-healthcheck)
+NHC_BIN := $(CURDIR)/target/peers/nhc-manager
+# Given to the benchmark where it was built.
+PEER_ENV = env $$([ -x $(NHC_BIN) ] && echo GPUHEALTH_NHC_DIR=$(NHC_DIR) GPUHEALTH_NHC_BIN=$(NHC_BIN))
+peer-nhc:
+	@if [ ! -d "$(NHC_DIR)/source" ]; then \
+	  echo "[peer-nhc] no peer checkout at $(NHC_DIR): the benchmark runs without it"; \
+	elif [ -x $(NHC_BIN) ] && [ -z "$$(find $(NHC_DIR)/source -newer $(NHC_BIN) -type f | head -1)" ]; then \
+	  echo "[peer-nhc] $(NHC_BIN) is up to date"; \
+	else \
+	  set -e; rm -rf target/peers/nhc-src && mkdir -p target/peers; \
+	  cp -r $(NHC_DIR)/source target/peers/nhc-src && chmod -R u+w target/peers/nhc-src; \
+	  cd target/peers/nhc-src && CGO_ENABLED=0 GOFLAGS=-mod=mod \
+	    go build -trimpath -ldflags '-s -w' -o $(NHC_BIN) ./cmd/; \
+	fi
+
+# The whole benchmark at 10 nodes, the peer beside it, so that it cannot rot.
+bench-smoke: peer-nhc
 	cargo test -p gpuhealth-bench
 	cargo build -p gpuhealth-operator -p gpuhealth-agent -p gpuhealth-bench
-	GPUHEALTH_CLUSTER_DIR=$(CURDIR)/target/bench-smoke-cluster e2e/cluster/with-cluster.sh \
+	GPUHEALTH_CLUSTER_DIR=$(CURDIR)/target/bench-smoke-cluster $(PEER_ENV) e2e/cluster/with-cluster.sh \
 	  $(TARGET_DIR)/debug/gpuhealth-bench --nodes 10 --small 4 --faults 2 --fault-interval-ms 100 \
 	  --storm 3 --max-concurrent 2 --quiet-secs 10 --agents 1 --extra-pods 1 \
-	  --drain-pods 20 --drain-repeats 1 --out target/bench-smoke --label smoke
+	  --drain-pods 20 --drain-repeats 1 --peer-at 10 --peer-nodes 3 --peer-faults 4 \
+	  --peer-storm 2 --peer-rest-secs 5 --out target/bench-smoke --label smoke
 	bench/plot.sh target/bench-smoke/smoke.json
 
 # Reliability (docs/reliability.md): operator kills, API server and etcd

@@ -1,7 +1,9 @@
 """Plots of a gpuhealth benchmark run: python3 bench/plot.py RESULTS.json
 
 Writes <label>-quarantine.png (time to quarantine: gpuhealth against the
-floor) and <label>-memory.png (operator RSS against node count) next to
+floor), <label>-memory.png (operator RSS against node count) and, where the
+peer ran, <label>-peer.png (time from the node condition to the first
+action against fleet size, gpuhealth and Medik8s Node Healthcheck) next to
 the JSON.
 """
 
@@ -55,7 +57,34 @@ def main(path):
     ax.legend(loc="lower right")
     fig.tight_layout()
     fig.savefig(out / ("%s-memory.png" % label), dpi=100)
-    print("wrote %s-quarantine.png and %s-memory.png in %s" % (label, label, out))
+    wrote = ["%s-quarantine.png" % label, "%s-memory.png" % label]
+    if peer_plot(r, out):
+        wrote.append("%s-peer.png" % label)
+    print("wrote %s in %s" % (", ".join(wrote), out))
+
+
+def peer_plot(r, out):
+    """Time to first action against fleet size, p50 and p99, for both."""
+    sizes = sorted(r.get("peer", {}).get("sizes", []), key=lambda s: s["nodes"])
+    if not sizes:
+        return False
+    fig, ax = plt.subplots(figsize=(7, 4))
+    nodes = [s["nodes"] for s in sizes]
+    for key, name, colour in [("gpuhealth", "gpuhealth (cordon)", "C0"),
+                              ("nhc", "Medik8s NHC (remediation object)", "C1")]:
+        for q, style in [("p50", "o-"), ("p99", "s--")]:
+            ys = [s[key]["first_action"][q] * 1000 for s in sizes]
+            ax.plot(nodes, ys, style, color=colour, label="%s, %s" % (name, q))
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("nodes in the fleet")
+    ax.set_ylabel("GpuHealthy=False seen to first action seen (ms)")
+    ax.set_title("Time to first action against fleet size, same signal, same API server")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(loc="upper left", fontsize="small")
+    fig.tight_layout()
+    fig.savefig(out / ("%s-peer.png" % r["label"]), dpi=100)
+    return True
 
 
 if __name__ == "__main__":

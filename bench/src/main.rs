@@ -17,11 +17,17 @@ mod phases;
 mod policy;
 mod report;
 mod stats;
+mod versus;
 mod watch;
 
 use std::{path::PathBuf, process::ExitCode, time::Duration};
 
 use clap::Parser;
+
+/// A line of the run's progress.
+pub fn say(what: &str) {
+    eprintln!("[bench] {what}");
+}
 
 pub type Result<T, E = Box<dyn std::error::Error + Send + Sync>> = std::result::Result<T, E>;
 
@@ -80,6 +86,32 @@ pub struct Args {
     /// The results' file name; today's date by default.
     #[arg(long)]
     pub label: Option<String>,
+    /// The peer's checkout (its `recipe/` and `source/`): Medik8s Node
+    /// Healthcheck runs beside gpuhealth where it and `--nhc-bin` are given.
+    #[arg(long, env = "GPUHEALTH_NHC_DIR")]
+    pub nhc_dir: Option<PathBuf>,
+    /// The peer's manager binary, as `make peer-nhc` builds it.
+    #[arg(long, env = "GPUHEALTH_NHC_BIN")]
+    pub nhc_bin: Option<PathBuf>,
+    /// Fleet sizes gpuhealth is compared with the peer at, as the fleet
+    /// grows (each at most --nodes).
+    #[arg(long, value_delimiter = ',', default_value = "100,1000")]
+    pub peer_at: Vec<usize>,
+    /// Nodes left to each tool in a comparison; faults take them in turn.
+    #[arg(long, default_value_t = 20)]
+    pub peer_nodes: usize,
+    /// Faults on each side, at each size.
+    #[arg(long, default_value_t = 100)]
+    pub peer_faults: usize,
+    /// Time between two faults (one side's, then the other's), in ms.
+    #[arg(long, default_value_t = 500)]
+    pub peer_interval_ms: u64,
+    /// Nodes of each side failing at once in the comparison's storm.
+    #[arg(long, default_value_t = 20)]
+    pub peer_storm: usize,
+    /// How long both are watched at rest, in seconds.
+    #[arg(long, default_value_t = 60)]
+    pub peer_rest_secs: u64,
     /// Seed for picking the nodes that fail.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
@@ -94,6 +126,9 @@ impl Args {
                 self.nodes
             )
             .into());
+        }
+        if let Some(size) = self.peer_at.iter().find(|&&n| n > self.nodes || n < 2) {
+            return Err(format!("--peer-at {size}: each size must be from 2 to --nodes").into());
         }
         Ok(())
     }

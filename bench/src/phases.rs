@@ -29,9 +29,12 @@ use serde_json::json;
 use crate::{
     Args, Result, capacity, drain,
     fleet::{self, GROUP, recovered},
+    peer::Nhc,
     policy::policy,
     report::{MemoryPoint, Quiet, Results, StageFigures, Storm, TimeToQuarantine},
+    say,
     stats::{self, WRITES},
+    versus,
     watch::{self, Cordons},
 };
 
@@ -40,10 +43,6 @@ const OPERATOR_REQUESTS: &str = "gpuhealth_api_requests_total";
 const AGENT_REQUESTS: &str = "gpuhealth_agent_api_requests_total";
 /// The longest any one step may take before the run is called failed.
 const STEP: Duration = Duration::from_secs(900);
-
-fn say(what: &str) {
-    eprintln!("[bench] {what}");
-}
 
 pub async fn run(args: &Args) -> Result<Results> {
     let client = gpuhealth_e2e::client().await?;
@@ -61,7 +60,13 @@ pub async fn run(args: &Args) -> Result<Results> {
         .create(&PostParams::default(), &policy(GROUP, "100%"))
         .await?;
 
-    // Idle memory at the small scale, at the full scale, then with more pods.
+    let nhc = Nhc::find(args.nhc_dir.as_deref(), args.nhc_bin.as_deref());
+    if let Ok(nhc) = &nhc {
+        nhc.install().await?;
+    }
+
+    // Idle memory at the small scale, at the full scale, then with more pods;
+    // beside the peer as the fleet grows.
     say(&format!("building {} nodes", args.small));
     let started = Instant::now();
     fleet::grow(&client, 0, args.small, args.cpu_pods).await?;
@@ -79,9 +84,47 @@ pub async fn run(args: &Args) -> Result<Results> {
     results
         .memory
         .push(idle_memory(&operator, pid, args.small, args.small * pods_per_node(args)).await?);
+    // The comparison with the peer, where there is one.
+    let beside = nhc.as_ref().ok().map(|nhc| versus::Bench {
+        args,
+        client: &client,
+        cordons: &cordons,
+        operator: &operator,
+        operator_pid: pid,
+        nhc,
+    });
+    let mut grown = args.small;
+    let mut comparing = Duration::ZERO;
+    // Nodes a comparison used: left out of the phases after it.
+    let mut spent: Vec<String> = Vec::new();
+    let mut sizes: Vec<usize> = args.peer_at.clone();
+    sizes.sort_unstable();
+    sizes.dedup();
+    for &size in sizes.iter().filter(|&&n| n < args.nodes) {
+        if size > grown {
+            say(&format!("building up to {size} nodes"));
+            fleet::grow(&client, grown, size, args.cpu_pods).await?;
+            grown = size;
+            taken_in(&client, size).await?;
+        }
+        if let Some(bench) = &beside {
+            let pool: Vec<String> = (0..size)
+                .map(fleet::node_name)
+                .filter(|n| !spent.contains(n))
+                .collect();
+            let sides = sides_from(args, pool, size);
+            spent.extend(sides.gpuhealth.iter().chain(&sides.nhc).cloned());
+            let comparing_since = Instant::now();
+            results
+                .peer
+                .sizes
+                .push(versus::at_size(bench, size, &sides).await?);
+            comparing += comparing_since.elapsed();
+        }
+    }
     say(&format!("building up to {} nodes", args.nodes));
-    fleet::grow(&client, args.small, args.nodes, args.cpu_pods).await?;
-    results.fleet_build_seconds = started.elapsed().as_secs_f64();
+    fleet::grow(&client, grown, args.nodes, args.cpu_pods).await?;
+    results.fleet_build_seconds = (started.elapsed() - comparing).as_secs_f64();
     taken_in(&client, args.nodes).await?;
     let full = idle_memory(&operator, pid, args.nodes, args.nodes * pods_per_node(args)).await?;
     results.memory.push(full);
@@ -97,8 +140,13 @@ pub async fn run(args: &Args) -> Result<Results> {
         .memory
         .push(idle_memory(&operator, pid, args.nodes, pods).await?);
 
-    // Which nodes fail: disjoint sets, none of them served by a real agent.
-    let mut pool: Vec<String> = names[..args.nodes - args.agents].to_vec();
+    // Which nodes fail: disjoint sets, none of them served by a real agent
+    // or used by a comparison.
+    let mut pool: Vec<String> = names[..args.nodes - args.agents]
+        .iter()
+        .filter(|n| !spent.contains(n))
+        .cloned()
+        .collect();
     shuffle(&mut pool, args.seed);
     let floor_set: Vec<String> = pool.drain(..args.faults).collect();
     let gpuhealth_set: Vec<String> = pool.drain(..args.faults).collect();
@@ -151,14 +199,45 @@ pub async fn run(args: &Args) -> Result<Results> {
     fleet::label(&client, &floor_set, watch::FLOOR_LABEL, None).await?;
 
     results.storm = storm(args, &client, &policies, &operator, pid, &storm_set).await?;
-    results.drain = drain::compare(args, &client, &cordons).await?;
+    results.drain = drain::compare(args, &client).await?;
     say("the capacity an incident costs: GPU fenced alone, then node cordoned");
     let capacity_set = &storm_set[..args.capacity_incidents.min(storm_set.len())];
     results.capacity = capacity::compare(&client, &policies, capacity_set).await?;
     results.operator_log = operator.log.display().to_string();
-    say("the peer controller");
-    results.peer = crate::peer::probe();
+    match &beside {
+        Some(bench) => {
+            if sizes.contains(&args.nodes) {
+                // Every node but the storm's (the capacity phase's may be
+                // left fenced) and the agents'; the others are themselves
+                // again by now.
+                let pool: Vec<String> = names[..args.nodes - args.agents]
+                    .iter()
+                    .filter(|n| !storm_set.contains(n) && !spent.contains(n))
+                    .cloned()
+                    .collect();
+                let sides = sides_from(args, pool, args.nodes);
+                results
+                    .peer
+                    .sizes
+                    .push(versus::at_size(bench, args.nodes, &sides).await?);
+            }
+            results.peer.ran = true;
+        }
+        None => {
+            let why = nhc.as_ref().err().cloned().unwrap_or_default();
+            say(&format!("the peer does not run: {why}"));
+            results.peer.why_not = why;
+        }
+    }
     Ok(results)
+}
+
+/// The nodes of a comparison at `size`: up to `--peer-nodes` each, drawn
+/// from `pool` by the seed.
+fn sides_from(args: &Args, mut pool: Vec<String>, size: usize) -> versus::Sides {
+    shuffle(&mut pool, args.seed.wrapping_add(size as u64));
+    let k = args.peer_nodes.min(pool.len() / 2).max(1);
+    versus::Sides::from(&pool, k)
 }
 
 /// The operator's `gpuhealth_reconcile_stage_seconds`, by stage.

@@ -1,6 +1,10 @@
 //! The policies the benchmark applies.
 
-use gpuhealth_api::{GpuHealthPolicy, GpuHealthPolicySpec, policy::Mode};
+use gpuhealth_api::{
+    GpuHealthPolicy, GpuHealthPolicySpec,
+    policy::{ConditionRule, ConditionStatus, Mode},
+    types::SignalAction,
+};
 use gpuhealth_e2e::sim::SIM_GROUP_LABEL;
 use k8s_openapi::apimachinery::pkg::{
     apis::meta::v1::{LabelSelector, LabelSelectorRequirement},
@@ -8,18 +12,26 @@ use k8s_openapi::apimachinery::pkg::{
 };
 use kube::{Api, Client, api::PostParams};
 
-use crate::{Result, watch};
+use crate::{Result, peer, watch};
 
 /// The benchmark's policy for simulation group `group`: Enforce, no
 /// cooldown or aftercare, so that only the reaction is measured.
 pub fn policy(group: &str, max_concurrent: &str) -> GpuHealthPolicy {
     let mut spec = GpuHealthPolicySpec::for_selector(LabelSelector {
         match_labels: Some([(SIM_GROUP_LABEL.to_owned(), group.to_owned())].into()),
-        match_expressions: Some(vec![LabelSelectorRequirement {
-            key: watch::FLOOR_LABEL.into(),
-            operator: "DoesNotExist".into(),
-            values: None,
-        }]),
+        match_expressions: Some(vec![
+            LabelSelectorRequirement {
+                key: watch::FLOOR_LABEL.into(),
+                operator: "DoesNotExist".into(),
+                values: None,
+            },
+            // The nodes left to the peer in a comparison.
+            LabelSelectorRequirement {
+                key: peer::SIDE_LABEL.into(),
+                operator: "NotIn".into(),
+                values: Some(vec![peer::Side::Nhc.label().into()]),
+            },
+        ]),
     });
     spec.mode = Mode::Enforce;
     spec.max_concurrent = IntOrString::String(max_concurrent.into());
@@ -32,6 +44,14 @@ pub fn policy(group: &str, max_concurrent: &str) -> GpuHealthPolicy {
     // stale during the storm, and 1,000 StaleReport findings and Events
     // were counted as the storm's cost (bench/FINDINGS.md).
     spec.detection.gpu_report.stale_after = gpuhealth_api::Duration::from_secs(24 * 3600);
+    // The signal the peer reacts to, taken as it does: at once. A
+    // condition names no GPU: every GPU of the node is reset.
+    spec.detection.node_conditions = vec![ConditionRule {
+        type_: watch::CONDITION.into(),
+        status: ConditionStatus::False,
+        for_: gpuhealth_api::Duration::from_secs(0),
+        action: SignalAction::GpuReset,
+    }];
     // Each policy is named after the simulation group it selects.
     GpuHealthPolicy::new(group, spec)
 }

@@ -155,10 +155,53 @@ pub struct Capacity {
     pub ratio_of_medians: f64,
 }
 
+/// gpuhealth beside Medik8s Node Healthcheck, at each fleet size.
 #[derive(Debug, Default, Serialize)]
 pub struct Peer {
     pub ran: bool,
     pub why_not: String,
+    pub sizes: Vec<PeerSize>,
+}
+
+#[derive(Debug, Default, Serialize)]
+pub struct PeerSize {
+    pub nodes: usize,
+    pub gpuhealth: Reaction,
+    pub nhc: Reaction,
+    /// gpuhealth's time to its first action over the peer's.
+    pub ratio_p50: f64,
+    pub ratio_p99: f64,
+}
+
+/// One tool's reaction to `GpuHealthy=False`, and what it costs.
+#[derive(Debug, Default, Serialize)]
+pub struct Reaction {
+    /// From the condition seen to the first action seen.
+    pub first_action: Distribution,
+    pub seconds: Vec<f64>,
+    /// Faults with no first action within two minutes.
+    pub missed: usize,
+    pub rest: Cost,
+    pub storm: StormCost,
+}
+
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Cost {
+    pub rss_mib: f64,
+    pub requests_per_minute: f64,
+    pub writes_per_minute: f64,
+    pub cpu_seconds_per_minute: f64,
+}
+
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct StormCost {
+    pub nodes: usize,
+    /// Until the last node's first action; none if one never came.
+    pub all_acted_seconds: Option<f64>,
+    pub requests_per_node: f64,
+    pub cpu_seconds_per_node: f64,
+    /// The peak resident memory from the storm's start.
+    pub peak_rss_mib: f64,
 }
 
 impl Results {
@@ -385,21 +428,74 @@ pub fn summary(r: &Results) -> String {
         c.incidents,
         verdict(c.incidents > 0 && c.ratio_of_medians < 1.0 && c.per_gpu_cordoned == 0)
     );
-    let _ = writeln!(
-        s,
-        "| peer: Medik8s Node Healthcheck | {} | | |",
-        if r.peer.ran {
-            "ran"
-        } else {
-            r.peer.why_not.as_str()
-        }
-    );
+    peer_rows(&mut s, &r.peer);
     let _ = writeln!(
         s,
         "\nHow each figure is measured: `bench/README.md`. Causes of figures that miss their \
          target: `bench/FINDINGS.md`."
     );
     s
+}
+
+/// The rows beside the peer: per fleet size, each one's time from the
+/// condition to its first action, and its cost at rest and in a storm.
+fn peer_rows(s: &mut String, peer: &Peer) {
+    if !peer.ran {
+        let _ = writeln!(
+            s,
+            "| beside Medik8s Node Healthcheck | not run: {} | | |",
+            peer.why_not
+        );
+        return;
+    }
+    for size in &peer.sizes {
+        let (g, n) = (&size.gpuhealth, &size.nhc);
+        let _ = writeln!(
+            s,
+            "| {} nodes: `GpuHealthy=False` to first action, gpuhealth (cordon) against Medik8s NHC (remediation object), p50 / p99 over {} and {} faults | {:.3} / {:.3} s against {:.3} / {:.3} s; ratio {:.2} / {:.2} ({} and {} missed) | | |",
+            size.nodes,
+            g.first_action.n,
+            n.first_action.n,
+            g.first_action.p50,
+            g.first_action.p99,
+            n.first_action.p50,
+            n.first_action.p99,
+            size.ratio_p50,
+            size.ratio_p99,
+            g.missed,
+            n.missed,
+        );
+        let cost = |c: &Cost| {
+            format!(
+                "{:.1} MiB, {:.1} requests/min ({:.1} writes), {:.2} CPU s/min",
+                c.rss_mib, c.requests_per_minute, c.writes_per_minute, c.cpu_seconds_per_minute
+            )
+        };
+        let _ = writeln!(
+            s,
+            "| {} nodes at rest: gpuhealth against NHC | {} against {} | | |",
+            size.nodes,
+            cost(&g.rest),
+            cost(&n.rest)
+        );
+        let storm = |c: &StormCost| {
+            let all = c.all_acted_seconds.map_or("not all acted".to_owned(), |t| {
+                format!("all acted in {t:.1} s")
+            });
+            format!(
+                "{all}, {:.1} requests and {:.3} CPU s per node, peak {:.1} MiB",
+                c.requests_per_node, c.cpu_seconds_per_node, c.peak_rss_mib
+            )
+        };
+        let _ = writeln!(
+            s,
+            "| {} nodes, storm of {} at once: gpuhealth against NHC | {} against {} | | |",
+            size.nodes,
+            g.storm.nodes,
+            storm(&g.storm),
+            storm(&n.storm)
+        );
+    }
 }
 
 fn rounded(v: &[f64]) -> Vec<f64> {

@@ -33,6 +33,16 @@ pub fn cpu_seconds(pid: u32) -> Option<f64> {
 /// API requests by verb and resource, summed over codes, from the
 /// `family` counter (`gpuhealth_api_requests_total`) in `exposition`.
 pub fn requests(exposition: &str, family: &str) -> BTreeMap<(String, String), f64> {
+    counted_by(exposition, family, ["verb", "resource"])
+}
+
+/// The `family` counter in `exposition`, summed by the values of two
+/// labels (a peer's client counts by `method` and `code`: no resource).
+pub fn counted_by(
+    exposition: &str,
+    family: &str,
+    [first, second]: [&str; 2],
+) -> BTreeMap<(String, String), f64> {
     let mut out = BTreeMap::new();
     for line in exposition.lines() {
         let Some(rest) = line.strip_prefix(family).and_then(|r| r.strip_prefix('{')) else {
@@ -49,7 +59,7 @@ pub fn requests(exposition: &str, family: &str) -> BTreeMap<(String, String), f6
                 .unwrap_or_default()
         };
         let value: f64 = value.trim().parse().unwrap_or(0.0);
-        *out.entry((label("verb"), label("resource"))).or_insert(0.0) += value;
+        *out.entry((label(first), label(second))).or_insert(0.0) += value;
     }
     out
 }
@@ -214,6 +224,17 @@ pub fn median(sample: &[f64]) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_peer_s_client_counter_is_read_by_method() {
+        let text = "rest_client_requests_total{code=\"200\",host=\"127.0.0.1:1\",method=\"GET\"} 7\n\
+                    rest_client_requests_total{code=\"201\",host=\"127.0.0.1:1\",method=\"POST\"} 2\n\
+                    rest_client_requests_total{code=\"404\",host=\"127.0.0.1:1\",method=\"GET\"} 1\n";
+        let counted = counted_by(text, "rest_client_requests_total", ["method", "code"]);
+        assert_eq!(counted.get(&("GET".into(), "200".into())), Some(&7.0));
+        assert_eq!(counted.get(&("GET".into(), "404".into())), Some(&1.0));
+        assert_eq!(counted.get(&("POST".into(), "201".into())), Some(&2.0));
+    }
 
     #[test]
     fn nearest_rank_percentiles() {

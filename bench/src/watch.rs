@@ -40,6 +40,26 @@ struct Seen {
     cordoned: HashMap<String, Vec<Instant>>,
     /// When each node's report turned from all healthy to showing a bad GPU.
     sick: HashMap<String, Vec<Instant>>,
+    /// When each node's `GpuHealthy` condition turned `False`.
+    condition_false: HashMap<String, Vec<Instant>>,
+}
+
+/// What the watch keeps of a node between two events.
+#[derive(Clone, Copy, Default)]
+struct Looks {
+    cordoned: bool,
+    sick: bool,
+    condition_false: bool,
+}
+
+impl Looks {
+    fn of(node: &Node) -> Looks {
+        Looks {
+            cordoned: is_cordoned(node),
+            sick: sick(node),
+            condition_false: condition_false(node),
+        }
+    }
 }
 
 /// What one watch on the simulated nodes saw, and when: both ends of a
@@ -47,6 +67,16 @@ struct Seen {
 /// when the task that wrote the fault was next scheduled.
 #[derive(Clone, Default)]
 pub struct Cordons(Arc<Mutex<Seen>>);
+
+fn condition_false(node: &Node) -> bool {
+    node.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|cs| {
+            cs.iter()
+                .any(|c| c.type_ == CONDITION && c.status == "False")
+        })
+}
 
 fn sick(node: &Node) -> bool {
     node.annotations()
@@ -61,46 +91,67 @@ impl Cordons {
         let (nodes, config) = simulated_nodes(client);
         let seen = self.0.clone();
         Background::spawn(async move {
-            let mut last: HashMap<String, (bool, bool)> = HashMap::new();
+            let mut last: HashMap<String, Looks> = HashMap::new();
             let mut stream = std::pin::pin!(applied(nodes, config));
             while let Some(node) = stream.next().await {
                 let now = Instant::now();
-                let is = (is_cordoned(&node), sick(&node));
-                let was = last.insert(node.name_any(), is).unwrap_or((false, false));
-                let mut seen = seen.lock().unwrap_or_else(|e| e.into_inner());
-                if is.0 && !was.0 {
-                    seen.cordoned.entry(node.name_any()).or_default().push(now);
-                }
-                if is.1 && !was.1 {
-                    seen.sick.entry(node.name_any()).or_default().push(now);
+                let is = Looks::of(&node);
+                let was = last.insert(node.name_any(), is).unwrap_or_default();
+                let mut guard = seen.lock().unwrap_or_else(|e| e.into_inner());
+                let seen = &mut *guard;
+                let turned = [
+                    (is.cordoned && !was.cordoned, &mut seen.cordoned),
+                    (is.sick && !was.sick, &mut seen.sick),
+                    (
+                        is.condition_false && !was.condition_false,
+                        &mut seen.condition_false,
+                    ),
+                ];
+                for (turned, into) in turned {
+                    if turned {
+                        into.entry(node.name_any()).or_default().push(now);
+                    }
                 }
             }
         })
     }
 
+    fn seen(&self) -> std::sync::MutexGuard<'_, Seen> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     /// The first cordon of `node` seen after `since`.
     pub fn after(&self, node: &str, since: Instant) -> Option<Instant> {
-        let seen = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        seen.cordoned
-            .get(node)?
-            .iter()
-            .copied()
-            .find(|t| *t >= since)
+        first_after(&self.seen().cordoned, node, since)
+    }
+
+    /// The first time after `since` that `node`'s `GpuHealthy` condition
+    /// was seen `False`.
+    pub fn condition_false(&self, node: &str, since: Instant) -> Option<Instant> {
+        first_after(&self.seen().condition_false, node, since)
     }
 
     /// The first time after `since` that `node`'s report was seen showing a
     /// bad GPU, and the first cordon seen after that.
     pub fn quarantine(&self, node: &str, since: Instant) -> Option<(Instant, Instant)> {
-        let seen = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        let sick = seen.sick.get(node)?.iter().copied().find(|t| *t >= since)?;
-        let cordoned = seen
-            .cordoned
-            .get(node)?
-            .iter()
-            .copied()
-            .find(|t| *t >= sick)?;
+        let seen = self.seen();
+        let sick = first_after(&seen.sick, node, since)?;
+        let cordoned = first_after(&seen.cordoned, node, sick)?;
         Some((sick, cordoned))
     }
+}
+
+/// The node condition the peer comparison writes and both tools react to,
+/// as an agent or a node problem detector would set it.
+pub const CONDITION: &str = "GpuHealthy";
+
+/// The first of `node`'s moments in `seen` at or after `since`.
+pub fn first_after(
+    seen: &HashMap<String, Vec<Instant>>,
+    node: &str,
+    since: Instant,
+) -> Option<Instant> {
+    seen.get(node)?.iter().copied().find(|t| *t >= since)
 }
 
 /// Marks the floor's nodes, which the bench policy does not select.

@@ -33,6 +33,18 @@ fn io(e: std::io::Error) -> HarnessError {
     HarnessError::ClusterStart(e.to_string())
 }
 
+/// How a started program is told where to serve `/metrics`.
+#[derive(Clone, Copy)]
+enum MetricsAddress {
+    /// `FLAG=ADDR`.
+    Flag(&'static str),
+    /// `GPUHEALTH_METRICS_ADDR`, leaving the flags to the caller.
+    Environment,
+}
+
+/// gpuhealth's own binaries' flag.
+const OUR_FLAG: MetricsAddress = MetricsAddress::Flag("--metrics-addr");
+
 /// A running binary.
 pub struct Process {
     child: Child,
@@ -49,7 +61,7 @@ impl Process {
         name: &str,
         configure: impl FnOnce(&mut Command),
     ) -> Result<Process> {
-        Process::start(binary, name, true, configure).await
+        Process::start(binary, name, OUR_FLAG, configure).await
     }
 
     /// Like [`Process::launch`], with no flag of the harness's own: the
@@ -60,7 +72,7 @@ impl Process {
         name: &str,
         configure: impl FnOnce(&mut Command),
     ) -> Result<Process> {
-        Process::start(binary, name, false, configure).await
+        Process::start(binary, name, MetricsAddress::Environment, configure).await
     }
 
     /// Like [`Process::launch`], from the binary at `bin` rather than this
@@ -71,23 +83,39 @@ impl Process {
         name: &str,
         configure: impl FnOnce(&mut Command),
     ) -> Result<Process> {
-        Process::start_at(bin, binary, name, true, configure).await
+        Process::start_at(bin, binary, name, OUR_FLAG, configure).await
+    }
+
+    /// A program not of this workspace (a peer controller), started from
+    /// `bin` with its metrics address given as `metrics_flag=ADDR`.
+    pub async fn launch_peer(
+        bin: PathBuf,
+        name: &str,
+        metrics_flag: &'static str,
+        configure: impl FnOnce(&mut Command),
+    ) -> Result<Process> {
+        let binary = bin
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let metrics = MetricsAddress::Flag(metrics_flag);
+        Process::start_at(bin, &binary, name, metrics, configure).await
     }
 
     async fn start(
         binary: &str,
         name: &str,
-        metrics_flag: bool,
+        metrics: MetricsAddress,
         configure: impl FnOnce(&mut Command),
     ) -> Result<Process> {
-        Process::start_at(built(binary), binary, name, metrics_flag, configure).await
+        Process::start_at(built(binary), binary, name, metrics, configure).await
     }
 
     async fn start_at(
         bin: PathBuf,
         binary: &str,
         name: &str,
-        metrics_flag: bool,
+        how: MetricsAddress,
         configure: impl FnOnce(&mut Command),
     ) -> Result<Process> {
         let dir = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../target/e2e-logs"));
@@ -104,11 +132,12 @@ impl Process {
             _ => Command::new(&bin),
         };
         command.env("KUBECONFIG", kubeconfig_path().await?);
-        if metrics_flag {
-            command.args(["--metrics-addr", &metrics.to_string()]);
-        } else {
-            command.env("GPUHEALTH_METRICS_ADDR", metrics.to_string());
-        }
+        match how {
+            MetricsAddress::Flag(flag) => command.arg(format!("{flag}={metrics}")),
+            MetricsAddress::Environment => {
+                command.env("GPUHEALTH_METRICS_ADDR", metrics.to_string())
+            }
+        };
         command
             .stdout(Stdio::from(file))
             .stderr(Stdio::from(err))
