@@ -152,11 +152,29 @@ impl Host {
     /// The driver reports Xid `code` on GPU `gpu`: an NVML event, and a
     /// kernel log record stamped `ago` before now.
     pub fn xid(&self, gpu: usize, code: u32, text: &str, ago: std::time::Duration) -> Result<()> {
+        self.nvml_xid(gpu, code)?;
+        self.kernel_log_xid(gpu, code, text, ago)
+    }
+
+    /// Xid `code` on GPU `gpu` as an NVML event only (what
+    /// `nvmlEventSetWait` hands the agent).
+    pub fn nvml_xid(&self, gpu: usize, code: u32) -> Result<()> {
         let mut events = std::fs::OpenOptions::new()
             .append(true)
             .open(self.nvml().join("events"))
             .map_err(io("events"))?;
-        writeln!(events, "{gpu} {code}").map_err(io("events"))?;
+        writeln!(events, "{gpu} {code}").map_err(io("events"))
+    }
+
+    /// Xid `code` on GPU `gpu` as a kernel log record only, stamped `ago`
+    /// before now, as the driver logs it.
+    pub fn kernel_log_xid(
+        &self,
+        gpu: usize,
+        code: u32,
+        text: &str,
+        ago: std::time::Duration,
+    ) -> Result<()> {
         let since_boot = since_boot().saturating_sub(ago);
         // `0000:1f:00`, as the driver logs it.
         let bus = &pci(gpu)[4..14];

@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use gpuhealth_api::{
-    GpuHealth, RecoveryAction,
+    GpuHealth, GpuNodeHealth, RecoveryAction,
     contract::{
         AnnotationValue, GPU_HEALTHY_CONDITION, GPU_REPORT_ANNOTATION, GpuReport, Outcome,
         REBOOT_REQUEST_ANNOTATION, REQUEST_RESULT_ANNOTATION, RebootMethod, RebootRequest,
@@ -220,6 +220,32 @@ async fn the_shipped_agent_takes_a_gpu_from_its_xid_back_to_serving_beside_the_g
         r.gpus[7].xids.is_empty(),
         "the answered Xids are gone: {:?}",
         r.gpus[7].xids
+    );
+
+    // The next fault, on another GPU, in the kernel log alone and right
+    // after the recovery, is reported and answered the same way (an Xid in
+    // the second the incident closed was once taken as answered by it).
+    host.kernel_log_xid(
+        3,
+        119,
+        "Timeout after 45s of waiting for RPC response from GPU GSP",
+        Duration::ZERO,
+    )
+    .expect("Xid 119 on GPU 3");
+    until(nodes.clone(), &node, WAIT, |n| {
+        report(n).is_some_and(|r| r.gpus[3].xids.iter().any(|x| x.code == 119))
+    })
+    .await
+    .expect("GPU 3's Xid reported");
+    until(nodes, &node, WAIT, is_cordoned)
+        .await
+        .expect("cordoned for GPU 3");
+    let records: Api<GpuNodeHealth> = Api::all(s.client.clone());
+    let status = records.get(&node).await.expect("record").status;
+    let newest = status.and_then(|s| s.history.first().cloned());
+    assert!(
+        newest.is_some_and(|i| i.id != incident.id && i.gpus == [uuid(3)]),
+        "a new incident, about GPU 3"
     );
 }
 

@@ -9,7 +9,7 @@ use std::time::Duration;
 use common::{BAD_GPU, World};
 use gpuhealth_api::{
     RecoveryAction,
-    contract::{Capabilities, RebootMethod},
+    contract::{Capabilities, RebootMethod, XidEvent},
     node_health::{Phase, ReportProblemKind},
     policy::Mode,
     vocabulary::{Attempt, AttemptOutcome, FindingKind, Reason},
@@ -188,4 +188,45 @@ fn unknown_holders_widen_the_drain_and_say_why() {
         "drained wide, not left holding the GPU"
     );
     assert_eq!(w.reset_requests(), [vec![BAD_GPU.to_owned()]]);
+}
+
+/// The benchmark's next fault follows a recovery at once: an Xid on
+/// another GPU, stamped (to the second, by the agent's clock) in the very
+/// second the last incident closed, is new, not answered by that close.
+#[test]
+fn an_xid_in_the_second_an_incident_closes_opens_the_next() {
+    let mut w = World::incident();
+    w.run_until(|w| w.state.phase == Phase::Healthy, HOUR);
+    let closed = w.state.history[0].ended_at.clone().expect("closed");
+    let other = say_xid(&mut w, 3, closed);
+    w.reconcile();
+    assert_eq!(w.state.phase, Phase::Quarantined);
+    assert_eq!(w.state.history.len(), 2, "a new incident");
+    assert_eq!(w.state.history[0].gpus, [other]);
+
+    // What the first incident's reset answered stays answered.
+    let mut w = World::incident();
+    w.run_until(|w| w.state.phase == Phase::Healthy, HOUR);
+    let answered = w.node.result.clone().expect("answered").expect("valid");
+    say_xid(&mut w, 3, answered.finished_at);
+    w.advance(Duration::from_secs(10));
+    w.reconcile();
+    assert_eq!(w.state.phase, Phase::Healthy);
+    assert_eq!(w.state.history.len(), 1);
+}
+
+/// Xid 119 on GPU `index` at `at`, in a report observed then; its UUID.
+fn say_xid(w: &mut World, index: usize, at: Time) -> String {
+    let mut uuid = String::new();
+    say(w, |r| {
+        r.observed_at = at.clone();
+        let gpu = &mut r.gpus[index];
+        gpu.xids.push(XidEvent {
+            code: 119,
+            at,
+            text: "Timeout after 45s of waiting for RPC response from GPU GSP".into(),
+        });
+        uuid.clone_from(&gpu.uuid);
+    });
+    uuid
 }

@@ -93,8 +93,8 @@ impl<'a> Stepper<'a> {
         self.input.spec
     }
 
-    /// Xids from before the last request, its answer or the end of the last
-    /// incident are history: the action since has answered them.
+    /// Xids from before the last request, its answer or what the last
+    /// incident answered are history: the action since has answered them.
     pub(super) fn xids_since(&self) -> Option<Timestamp> {
         let requested = self
             .status
@@ -102,13 +102,29 @@ impl<'a> Stepper<'a> {
             .as_ref()
             .and_then(|a| a.requested_at.as_ref())
             .map(|t| t.0);
-        let ended = self
-            .status
-            .history
-            .first()
-            .and_then(|i| i.ended_at.as_ref())
-            .map(|t| t.0);
-        requested.max(ended).max(self.answered_at())
+        requested
+            .max(self.last_incident_answered())
+            .max(self.answered_at())
+    }
+
+    /// Up to when the last incident answered Xids. One that recovered
+    /// closed on a clear report read after its last request's answer: an
+    /// Xid stamped after that answer (by the agent's clock) was not in that
+    /// report, and is new even within the second of the close, on any GPU
+    /// (the benchmark's next fault, right after a recovery, was lost to the
+    /// close's own time). Otherwise, its end.
+    fn last_incident_answered(&self) -> Option<Timestamp> {
+        let last = self.status.history.first()?;
+        let ended = last.ended_at.as_ref()?.0;
+        match &self.input.node.result {
+            Some(Ok(r))
+                if last.outcome == Some(IncidentOutcome::Recovered)
+                    && r.id.is_of_incident(&last.id) =>
+            {
+                Some(r.finished_at.0.min(ended))
+            }
+            _ => Some(ended),
+        }
     }
 
     /// When the agent answered the current request, by the agent's clock:
