@@ -76,7 +76,8 @@ bench-smoke: peer-nhc
 	  $(TARGET_DIR)/debug/gpuhealth-bench --nodes 10 --small 4 --faults 2 --fault-interval-ms 100 \
 	  --storm 3 --max-concurrent 2 --quiet-secs 10 --agents 1 --extra-pods 1 \
 	  --drain-pods 20 --drain-repeats 1 --peer-at 10 --peer-nodes 3 --peer-faults 4 \
-	  --peer-storm 2 --peer-rest-secs 5 --out target/bench-smoke --label smoke
+	  --peer-storm 2 --peer-rest-secs 5 --detect-nodes 2 --detect-faults 2 \
+	  --out target/bench-smoke --label smoke
 	bench/plot.sh target/bench-smoke/smoke.json
 
 # Reliability (docs/reliability.md): operator kills, API server and etcd

@@ -3,8 +3,9 @@
 Writes <label>-quarantine.png (time to quarantine: gpuhealth against the
 floor), <label>-memory.png (operator RSS against node count) and, where the
 peer ran, <label>-peer.png (time from the node condition to the first
-action against fleet size, gpuhealth and Medik8s Node Healthcheck) next to
-the JSON.
+action against fleet size, gpuhealth and Medik8s Node Healthcheck) and,
+where it was measured, <label>-detection.png (from the Xid reaching a real
+agent to the cordon, kernel log and NVML paths) next to the JSON.
 """
 
 import json
@@ -60,6 +61,8 @@ def main(path):
     wrote = ["%s-quarantine.png" % label, "%s-memory.png" % label]
     if peer_plot(r, out):
         wrote.append("%s-peer.png" % label)
+    if detection_plot(r, out):
+        wrote.append("%s-detection.png" % label)
     print("wrote %s in %s" % (", ".join(wrote), out))
 
 
@@ -84,6 +87,35 @@ def peer_plot(r, out):
     ax.legend(loc="upper left", fontsize="small")
     fig.tight_layout()
     fig.savefig(out / ("%s-peer.png" % r["label"]), dpi=100)
+    return True
+
+
+def detection_plot(r, out):
+    """From the Xid's write to the cordon, per path, beside the time to
+    quarantine from the report alone."""
+    d = r.get("detection") or {}
+    paths = [(d.get(key) or {}, name) for key, name in
+             [("kernel_log", "kernel log"), ("nvml", "NVML event")]]
+    if not any(p.get("seconds") for p, _ in paths):
+        return False
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for p, name in paths:
+        if p.get("seconds"):
+            cdf(ax, p["seconds"], "Xid in the %s to cordon (p99 %.0f ms)"
+                % (name, p["to_cordon"]["p99"] * 1000))
+    ttq = r["time_to_quarantine"]
+    if ttq["gpuhealth_seconds"]:
+        cdf(ax, ttq["gpuhealth_seconds"], "report written to cordon (p99 %.0f ms)"
+            % (ttq["gpuhealth"]["p99"] * 1000))
+    ax.set_xscale("log")
+    ax.set_xlabel("time to cordon seen (ms)")
+    ax.set_ylabel("fraction of faults")
+    ax.set_title("From the Xid to the cordon, %d real agents, %d nodes"
+                 % (d["agents"], r["nodes"]))
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(loc="lower right", fontsize="small")
+    fig.tight_layout()
+    fig.savefig(out / ("%s-detection.png" % r["label"]), dpi=100)
     return True
 
 

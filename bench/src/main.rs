@@ -6,10 +6,12 @@
 //! more pods); a quiet cluster; time to quarantine for the floor, then for
 //! gpuhealth; a storm of sick nodes under `maxConcurrent`; drains against
 //! `kubectl drain`; the capacity an incident costs, per-GPU against
-//! node-wide. Timings on a shared machine are noisy: the summary gives
-//! medians, spreads and ratios measured in the same run.
+//! node-wide; the time from an Xid reaching a real agent to the cordon.
+//! Timings on a shared machine are noisy: the summary gives medians,
+//! spreads and ratios measured in the same run.
 
 mod capacity;
+mod detect;
 mod drain;
 mod fleet;
 mod peer;
@@ -112,6 +114,14 @@ pub struct Args {
     /// How long both are watched at rest, in seconds.
     #[arg(long, default_value_t = 60)]
     pub peer_rest_secs: u64,
+    /// Nodes served by a real agent (NVML backend, shipped flags) for the
+    /// time from the Xid to the cordon.
+    #[arg(long, default_value_t = 4)]
+    pub detect_nodes: usize,
+    /// Xids written on each path (kernel log, NVML event), the nodes
+    /// taking them in turn.
+    #[arg(long, default_value_t = 50)]
+    pub detect_faults: usize,
     /// Seed for picking the nodes that fail.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
@@ -126,6 +136,9 @@ impl Args {
                 self.nodes
             )
             .into());
+        }
+        if self.detect_nodes == 0 {
+            return Err("--detect-nodes must be at least 1".into());
         }
         if let Some(size) = self.peer_at.iter().find(|&&n| n > self.nodes || n < 2) {
             return Err(format!("--peer-at {size}: each size must be from 2 to --nodes").into());

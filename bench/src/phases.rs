@@ -27,7 +27,7 @@ use kube::{
 use serde_json::json;
 
 use crate::{
-    Args, Result, capacity, drain,
+    Args, Result, capacity, detect, drain,
     fleet::{self, GROUP, recovered},
     peer::Nhc,
     policy::policy,
@@ -203,6 +203,7 @@ pub async fn run(args: &Args) -> Result<Results> {
     say("the capacity an incident costs: GPU fenced alone, then node cordoned");
     let capacity_set = &storm_set[..args.capacity_incidents.min(storm_set.len())];
     results.capacity = capacity::compare(&client, &policies, capacity_set).await?;
+    results.detection = detect::measure(args, &client, &cordons).await?;
     results.operator_log = operator.log.display().to_string();
     match &beside {
         Some(bench) => {

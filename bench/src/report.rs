@@ -27,6 +27,7 @@ pub struct Results {
     pub drain: DrainComparison,
     pub capacity: Capacity,
     pub peer: Peer,
+    pub detection: Detection,
     pub operator_log: String,
 }
 
@@ -153,6 +154,37 @@ pub struct Capacity {
     pub node_wide_cordoned: usize,
     /// Per-GPU's median over node-wide's: the share of capacity it costs.
     pub ratio_of_medians: f64,
+}
+
+/// From the Xid reaching the agent to the cordon, on each path.
+#[derive(Debug, Default, Serialize)]
+pub struct Detection {
+    /// Real agents, each serving a node of its own.
+    pub agents: usize,
+    pub kernel_log: PathFigures,
+    pub nvml: PathFigures,
+}
+
+#[derive(Debug, Default, Serialize)]
+pub struct PathFigures {
+    /// From the Xid's write to the agent's report naming it, seen on a watch.
+    pub to_report: Distribution,
+    /// From the Xid's write to the cordon seen on the same watch.
+    pub to_cordon: Distribution,
+    pub seconds: Vec<f64>,
+    /// Faults not cordoned within two minutes.
+    pub missed: usize,
+}
+
+impl PathFigures {
+    pub fn of(to_report: Vec<f64>, to_cordon: Vec<f64>, missed: usize) -> PathFigures {
+        PathFigures {
+            to_report: Distribution::of(to_report),
+            to_cordon: Distribution::of(to_cordon.clone()),
+            seconds: to_cordon,
+            missed,
+        }
+    }
 }
 
 /// gpuhealth beside Medik8s Node Healthcheck, at each fleet size.
@@ -428,6 +460,7 @@ pub fn summary(r: &Results) -> String {
         c.incidents,
         verdict(c.incidents > 0 && c.ratio_of_medians < 1.0 && c.per_gpu_cordoned == 0)
     );
+    detection_rows(&mut s, &r.detection);
     peer_rows(&mut s, &r.peer);
     let _ = writeln!(
         s,
@@ -435,6 +468,27 @@ pub fn summary(r: &Results) -> String {
          target: `bench/FINDINGS.md`."
     );
     s
+}
+
+/// The rows from the Xid to the cordon, per path.
+fn detection_rows(s: &mut String, d: &Detection) {
+    let paths = [
+        ("kernel log (a file polled every 200 ms)", &d.kernel_log),
+        ("NVML event (the stand-in polls every 20 ms)", &d.nvml),
+    ];
+    for (path, f) in paths {
+        let _ = writeln!(
+            s,
+            "| Xid to cordon, {path}, {} real agents (p50 / p99 over {}; to the report p50 / p99) | {:.3} / {:.3} s ({:.3} / {:.3} s); {} missed | | |",
+            d.agents,
+            f.to_cordon.n,
+            f.to_cordon.p50,
+            f.to_cordon.p99,
+            f.to_report.p50,
+            f.to_report.p99,
+            f.missed,
+        );
+    }
 }
 
 /// The rows beside the peer: per fleet size, each one's time from the

@@ -42,6 +42,8 @@ struct Seen {
     sick: HashMap<String, Vec<Instant>>,
     /// When each node's `GpuHealthy` condition turned `False`.
     condition_false: HashMap<String, Vec<Instant>>,
+    /// When each node's report turned from naming no Xid to naming one.
+    xid: HashMap<String, Vec<Instant>>,
 }
 
 /// What the watch keeps of a node between two events.
@@ -50,6 +52,7 @@ struct Looks {
     cordoned: bool,
     sick: bool,
     condition_false: bool,
+    xid: bool,
 }
 
 impl Looks {
@@ -58,6 +61,7 @@ impl Looks {
             cordoned: is_cordoned(node),
             sick: sick(node),
             condition_false: condition_false(node),
+            xid: report(node).is_some_and(|r| names_an_xid(&r)),
         }
     }
 }
@@ -78,11 +82,19 @@ fn condition_false(node: &Node) -> bool {
         })
 }
 
+fn report(node: &Node) -> Option<GpuReport> {
+    GpuReport::parse(node.annotations().get(GPU_REPORT_ANNOTATION)?).ok()
+}
+
 fn sick(node: &Node) -> bool {
-    node.annotations()
-        .get(GPU_REPORT_ANNOTATION)
-        .and_then(|v| GpuReport::parse(v).ok())
-        .is_some_and(|r| r.bad_gpus().next().is_some())
+    report(node).is_some_and(|r| r.bad_gpus().next().is_some())
+}
+
+/// Whether a report names an Xid on any GPU: the real agent's NVML backend
+/// reports a GPU's state as it reads it and leaves its Xids to the
+/// operator to judge, so an Xid alone leaves every GPU `Healthy`.
+pub fn names_an_xid(report: &GpuReport) -> bool {
+    report.gpus.iter().any(|g| !g.xids.is_empty())
 }
 
 impl Cordons {
@@ -106,6 +118,7 @@ impl Cordons {
                         is.condition_false && !was.condition_false,
                         &mut seen.condition_false,
                     ),
+                    (is.xid && !was.xid, &mut seen.xid),
                 ];
                 for (turned, into) in turned {
                     if turned {
@@ -129,6 +142,15 @@ impl Cordons {
     /// was seen `False`.
     pub fn condition_false(&self, node: &str, since: Instant) -> Option<Instant> {
         first_after(&self.seen().condition_false, node, since)
+    }
+
+    /// The first time after `since` that `node`'s report was seen naming an
+    /// Xid, and the first cordon seen after that.
+    pub fn xid_to_cordon(&self, node: &str, since: Instant) -> Option<(Instant, Instant)> {
+        let seen = self.seen();
+        let xid = first_after(&seen.xid, node, since)?;
+        let cordoned = first_after(&seen.cordoned, node, xid)?;
+        Some((xid, cordoned))
     }
 
     /// The first time after `since` that `node`'s report was seen showing a
