@@ -348,10 +348,10 @@ pub fn summary(r: &Results) -> String {
     );
     let _ = writeln!(
         s,
-        "| gpuhealth ÷ floor (p50 / p99) | {:.2} / {:.2} | p99 within 2× | {} |",
+        "| gpuhealth ÷ floor (p50 / p99) | {:.2} / {:.2} | both within 1.5× | {} |",
         ttq.ratio_p50,
         ttq.ratio_p99,
-        verdict(ttq.ratio_p99 <= 2.0)
+        verdict(ttq.ratio_p50 <= 1.5 && ttq.ratio_p99 <= 1.5)
     );
     if !ttq.reconcile_stages.is_empty() {
         let stages: Vec<String> = ttq
