@@ -43,20 +43,6 @@ impl RequestId {
         RequestId::made_of(&format!("{incident}-{rung}-{attempt}"))
     }
 
-    /// Whether this is a request of the incident `incident` (an attempt at a
-    /// rung, or its maintenance): [`RequestId::for_attempt`] and
-    /// [`RequestId::for_maintenance`] put the incident's id first.
-    pub fn is_of_incident(&self, incident: &str) -> bool {
-        let Some(rest) = self.0.strip_prefix(incident) else {
-            return false;
-        };
-        let attempt = ["-reset-", "-reboot-", "-replace-"]
-            .iter()
-            .filter_map(|rung| rest.strip_prefix(rung))
-            .any(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()));
-        attempt || rest == "-maintenance"
-    }
-
     /// The id of a provider's maintenance handled by an incident.
     pub fn for_maintenance(incident: &str) -> RequestId {
         RequestId::made_of(&format!("{incident}-maintenance"))
@@ -237,19 +223,6 @@ impl AnnotationValue for CordonRecord {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_request_knows_its_incident_and_no_other() {
-        let incident = RequestId::for_incident("gpu-node-1", 1_780_042_543).to_string();
-        let reset = RequestId::for_attempt(&incident, RecoveryAction::GpuReset, 2);
-        assert!(reset.is_of_incident(&incident));
-        assert!(RequestId::for_maintenance(&incident).is_of_incident(&incident));
-        // An incident of the next second shares the prefix, not the id.
-        assert!(!reset.is_of_incident(&incident[..incident.len() - 1]));
-        assert!(!reset.is_of_incident("inc-1780042543"));
-        let other = RequestId::for_incident("gpu-node-2", 1_780_042_543).to_string();
-        assert!(!reset.is_of_incident(&other));
-    }
 
     #[test]
     fn incident_ids_differ_between_nodes_failing_in_the_same_second() {

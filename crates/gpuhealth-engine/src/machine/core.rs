@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use gpuhealth_api::{
+    contract::RequestId,
     node_health::{FINDINGS_LIMIT, Finding, GpuStatus, Phase, ReportProblemKind},
     policy::GpuHealthPolicySpec,
     vocabulary::{Attempt, FindingKind, IncidentOutcome, PodKey, Reason},
@@ -112,14 +113,26 @@ impl<'a> Stepper<'a> {
     /// Xid stamped after that answer (by the agent's clock) was not in that
     /// report, and is new even within the second of the close, on any GPU
     /// (the benchmark's next fault, right after a recovery, was lost to the
-    /// close's own time). Otherwise, its end.
+    /// close's own time). Otherwise, or when the Node no longer shows that
+    /// answer, its end.
     fn last_incident_answered(&self) -> Option<Timestamp> {
         let last = self.status.history.first()?;
         let ended = last.ended_at.as_ref()?.0;
-        match &self.input.node.result {
-            Some(Ok(r))
-                if last.outcome == Some(IncidentOutcome::Recovered)
-                    && r.id.is_of_incident(&last.id) =>
+        let last_request = last
+            .attempts
+            .iter()
+            .rev()
+            .find(|a| a.is_remediation())
+            .and_then(|a| {
+                Some(RequestId::for_attempt(
+                    &last.id,
+                    a.action.rung()?,
+                    a.attempt,
+                ))
+            });
+        match (&self.input.node.result, last_request) {
+            (Some(Ok(r)), Some(id))
+                if last.outcome == Some(IncidentOutcome::Recovered) && r.id == id =>
             {
                 Some(r.finished_at.0.min(ended))
             }
