@@ -17,8 +17,8 @@ use std::time::{Duration, Instant};
 use futures::future::try_join_all;
 use gpuhealth_api::{
     GpuNodeHealth,
-    contract::{AnnotationValue, GPU_REPORT_ANNOTATION, GpuReport},
-    node_health::Phase,
+    contract::GpuReport,
+    node_health::{GpuNodeHealthStatus, Phase},
     vocabulary::IncidentOutcome,
 };
 use gpuhealth_e2e::{
@@ -29,7 +29,7 @@ use gpuhealth_e2e::{
     wait,
 };
 use k8s_openapi::api::core::v1::Node;
-use kube::{Api, Client, ResourceExt, api::PostParams};
+use kube::{Api, Client, api::PostParams};
 use serde_json::json;
 
 use crate::{
@@ -37,7 +37,7 @@ use crate::{
     policy::create_policy,
     report::{Detection, PathFigures},
     say,
-    watch::{Cordons, names_an_xid},
+    watch::{Cordons, awaited, names_an_xid, report},
 };
 
 const GROUP: &str = "bench-detect";
@@ -97,7 +97,7 @@ pub async fn measure(args: &Args, client: &Client, cordons: &Cordons) -> Result<
         served.push(serve(client, &node_name(i), &flags).await?);
     }
     let faults = 2 * args.detect_faults;
-    let per_node = faults.div_ceil(served.len().max(1));
+    let per_node = faults.div_ceil(served.len());
     let runs = served.iter().enumerate().map(|(i, (host, _agent))| {
         let count = per_node.min(faults.saturating_sub(i * per_node));
         // Each node starts on its own path, so both are spread over all.
@@ -139,12 +139,8 @@ async fn serve(client: &Client, node: &str, flags: &[String]) -> Result<(Host, P
         report(n).is_some_and(|r| r.source.as_deref() == Some("gpuhealth-agent/nvml") && clear(&r))
     })
     .await?;
-    healthy_after(client, node, None).await?;
+    serving(client, node, |s| s.phase == Phase::Healthy).await?;
     Ok((host, agent))
-}
-
-fn report(node: &Node) -> Option<GpuReport> {
-    GpuReport::parse(node.annotations().get(GPU_REPORT_ANNOTATION)?).ok()
 }
 
 /// Every GPU healthy and no Xid named: the next Xid is seen arriving.
@@ -171,23 +167,24 @@ async fn faults_on(
         let before = newest_incident(client, &host.node).await?;
         let written = Instant::now();
         path.write(host, k % host.gpus)?;
-        let deadline = written + STEP;
-        let seen = loop {
-            if let Some(seen) = cordons.xid_to_cordon(&host.node, written) {
-                break Some(seen);
-            }
-            if Instant::now() > deadline {
-                break None;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        };
+        let seen = awaited(written + STEP, || {
+            cordons.xid_to_cordon(&host.node, written)
+        })
+        .await;
         let since = |t: Instant| t.duration_since(written).as_secs_f64();
         samples.push(Sample {
             path,
             reported: seen.map(|(sick, _)| since(sick)),
             cordoned: seen.map(|(_, cordoned)| since(cordoned)),
         });
-        healthy_after(client, &host.node, Some(before)).await?;
+        // Back in service after an incident other than the one before.
+        serving(client, &host.node, |s| {
+            s.phase == Phase::Healthy
+                && s.history.first().is_some_and(|i| {
+                    Some(&i.id) != before.as_ref() && i.outcome == Some(IncidentOutcome::Recovered)
+                })
+        })
+        .await?;
     }
     Ok(samples)
 }
@@ -201,30 +198,23 @@ async fn newest_incident(client: &Client, node: &str) -> Result<Option<String>> 
         .map(|i| i.id))
 }
 
-/// Waits until `node` is serving again after an incident newer than
-/// `before` (or, with `None`, until it was taken in healthy): its status
-/// `Healthy` with that incident recovered, its cordon gone, the agent's
-/// report all healthy.
-async fn healthy_after(client: &Client, node: &str, before: Option<Option<String>>) -> Result<()> {
+/// Waits until `node`'s status is `settled`, then until it serves: its
+/// cordon gone and the agent's report all healthy, naming no Xid.
+async fn serving(
+    client: &Client,
+    node: &str,
+    settled: impl Fn(&GpuNodeHealthStatus) -> bool,
+) -> Result<()> {
     let healths = Api::<GpuNodeHealth>::all(client.clone());
-    let serving = wait::until(healths.clone(), node, STEP, |h| {
-        h.status.as_ref().is_some_and(|s| {
-            let newest = s.history.first();
-            s.phase == Phase::Healthy
-                && before.as_ref().is_none_or(|before| {
-                    newest.is_some_and(|i| {
-                        Some(&i.id) != before.as_ref()
-                            && i.outcome == Some(IncidentOutcome::Recovered)
-                    })
-                })
-        })
+    let settling = wait::until(healths.clone(), node, STEP, |h| {
+        h.status.as_ref().is_some_and(&settled)
     })
     .await;
-    if let Err(e) = serving {
+    if let Err(e) = settling {
         let status = healths.get(node).await?.status.unwrap_or_default();
         let newest = status.history.first();
         return Err(format!(
-            "{node} did not recover after its incident ({e}): phase {:?}, newest incident {:?} ({:?}), the one before the fault {before:?}",
+            "{node} did not settle ({e}): phase {:?}, newest incident {:?} ({:?})",
             status.phase,
             newest.map(|i| &i.id),
             newest.map(|i| &i.outcome),

@@ -434,15 +434,8 @@ async fn inject_one_at_a_time(
     let deadline = Instant::now() + Duration::from_secs(120);
     let mut samples = Vec::new();
     for (node, at) in written {
-        let sample = loop {
-            if let Some((sick, cordoned)) = cordons.quarantine(&node, at) {
-                break Some(cordoned.duration_since(sick).as_secs_f64());
-            }
-            if Instant::now() > deadline {
-                break None;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        };
+        let sample = watch::awaited(deadline, || cordons.quarantine(&node, at)).await;
+        let sample = sample.map(|(sick, cordoned)| cordoned.duration_since(sick).as_secs_f64());
         samples.push((node, sample));
     }
     let missed: Vec<&String> = samples

@@ -30,7 +30,7 @@ use crate::{
     report::{Cost, PeerSize, Reaction, StormCost},
     say,
     stats::{self, Distribution, WRITES},
-    watch::{CONDITION, Cordons},
+    watch::{self, CONDITION, Cordons},
 };
 
 const OPERATOR_REQUESTS: &str = "gpuhealth_api_requests_total";
@@ -208,14 +208,7 @@ impl Ends {
     /// The reaction to a fault written at `since`, once seen; none if no
     /// first action came within [`FIRST_ACTION`].
     async fn awaited(&self, side: Side, node: &str, since: Instant) -> Option<Seen> {
-        let deadline = since + FIRST_ACTION;
-        loop {
-            let seen = self.reaction(side, node, since);
-            if seen.is_some() || Instant::now() > deadline {
-                return seen;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        watch::awaited(since + FIRST_ACTION, || self.reaction(side, node, since)).await
     }
 }
 

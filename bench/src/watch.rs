@@ -57,11 +57,12 @@ struct Looks {
 
 impl Looks {
     fn of(node: &Node) -> Looks {
+        let report = report(node);
         Looks {
             cordoned: is_cordoned(node),
-            sick: sick(node),
+            sick: report.as_ref().is_some_and(shows_a_bad_gpu),
             condition_false: condition_false(node),
-            xid: report(node).is_some_and(|r| names_an_xid(&r)),
+            xid: report.as_ref().is_some_and(names_an_xid),
         }
     }
 }
@@ -82,12 +83,13 @@ fn condition_false(node: &Node) -> bool {
         })
 }
 
-fn report(node: &Node) -> Option<GpuReport> {
+/// The node's GPU report, if it has a valid one.
+pub fn report(node: &Node) -> Option<GpuReport> {
     GpuReport::parse(node.annotations().get(GPU_REPORT_ANNOTATION)?).ok()
 }
 
-fn sick(node: &Node) -> bool {
-    report(node).is_some_and(|r| r.bad_gpus().next().is_some())
+fn shows_a_bad_gpu(report: &GpuReport) -> bool {
+    report.bad_gpus().next().is_some()
 }
 
 /// Whether a report names an Xid on any GPU: the real agent's NVML backend
@@ -147,19 +149,40 @@ impl Cordons {
     /// The first time after `since` that `node`'s report was seen naming an
     /// Xid, and the first cordon seen after that.
     pub fn xid_to_cordon(&self, node: &str, since: Instant) -> Option<(Instant, Instant)> {
-        let seen = self.seen();
-        let xid = first_after(&seen.xid, node, since)?;
-        let cordoned = first_after(&seen.cordoned, node, xid)?;
-        Some((xid, cordoned))
+        self.then_cordoned(|s| &s.xid, node, since)
     }
 
     /// The first time after `since` that `node`'s report was seen showing a
     /// bad GPU, and the first cordon seen after that.
     pub fn quarantine(&self, node: &str, since: Instant) -> Option<(Instant, Instant)> {
+        self.then_cordoned(|s| &s.sick, node, since)
+    }
+
+    /// The first of `node`'s moments in `which` after `since`, and the first
+    /// cordon seen after it.
+    fn then_cordoned(
+        &self,
+        which: impl Fn(&Seen) -> &HashMap<String, Vec<Instant>>,
+        node: &str,
+        since: Instant,
+    ) -> Option<(Instant, Instant)> {
         let seen = self.seen();
-        let sick = first_after(&seen.sick, node, since)?;
-        let cordoned = first_after(&seen.cordoned, node, sick)?;
-        Some((sick, cordoned))
+        let first = first_after(which(&seen), node, since)?;
+        let cordoned = first_after(&seen.cordoned, node, first)?;
+        Some((first, cordoned))
+    }
+}
+
+/// Asks `seen` every 50 ms until it answers or `deadline` passes: what a
+/// watch saw is read as it lands, its times taken by the watch itself, so
+/// the poll's period is in no figure.
+pub async fn awaited<T>(deadline: Instant, seen: impl Fn() -> Option<T>) -> Option<T> {
+    loop {
+        let answer = seen();
+        if answer.is_some() || Instant::now() > deadline {
+            return answer;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
 }
 
@@ -187,7 +210,10 @@ pub fn floor(client: &Client) -> Background {
     Background::spawn(async move {
         let mut stream = std::pin::pin!(applied(nodes.clone(), config));
         while let Some(node) = stream.next().await {
-            if node.labels().contains_key(FLOOR_LABEL) && sick(&node) && !is_cordoned(&node) {
+            if node.labels().contains_key(FLOOR_LABEL)
+                && report(&node).is_some_and(|r| shows_a_bad_gpu(&r))
+                && !is_cordoned(&node)
+            {
                 let nodes = nodes.clone();
                 tokio::spawn(async move {
                     let patch = json!({"spec": {"unschedulable": true}});
