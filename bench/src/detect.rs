@@ -10,7 +10,11 @@
 //! Two stand-ins poll where a real node would block: the kernel log is a
 //! plain file read every 200 ms (`/dev/kmsg` wakes its reader at once) and
 //! the stand-in's `nvmlEventSetWait` looks for events every 20 ms. Both
-//! add to the figure, at most that much each.
+//! add to the figure, at most that much each. On a real node the shipped
+//! agent is not privileged, may not open `/dev/kmsg`, and reads the ring
+//! buffer through `syslog(2)` once a second: there a kernel-log-only Xid
+//! can wait up to a second longer than here. The driver's NVML event for
+//! the same Xid does not wait for that.
 
 use std::time::{Duration, Instant};
 

@@ -485,7 +485,10 @@ pub fn summary(r: &Results) -> String {
 /// The rows from the Xid to the cordon, per path.
 fn detection_rows(s: &mut String, d: &Detection) {
     let paths = [
-        ("kernel log (a file polled every 200 ms)", &d.kernel_log),
+        (
+            "kernel log (a file polled every 200 ms; the shipped agent, not privileged, reads syslog(2) once a second)",
+            &d.kernel_log,
+        ),
         ("NVML event (the stand-in polls every 20 ms)", &d.nvml),
     ];
     for (path, f) in paths {
