@@ -13,6 +13,9 @@
 //! delivers what the server streams late: bytes from the server that come
 //! while the client has sent nothing for a second (a watch's events, not
 //! the answer to a request just sent) reach the client `lag` late, in order.
+//! A slow proxy ([`Proxy::slow`]) delivers everything the server sends
+//! `lag` late, the answers to requests included: an API server slow to
+//! answer.
 
 use std::{
     net::SocketAddr,
@@ -31,6 +34,15 @@ use tokio::{
 };
 
 use crate::{HarnessError, Result, wait::Background};
+
+/// Which of the server's bytes reach the client late.
+#[derive(Clone, Copy, Debug)]
+enum Lag {
+    /// What it streams while the client has sent nothing for a second.
+    Streams(Duration),
+    /// Everything.
+    All(Duration),
+}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Link {
@@ -78,10 +90,15 @@ impl Proxy {
 
     /// Like [`Proxy::start`], delivering what the server streams `lag` late.
     pub async fn lagging(upstream: SocketAddr, lag: Duration) -> Result<Proxy> {
-        Proxy::open(upstream, Some(lag)).await
+        Proxy::open(upstream, Some(Lag::Streams(lag))).await
     }
 
-    async fn open(upstream: SocketAddr, lag: Option<Duration>) -> Result<Proxy> {
+    /// Like [`Proxy::start`], delivering every answer `lag` late.
+    pub async fn slow(upstream: SocketAddr, lag: Duration) -> Result<Proxy> {
+        Proxy::open(upstream, Some(Lag::All(lag))).await
+    }
+
+    async fn open(upstream: SocketAddr, lag: Option<Lag>) -> Result<Proxy> {
         let listener = TcpListener::bind("127.0.0.1:0")
             .await
             .map_err(|e| HarnessError::ClusterStart(format!("proxy: {e}")))?;
@@ -184,11 +201,11 @@ impl Stamp {
 /// for a stream rather than an answer.
 const QUIET: Duration = Duration::from_secs(1);
 
-/// Copies what the server sends to the client, a stream `lag` late.
+/// Copies what the server sends to the client, late as `lag` says.
 async fn lagging_pump(
     mut from: tokio::net::tcp::OwnedReadHalf,
     mut to: tokio::net::tcp::OwnedWriteHalf,
-    lag: Duration,
+    lag: Lag,
     sent: Arc<Stamp>,
 ) {
     let (queue, mut due) = mpsc::unbounded_channel::<(Instant, Vec<u8>)>();
@@ -196,10 +213,10 @@ async fn lagging_pump(
         let mut buf = vec![0u8; 64 * 1024];
         let mut last = Instant::now();
         while let Ok(n @ 1..) = from.read(&mut buf).await {
-            let late = if sent.age() > QUIET {
-                lag
-            } else {
-                Duration::ZERO
+            let late = match lag {
+                Lag::Streams(lag) if sent.age() > QUIET => lag,
+                Lag::Streams(_) => Duration::ZERO,
+                Lag::All(lag) => lag,
             };
             // In order: nothing overtakes bytes held back before it.
             last = last.max(Instant::now() + late);

@@ -70,6 +70,18 @@ impl Leadership {
         self.held_for().is_some()
     }
 
+    /// When the last renewal (or the taking of the lease) began.
+    fn renewed(&self) -> Option<Instant> {
+        self.term().map(|t| t.renewed)
+    }
+
+    /// How long until the renew deadline, while the lease is held.
+    fn left(&self) -> Option<Duration> {
+        self.term()
+            .map(|t| self.deadline.saturating_sub(t.renewed.elapsed()))
+            .filter(|left| !left.is_zero())
+    }
+
     fn term(&self) -> Option<Term> {
         *self.term.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -142,12 +154,16 @@ impl Elector {
     /// Renews the lease until a renewal is overdue or another replica holds
     /// it; returns then, with leadership already withdrawn.
     pub async fn keep(&mut self) {
-        loop {
-            tokio::time::sleep(self.settings.retry_period).await;
-            let renewed =
-                tokio::time::timeout(self.settings.retry_period, self.try_acquire_or_renew()).await;
-            match renewed {
-                Ok(Ok(true)) => continue,
+        // Attempts start a retry period apart, however long each took, and
+        // each may take until the renew deadline, as client-go's may: cut
+        // at one retry period, every renewal failed while the API server
+        // answered in more than that, and the leader exited with most of
+        // its deadline left (the benchmark's large fleet).
+        let mut last = self.leadership.renewed().unwrap_or_else(Instant::now);
+        while let Some(left) = self.next_renewal(last).await {
+            last = Instant::now();
+            match tokio::time::timeout(left, self.try_acquire_or_renew()).await {
+                Ok(Ok(true)) => {}
                 Ok(Ok(false)) => {
                     warn!(lease = %self.settings.name, holder = %self.holder(), "another replica took the lease");
                     break;
@@ -157,12 +173,19 @@ impl Elector {
                 }
                 Err(_) => warn!(lease = %self.settings.name, "renewing the lease timed out"),
             }
-            if !self.leadership.is_held() {
-                warn!(lease = %self.settings.name, deadline = ?self.settings.renew_deadline, "no renewal within the deadline");
-                break;
-            }
         }
         self.leadership.drop_it();
+    }
+
+    /// Waits until a retry period after the `last` attempt began; then the
+    /// time left until the renew deadline, or none once it has passed.
+    async fn next_renewal(&self, last: Instant) -> Option<Duration> {
+        tokio::time::sleep_until((last + self.settings.retry_period).into()).await;
+        let left = self.leadership.left();
+        if left.is_none() {
+            warn!(lease = %self.settings.name, deadline = ?self.settings.renew_deadline, "no renewal within the deadline");
+        }
+        left
     }
 
     /// Gives the lease up, so another replica takes over at once rather than

@@ -238,6 +238,18 @@ async fn run(args: Args) -> Result<(), Fatal> {
         }
     }
     metrics.leader.set(1);
+    // Renewing from now on, beside everything else: on a slow API server
+    // the reads that set up the loops below outlast the renew deadline.
+    // It ends when the lease is lost, or when asked to stop, handing the
+    // elector back so that the lease can be released.
+    let leadership = elector.leadership();
+    let (stop_renewing, renewing_stopped) = tokio::sync::oneshot::channel::<()>();
+    let mut renewing = tokio::spawn(async move {
+        tokio::select! {
+            () = elector.keep() => None,
+            _ = renewing_stopped => Some(elector),
+        }
+    });
 
     let locks = Arc::new(locks::Locks::default());
     // When a lock becomes unreadable or readable again, every policy's
@@ -283,7 +295,13 @@ async fn run(args: Args) -> Result<(), Fatal> {
     // DRA: devices' taints and gpuhealth's DeviceTaintRules, where the
     // cluster serves them; a change reconciles the node concerned.
     let (device_changed, device_changes) = futures::channel::mpsc::unbounded();
-    let dra = devices::watch(&client, device_changed.clone()).await;
+    let dra = tokio::select! {
+        dra = devices::watch(&client, device_changed.clone()) => dra,
+        _ = &mut renewing => {
+            metrics.leader.set(0);
+            return Err(Fatal::LostLeadership);
+        }
+    };
     // The kubelet's health of the devices it gave each pod: a change
     // reconciles the pod's node.
     let pod_health = pod_health::watch(client.clone(), device_changed);
@@ -302,7 +320,7 @@ async fn run(args: Args) -> Result<(), Fatal> {
         honour_announced: Default::default(),
         locks: locks.clone(),
         metrics: metrics.clone(),
-        leadership: elector.leadership(),
+        leadership,
         crash_after,
         validation: validation::Target {
             namespace: args.validation_namespace,
@@ -366,12 +384,15 @@ async fn run(args: Args) -> Result<(), Fatal> {
 
     tokio::select! {
         stopped = futures::future::try_join(node_loop, policy_loop.map(Ok)) => {
-            elector.release().await;
+            let _ = stop_renewing.send(());
+            if let Ok(Some(mut elector)) = renewing.await {
+                elector.release().await;
+            }
             stopped?;
             info!("gpuhealth-operator stopped");
             Ok(())
         }
-        () = elector.keep() => {
+        _ = &mut renewing => {
             metrics.leader.set(0);
             Err(Fatal::LostLeadership)
         }
