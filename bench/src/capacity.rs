@@ -31,7 +31,7 @@ use serde_json::json;
 use crate::{
     Result,
     fleet::{self, GROUP, recovered},
-    report::Capacity,
+    results::Capacity,
     stats::median,
 };
 

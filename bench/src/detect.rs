@@ -39,7 +39,7 @@ use serde_json::json;
 use crate::{
     Args, Result,
     policy::create_policy,
-    report::{Detection, PathFigures},
+    results::{Detection, PathFigures},
     say,
     watch::{Cordons, awaited, names_an_xid, report},
 };

@@ -23,7 +23,7 @@ use kube::{
 };
 use serde_json::json;
 
-use crate::{Args, Result, fleet, policy::create_policy, report::DrainComparison, stats};
+use crate::{Args, Result, fleet, policy::create_policy, results::DrainComparison, stats};
 
 const GROUP: &str = "bench-drain";
 const NAMESPACE: &str = "bench-drain";

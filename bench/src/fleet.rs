@@ -51,28 +51,44 @@ pub async fn namespace(client: &Client) -> Result<()> {
     }
 }
 
+/// What runs on a new node.
+#[derive(Clone, Copy, Debug)]
+pub enum Workload {
+    /// One pod on each GPU and `cpu_pods` more that hold no GPU.
+    Busy { cpu_pods: usize },
+    /// No pods: every GPU free (the large fleet, which KWOK could not
+    /// keep running pods for on two cores).
+    Idle,
+}
+
 /// Nodes `from..to`, each with its pods and its report.
-pub async fn grow(client: &Client, from: usize, to: usize, cpu_pods: usize) -> Result<()> {
+pub async fn grow(client: &Client, from: usize, to: usize, workload: Workload) -> Result<()> {
     stream::iter(from..to)
-        .map(|i| add_node(client, node_name(i), cpu_pods))
+        .map(|i| add_node(client, node_name(i), workload))
         .buffer_unordered(CONCURRENCY)
         .try_collect::<Vec<()>>()
         .await?;
     Ok(())
 }
 
-async fn add_node(client: &Client, name: String, cpu_pods: usize) -> Result<()> {
+async fn add_node(client: &Client, name: String, workload: Workload) -> Result<()> {
     Api::<Node>::all(client.clone())
         .create(
             &PostParams::default(),
             &gpu_node(&name, GROUP, &GpuNodeSpec::default()),
         )
         .await?;
-    let gpu_pods: Vec<String> = (0..8).map(|g| format!("{name}-gpu{g}")).collect();
-    for pod in &gpu_pods {
-        create_pod(client, &name, pod, true).await?;
-    }
-    add_cpu_pods(client, &name, 0, cpu_pods).await?;
+    let gpu_pods: Vec<String> = match workload {
+        Workload::Busy { cpu_pods } => {
+            let gpu_pods: Vec<String> = (0..8).map(|g| format!("{name}-gpu{g}")).collect();
+            for pod in &gpu_pods {
+                create_pod(client, &name, pod, true).await?;
+            }
+            add_cpu_pods(client, &name, 0, cpu_pods).await?;
+            gpu_pods
+        }
+        Workload::Idle => Vec::new(),
+    };
     write_report(client, &name, reports::healthy(NAMESPACE, &gpu_pods)).await?;
     Ok(())
 }

@@ -14,10 +14,13 @@ mod capacity;
 mod detect;
 mod drain;
 mod fleet;
+mod large;
+mod measure;
 mod peer;
 mod phases;
 mod policy;
 mod report;
+mod results;
 mod stats;
 mod versus;
 mod watch;
@@ -122,6 +125,22 @@ pub struct Args {
     /// taking them in turn.
     #[arg(long, default_value_t = 50)]
     pub detect_faults: usize,
+    /// The large fleet, after every other phase: nodes with no pods are
+    /// added up to this size and a fresh operator is measured there. At
+    /// most --nodes leaves the phase out.
+    #[arg(long, default_value_t = 5000)]
+    pub large: usize,
+    /// Nodes added at a time to the large fleet.
+    #[arg(long, default_value_t = 1000)]
+    pub large_step: usize,
+    /// Faults on each side (floor, gpuhealth) in the large fleet's time to
+    /// quarantine.
+    #[arg(long, default_value_t = 1000)]
+    pub large_faults: usize,
+    /// Faults on each side beside the peer in the large fleet: its pass
+    /// over every node's Lease grows with the fleet (bench/FINDINGS.md).
+    #[arg(long, default_value_t = 20)]
+    pub large_peer_faults: usize,
     /// Seed for picking the nodes that fail.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
@@ -134,6 +153,17 @@ impl Args {
             return Err(format!(
                 "{} nodes are too few: the floor's and gpuhealth's faults, the storm and the agents need {needed} distinct nodes, and --small must be from 1 to --nodes",
                 self.nodes
+            )
+            .into());
+        }
+        if self.large > self.nodes
+            && (self.large_step == 0 || 2 * self.large_faults + 2 > self.large - self.nodes)
+        {
+            return Err(format!(
+                "--large {}: its {} new nodes must hold both sides' faults ({} each) and two for the peer, and --large-step must be at least 1",
+                self.large,
+                self.large - self.nodes,
+                self.large_faults
             )
             .into());
         }

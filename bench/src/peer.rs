@@ -180,7 +180,10 @@ impl Nhc {
                 .is_some_and(|o| o as usize >= selected)
         };
         let this = watcher::Config::default().fields(&format!("metadata.name={NHC_NAME}"));
-        gpuhealth_e2e::wait::until_set(api, this, "the peer counting the fleet", STARTUP, |s| {
+        // It counts the fleet at the end of its first pass, which reads
+        // every node's Lease at its client's 20 requests a second.
+        let startup = STARTUP.max(Duration::from_millis(selected as u64 * 100));
+        gpuhealth_e2e::wait::until_set(api, this, "the peer counting the fleet", startup, |s| {
             s.get(NHC_NAME).is_some_and(counted)
         })
         .await?;
@@ -194,7 +197,7 @@ impl Nhc {
     }
 }
 
-/// How long the peer may take to start and count the fleet.
+/// How long the peer may take to start and count a small fleet.
 const STARTUP: Duration = Duration::from_secs(300);
 
 /// Which tool a sick node is left to.

@@ -8,41 +8,36 @@ use std::{
 use futures::future::try_join_all;
 use gpuhealth_agent::fake::{SimHardware, SimOutcome};
 use gpuhealth_api::{
-    GpuHealthPolicy, GpuNodeHealth,
+    GpuHealthPolicy,
     contract::{AnnotationValue, GPU_REPORT_ANNOTATION, GpuReport},
 };
-use gpuhealth_e2e::{
-    agent::FakeAgent,
-    crds, node_agent,
-    operator::{self, Options},
-    process::Process,
-    reports, wait,
-};
+use gpuhealth_e2e::{agent::FakeAgent, crds, node_agent, process::Process, reports, wait};
 use k8s_openapi::api::core::v1::Node;
 use kube::{
     Api, Client, ResourceExt,
     api::{Patch, PatchParams, PostParams},
-    runtime::watcher,
 };
 use serde_json::json;
 
 use crate::{
     Args, Result, capacity, detect, drain,
     fleet::{self, GROUP, recovered},
+    large,
+    measure::{
+        POLICY, STEP, idle, idle_memory, shuffle, sides_from, start_operator, taken_in,
+        time_to_quarantine,
+    },
     peer::Nhc,
     policy::policy,
-    report::{MemoryPoint, Quiet, Results, StageFigures, Storm, TimeToQuarantine},
+    results::{Quiet, Results, Storm},
     say,
     stats::{self, WRITES},
     versus,
-    watch::{self, Cordons},
+    watch::Cordons,
 };
 
-pub const POLICY: &str = GROUP;
 const OPERATOR_REQUESTS: &str = "gpuhealth_api_requests_total";
 const AGENT_REQUESTS: &str = "gpuhealth_agent_api_requests_total";
-/// The longest any one step may take before the run is called failed.
-const STEP: Duration = Duration::from_secs(900);
 
 pub async fn run(args: &Args) -> Result<Results> {
     let client = gpuhealth_e2e::client().await?;
@@ -69,17 +64,8 @@ pub async fn run(args: &Args) -> Result<Results> {
     // beside the peer as the fleet grows.
     say(&format!("building {} nodes", args.small));
     let started = Instant::now();
-    fleet::grow(&client, 0, args.small, args.cpu_pods).await?;
-    let operator = operator::start_with(
-        "bench-operator",
-        Options {
-            log: Some("info,kube=warn".into()),
-            default_lease_timings: true,
-            ..Default::default()
-        },
-    )
-    .await?;
-    let pid = operator.pid().ok_or("the operator exited at start")?;
+    fleet::grow(&client, 0, args.small, busy(args)).await?;
+    let (operator, pid) = start_operator("bench-operator").await?;
     taken_in(&client, args.small).await?;
     results
         .memory
@@ -103,7 +89,7 @@ pub async fn run(args: &Args) -> Result<Results> {
     for &size in sizes.iter().filter(|&&n| n < args.nodes) {
         if size > grown {
             say(&format!("building up to {size} nodes"));
-            fleet::grow(&client, grown, size, args.cpu_pods).await?;
+            fleet::grow(&client, grown, size, busy(args)).await?;
             grown = size;
             taken_in(&client, size).await?;
         }
@@ -123,7 +109,7 @@ pub async fn run(args: &Args) -> Result<Results> {
         }
     }
     say(&format!("building up to {} nodes", args.nodes));
-    fleet::grow(&client, grown, args.nodes, args.cpu_pods).await?;
+    fleet::grow(&client, grown, args.nodes, busy(args)).await?;
     results.fleet_build_seconds = (started.elapsed() - comparing).as_secs_f64();
     taken_in(&client, args.nodes).await?;
     let full = idle_memory(&operator, pid, args.nodes, args.nodes * pods_per_node(args)).await?;
@@ -155,48 +141,15 @@ pub async fn run(args: &Args) -> Result<Results> {
 
     results.quiet = quiet(args, &client, &operator, &agent_nodes).await?;
 
-    // Time to quarantine: the floor and gpuhealth in the same window, faults
-    // alternating between their nodes, so that both face the same load
-    // (gpuhealth's own drains of earlier faults included). The policy
-    // leaves the floor's nodes alone while they carry the label.
-    say("time to quarantine: the floor and gpuhealth, alternating");
-    fleet::label(&client, &floor_set, watch::FLOOR_LABEL, Some("true")).await?;
-    let alternating: Vec<String> = floor_set
-        .iter()
-        .zip(&gpuhealth_set)
-        .flat_map(|(f, g)| [f.clone(), g.clone()])
-        .collect();
-    let stages_before = stages(&operator).await?;
-    let samples = {
-        let _floor = watch::floor(&client);
-        inject_one_at_a_time(args, &client, &cordons, &alternating).await?
-    };
-    let stages_after = stages(&operator).await?;
-    let of = |set: &[String]| -> (Vec<f64>, Vec<String>) {
-        let mut taken = Vec::new();
-        let mut missed = Vec::new();
-        for (node, sample) in samples.iter().filter(|(n, _)| set.contains(n)) {
-            match sample {
-                Some(s) => taken.push(*s),
-                None => missed.push(node.clone()),
-            }
-        }
-        (taken, missed)
-    };
-    results.time_to_quarantine = TimeToQuarantine::of(of(&floor_set), of(&gpuhealth_set));
-    results.time_to_quarantine.reconcile_stages = stages_after
-        .iter()
-        .map(|(stage, after)| {
-            let during = after.since(stages_before.get(stage).unwrap_or(&Default::default()));
-            (stage.clone(), StageFigures::of(&during))
-        })
-        .collect();
-    if !results.time_to_quarantine.gpuhealth_missed.is_empty() {
-        return Err("gpuhealth did not cordon every sick node".into());
-    }
-    recovered(&client, &gpuhealth_set).await?;
-    try_join_all(floor_set.iter().map(|n| fleet::restore(&client, n))).await?;
-    fleet::label(&client, &floor_set, watch::FLOOR_LABEL, None).await?;
+    results.time_to_quarantine = time_to_quarantine(
+        args,
+        &client,
+        &cordons,
+        &operator,
+        &floor_set,
+        &gpuhealth_set,
+    )
+    .await?;
 
     results.storm = storm(args, &client, &policies, &operator, pid, &storm_set).await?;
     results.drain = drain::compare(args, &client).await?;
@@ -204,7 +157,6 @@ pub async fn run(args: &Args) -> Result<Results> {
     let capacity_set = &storm_set[..args.capacity_incidents.min(storm_set.len())];
     results.capacity = capacity::compare(&client, &policies, capacity_set).await?;
     results.detection = detect::measure(args, &client, &cordons).await?;
-    results.operator_log = operator.log.display().to_string();
     match &beside {
         Some(bench) => {
             if sizes.contains(&args.nodes) {
@@ -230,24 +182,28 @@ pub async fn run(args: &Args) -> Result<Results> {
             results.peer.why_not = why;
         }
     }
+    results.operator_log = operator.log.display().to_string();
+
+    if args.large > args.nodes {
+        // One operator at a time acts on the fleet.
+        drop(operator);
+        let run = large::Run {
+            args,
+            client: &client,
+            cordons: &cordons,
+            nhc: nhc.as_ref().ok(),
+        };
+        let (figures, peer_size) = large::measure(&run).await;
+        results.large = figures;
+        results.peer.sizes.extend(peer_size);
+    }
     Ok(results)
 }
 
-/// The nodes of a comparison at `size`: up to `--peer-nodes` each, drawn
-/// from `pool` by the seed.
-fn sides_from(args: &Args, mut pool: Vec<String>, size: usize) -> versus::Sides {
-    shuffle(&mut pool, args.seed.wrapping_add(size as u64));
-    let k = args.peer_nodes.min(pool.len() / 2).max(1);
-    versus::Sides::from(&pool, k)
-}
-
-/// The operator's `gpuhealth_reconcile_stage_seconds`, by stage.
-async fn stages(operator: &Process) -> Result<BTreeMap<String, stats::Histogram>> {
-    Ok(stats::histograms(
-        &operator.scrape().await?,
-        "gpuhealth_reconcile_stage_seconds",
-        "stage",
-    ))
+fn busy(args: &Args) -> fleet::Workload {
+    fleet::Workload::Busy {
+        cpu_pods: args.cpu_pods,
+    }
 }
 
 fn pods_per_node(args: &Args) -> usize {
@@ -263,75 +219,6 @@ async fn set_policy(policies: &Api<GpuHealthPolicy>, spec: serde_json::Value) ->
         )
         .await?;
     Ok(())
-}
-
-/// Waits until the operator keeps a `GpuNodeHealth` for `n` fleet nodes.
-async fn taken_in(client: &Client, n: usize) -> Result<()> {
-    wait::until_set(
-        Api::<GpuNodeHealth>::all(client.clone()),
-        watcher::Config::default(),
-        &format!("{n} nodes taken in"),
-        STEP,
-        |all| {
-            all.values()
-                .filter(|h| h.status.as_ref().and_then(|s| s.policy.as_deref()) == Some(POLICY))
-                .count()
-                >= n
-        },
-    )
-    .await?;
-    Ok(())
-}
-
-/// The operator's RSS once it is idle.
-async fn idle_memory(
-    operator: &Process,
-    pid: u32,
-    nodes: usize,
-    pods: usize,
-) -> Result<MemoryPoint> {
-    idle(operator, nodes).await?;
-    let (rss, _) = stats::memory_kib(pid).ok_or("the operator exited")?;
-    say(&format!(
-        "idle at {nodes} nodes, {pods} pods: {} MiB",
-        rss / 1024
-    ));
-    Ok(MemoryPoint {
-        nodes,
-        pods,
-        rss_mib: rss as f64 / 1024.0,
-    })
-}
-
-/// Returns once the operator is at rest: in a 5 s window it reconciled no
-/// more than the background (KWOK renews each node's status every ten
-/// minutes and the operator looks at each node every five: at most one
-/// reconcile per node per five minutes).
-async fn idle(operator: &Process, nodes: usize) -> Result<()> {
-    let reconciles = |text: &str| -> f64 {
-        text.lines()
-            .find_map(|l| l.strip_prefix("gpuhealth_reconcile_duration_seconds_count "))
-            .and_then(|v| v.trim().parse().ok())
-            .unwrap_or(0.0)
-    };
-    let background = 1.0 + nodes as f64 * 5.0 / 300.0;
-    let deadline = Instant::now() + STEP;
-    let mut last = reconciles(&operator.scrape().await?);
-    loop {
-        tokio::time::sleep(Duration::from_secs(5)).await;
-        let now = reconciles(&operator.scrape().await?);
-        if now - last <= background {
-            return Ok(());
-        }
-        if Instant::now() > deadline {
-            return Err(format!(
-                "the operator never came to rest ({} reconciles in 5 s)",
-                now - last
-            )
-            .into());
-        }
-        last = now;
-    }
 }
 
 /// Nothing happens for `--quiet-secs`: what do the operator and a few real
@@ -414,44 +301,6 @@ async fn quiet(
     })
 }
 
-/// Breaks one node every `--fault-interval-ms` and returns, for each, the
-/// seconds from the report's write seen on a watch to the cordon seen on
-/// the same watch, or none for a node not cordoned within two minutes of
-/// the last fault (reported as missed, not dropped silently).
-async fn inject_one_at_a_time(
-    args: &Args,
-    client: &Client,
-    cordons: &Cordons,
-    nodes: &[String],
-) -> Result<Vec<(String, Option<f64>)>> {
-    let mut written = Vec::new();
-    for node in nodes {
-        let before = Instant::now();
-        fleet::break_gpu(client, node).await?;
-        written.push((node.clone(), before));
-        tokio::time::sleep(Duration::from_millis(args.fault_interval_ms)).await;
-    }
-    let deadline = Instant::now() + Duration::from_secs(120);
-    let mut samples = Vec::new();
-    for (node, at) in written {
-        let sample = watch::awaited(deadline, || cordons.quarantine(&node, at)).await;
-        let sample = sample.map(|(sick, cordoned)| cordoned.duration_since(sick).as_secs_f64());
-        samples.push((node, sample));
-    }
-    let missed: Vec<&String> = samples
-        .iter()
-        .filter(|(_, s)| s.is_none())
-        .map(|(n, _)| n)
-        .collect();
-    if !missed.is_empty() {
-        say(&format!(
-            "{} faults never seen cordoned: {missed:?}",
-            missed.len()
-        ));
-    }
-    Ok(samples)
-}
-
 /// `--storm` nodes fail at once under `maxConcurrent: --max-concurrent`.
 async fn storm(
     args: &Args,
@@ -501,15 +350,4 @@ async fn storm(
         cpu_seconds_per_remediation: cpu / n,
         peak_rss_mib: peak as f64 / 1024.0,
     })
-}
-
-/// A fixed shuffle (xorshift), so a seed names the same nodes every run.
-fn shuffle(items: &mut [String], seed: u64) {
-    let mut state = seed.max(1);
-    for i in (1..items.len()).rev() {
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        items.swap(i, (state % (i as u64 + 1)) as usize);
-    }
 }

@@ -1,273 +1,12 @@
-//! The results: one JSON document per run, and a Markdown summary that
-//! states each figure against its target. `bench/plot.py` draws the plots
-//! from the JSON.
+//! The Markdown summary of a run, which states each figure against its
+//! target, written beside the run's JSON.
 
-use std::{collections::BTreeMap, fmt::Write, path::PathBuf};
+use std::{fmt::Write, path::PathBuf};
 
-use k8s_openapi::jiff::Timestamp;
-use serde::Serialize;
-
-use crate::{Args, Result, stats::Distribution};
-
-#[derive(Debug, Default, Serialize)]
-pub struct Results {
-    pub label: String,
-    pub date: String,
-    pub machine: Machine,
-    pub apiserver: String,
-    /// `release` or `debug`: the operator build that was measured.
-    pub operator_build: String,
-    pub nodes: usize,
-    pub pods_per_node: usize,
-    pub fleet_build_seconds: f64,
-    pub memory: Vec<MemoryPoint>,
-    pub quiet: Quiet,
-    pub time_to_quarantine: TimeToQuarantine,
-    pub storm: Storm,
-    pub drain: DrainComparison,
-    pub capacity: Capacity,
-    pub peer: Peer,
-    pub detection: Detection,
-    pub operator_log: String,
-}
-
-#[derive(Debug, Default, Serialize)]
-pub struct Machine {
-    pub cpus: usize,
-    pub memory_gib: f64,
-    pub kernel: String,
-}
-
-#[derive(Debug, Default, Serialize)]
-pub struct MemoryPoint {
-    pub nodes: usize,
-    pub pods: usize,
-    pub rss_mib: f64,
-}
-
-#[derive(Debug, Default, Serialize)]
-pub struct Quiet {
-    pub seconds: u64,
-    /// Writes other than the leader Lease's renewals.
-    pub operator_writes_per_minute: f64,
-    pub operator_lease_writes_per_minute: f64,
-    pub agents: usize,
-    /// The agents' `--refresh`: each rewrites its report and its condition
-    /// that often with nothing new (two writes).
-    #[serde(default)]
-    pub agent_refresh_secs: u64,
-    /// The median agent's writes.
-    pub agent_writes_per_minute: f64,
-}
-
-#[derive(Debug, Default, Serialize)]
-pub struct TimeToQuarantine {
-    pub floor: Distribution,
-    pub gpuhealth: Distribution,
-    pub ratio_p50: f64,
-    pub ratio_p99: f64,
-    pub floor_seconds: Vec<f64>,
-    pub gpuhealth_seconds: Vec<f64>,
-    /// Faults whose cordon was never seen within two minutes.
-    pub floor_missed: Vec<String>,
-    pub gpuhealth_missed: Vec<String>,
-    /// Where the operator's node reconciles spent their time while the
-    /// faults were injected, by stage (its `gpuhealth_reconcile_stage_seconds`).
-    pub reconcile_stages: BTreeMap<String, StageFigures>,
-}
-
-#[derive(Debug, Default, Serialize)]
-pub struct StageFigures {
-    pub count: f64,
-    pub mean_seconds: f64,
-    /// The upper bound of the histogram bucket holding the 99th percentile.
-    pub p99_at_most_seconds: f64,
-}
-
-impl StageFigures {
-    pub fn of(h: &crate::stats::Histogram) -> StageFigures {
-        StageFigures {
-            count: h.count,
-            mean_seconds: h.mean(),
-            p99_at_most_seconds: h.quantile_at_most(0.99),
-        }
-    }
-}
-
-impl TimeToQuarantine {
-    pub fn of(
-        (floor, floor_missed): (Vec<f64>, Vec<String>),
-        (gpuhealth, gpuhealth_missed): (Vec<f64>, Vec<String>),
-    ) -> TimeToQuarantine {
-        let f = Distribution::of(floor.clone());
-        let g = Distribution::of(gpuhealth.clone());
-        TimeToQuarantine {
-            ratio_p50: g.p50 / f.p50,
-            ratio_p99: g.p99 / f.p99,
-            floor: f,
-            gpuhealth: g,
-            floor_seconds: floor,
-            gpuhealth_seconds: gpuhealth,
-            floor_missed,
-            gpuhealth_missed,
-            reconcile_stages: BTreeMap::new(),
-        }
-    }
-}
-
-#[derive(Debug, Default, Serialize)]
-pub struct Storm {
-    pub nodes: usize,
-    pub max_concurrent: u32,
-    pub wall_seconds: f64,
-    pub remediations_per_minute: f64,
-    pub requests_per_remediation: f64,
-    pub requests_per_remediation_by_verb: BTreeMap<String, f64>,
-    /// Keyed `verb resource`, so a change in cost names what it is spent on.
-    pub requests_per_remediation_by_resource: BTreeMap<String, f64>,
-    pub cpu_seconds_per_remediation: f64,
-    pub peak_rss_mib: f64,
-}
-
-#[derive(Debug, Default, Serialize)]
-pub struct DrainComparison {
-    pub pods: usize,
-    pub pods_behind_pdbs: usize,
-    pub gpuhealth_seconds: Vec<f64>,
-    pub kubectl_seconds: Vec<f64>,
-    /// gpuhealth's median over kubectl drain's: under 1 is faster.
-    pub ratio_of_medians: f64,
-}
-
-/// The capacity an incident costs: per-GPU quarantine against node-wide,
-/// the same incidents on the same nodes.
-#[derive(Debug, Default, Serialize)]
-pub struct Capacity {
-    /// Incidents under each scope.
-    pub incidents: usize,
-    /// Schedulable GPU-seconds each incident took away, fenced alone.
-    pub per_gpu_gpu_seconds: Vec<f64>,
-    /// Incidents under `Auto` that cordoned their node after all.
-    pub per_gpu_cordoned: usize,
-    /// The same, with the node cordoned.
-    pub node_wide_gpu_seconds: Vec<f64>,
-    pub node_wide_cordoned: usize,
-    /// Per-GPU's median over node-wide's: the share of capacity it costs.
-    pub ratio_of_medians: f64,
-}
-
-/// From the Xid reaching the agent to the cordon, on each path.
-#[derive(Debug, Default, Serialize)]
-pub struct Detection {
-    /// Real agents, each serving a node of its own.
-    pub agents: usize,
-    pub kernel_log: PathFigures,
-    pub nvml: PathFigures,
-}
-
-#[derive(Debug, Default, Serialize)]
-pub struct PathFigures {
-    /// From the Xid's write to the agent's report naming it, seen on a watch.
-    pub to_report: Distribution,
-    /// From the Xid's write to the cordon seen on the same watch.
-    pub to_cordon: Distribution,
-    pub seconds: Vec<f64>,
-    /// Faults not cordoned within two minutes.
-    pub missed: usize,
-}
-
-impl PathFigures {
-    pub fn of(to_report: Vec<f64>, to_cordon: Vec<f64>, missed: usize) -> PathFigures {
-        PathFigures {
-            to_report: Distribution::of(to_report),
-            to_cordon: Distribution::of(to_cordon.clone()),
-            seconds: to_cordon,
-            missed,
-        }
-    }
-}
-
-/// gpuhealth beside Medik8s Node Healthcheck, at each fleet size.
-#[derive(Debug, Default, Serialize)]
-pub struct Peer {
-    pub ran: bool,
-    pub why_not: String,
-    pub sizes: Vec<PeerSize>,
-}
-
-#[derive(Debug, Default, Serialize)]
-pub struct PeerSize {
-    pub nodes: usize,
-    pub gpuhealth: Reaction,
-    pub nhc: Reaction,
-    /// gpuhealth's time to its first action over the peer's.
-    pub ratio_p50: f64,
-    pub ratio_p99: f64,
-}
-
-/// One tool's reaction to `GpuHealthy=False`, and what it costs.
-#[derive(Debug, Default, Serialize)]
-pub struct Reaction {
-    /// From the condition seen to the first action seen.
-    pub first_action: Distribution,
-    pub seconds: Vec<f64>,
-    /// Faults with no first action within two minutes.
-    pub missed: usize,
-    pub rest: Cost,
-    pub storm: StormCost,
-}
-
-#[derive(Clone, Debug, Default, Serialize)]
-pub struct Cost {
-    pub rss_mib: f64,
-    pub requests_per_minute: f64,
-    pub writes_per_minute: f64,
-    pub cpu_seconds_per_minute: f64,
-}
-
-#[derive(Clone, Debug, Default, Serialize)]
-pub struct StormCost {
-    pub nodes: usize,
-    /// Until the last node's first action; none if one never came.
-    pub all_acted_seconds: Option<f64>,
-    pub requests_per_node: f64,
-    pub cpu_seconds_per_node: f64,
-    /// The peak resident memory from the storm's start.
-    pub peak_rss_mib: f64,
-}
-
-impl Results {
-    pub fn new(args: &Args) -> Results {
-        let date = Timestamp::now().strftime("%Y-%m-%d").to_string();
-        let memory_kib: f64 = std::fs::read_to_string("/proc/meminfo")
-            .ok()
-            .and_then(|m| {
-                m.lines()
-                    .find_map(|l| l.strip_prefix("MemTotal:"))
-                    .and_then(|v| v.split_whitespace().next()?.parse().ok())
-            })
-            .unwrap_or(0.0);
-        Results {
-            label: args.label.clone().unwrap_or_else(|| date.clone()),
-            date,
-            machine: Machine {
-                cpus: std::thread::available_parallelism().map_or(0, |n| n.get()),
-                memory_gib: (memory_kib / 1024.0 / 1024.0 * 10.0).round() / 10.0,
-                kernel: std::fs::read_to_string("/proc/sys/kernel/osrelease")
-                    .unwrap_or_default()
-                    .trim()
-                    .to_owned(),
-            },
-            operator_build: match std::env::var("GPUHEALTH_BIN_DIR") {
-                Ok(dir) if dir.contains("release") => "release".into(),
-                _ => "debug".into(),
-            },
-            nodes: args.nodes,
-            pods_per_node: 8 + args.cpu_pods,
-            ..Default::default()
-        }
-    }
-}
+use crate::{
+    Args, Result,
+    results::{Cost, Detection, Large, Peer, Results, StormCost},
+};
 
 /// Writes `<label>.json` and `<label>.md` under `--out`, and the summary
 /// again as `latest.md`.
@@ -473,6 +212,7 @@ pub fn summary(r: &Results) -> String {
         verdict(c.incidents > 0 && c.ratio_of_medians < 1.0 && c.per_gpu_cordoned == 0)
     );
     detection_rows(&mut s, &r.detection);
+    large_rows(&mut s, &r.large);
     peer_rows(&mut s, &r.peer);
     let _ = writeln!(
         s,
@@ -502,6 +242,78 @@ fn detection_rows(s: &mut String, d: &Detection) {
             f.to_report.p50,
             f.to_report.p99,
             f.missed,
+        );
+    }
+}
+
+/// The rows of the large fleet.
+fn large_rows(s: &mut String, l: &Large) {
+    if l.target == 0 {
+        return;
+    }
+    let steps: Vec<String> = l
+        .steps
+        .iter()
+        .map(|st| format!("{} in {:.0} s", st.nodes, st.seconds))
+        .collect();
+    let reached = if l.reached >= l.target {
+        format!("{} nodes reached", l.reached)
+    } else {
+        format!(
+            "**{} of {} nodes reached**: {}",
+            l.reached,
+            l.target,
+            l.stopped.as_deref().unwrap_or("the phase stopped")
+        )
+    };
+    let _ = writeln!(
+        s,
+        "| large fleet: nodes with no pods added, a step at a time (to the operator taking them in) | {reached}; {} | {} nodes | {} |",
+        if steps.is_empty() {
+            "no step".to_owned()
+        } else {
+            steps.join(", ")
+        },
+        l.target,
+        verdict(l.reached >= l.target)
+    );
+    for m in &l.memory {
+        let target = if m.nodes == l.target {
+            ("under 64 MiB", verdict(m.rss_mib < 64.0))
+        } else {
+            ("", "")
+        };
+        let _ = writeln!(
+            s,
+            "| large fleet, a fresh operator idle: {} nodes ({} pods) | {:.1} MiB | {} | {} |",
+            m.nodes, m.pods, m.rss_mib, target.0, target.1
+        );
+    }
+    if let (Some(first), Some(last)) = (l.memory.first(), l.memory.last())
+        && last.nodes > first.nodes
+    {
+        let _ = writeln!(
+            s,
+            "| large fleet: RSS growth per node added, {} to {} nodes (not judged: the memory a fresh operator freed after its start is used again first) | {:.2} KiB | | |",
+            first.nodes, last.nodes, l.kib_per_node,
+        );
+    }
+    if let Some(ttq) = &l.time_to_quarantine {
+        let _ = writeln!(
+            s,
+            "| large fleet, {} nodes: time to quarantine p50 / p99, gpuhealth against the floor, over {} and {} faults | {:.3} / {:.3} s against {:.3} / {:.3} s: ratio {:.2} / {:.2}; {} and {} missed | both within 1.5× | {} |",
+            l.reached,
+            ttq.gpuhealth.n,
+            ttq.floor.n,
+            ttq.gpuhealth.p50,
+            ttq.gpuhealth.p99,
+            ttq.floor.p50,
+            ttq.floor.p99,
+            ttq.ratio_p50,
+            ttq.ratio_p99,
+            ttq.gpuhealth_missed.len(),
+            ttq.floor_missed.len(),
+            verdict(ttq.ratio_p50 <= 1.5 && ttq.ratio_p99 <= 1.5)
         );
     }
 }

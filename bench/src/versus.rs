@@ -27,7 +27,7 @@ use crate::{
     Args, Result, fleet,
     fleet::GROUP,
     peer::{Nhc, Remediations, Running, SIDE_LABEL, Side},
-    report::{Cost, PeerSize, Reaction, StormCost},
+    results::{Cost, PeerSize, Reaction, StormCost},
     say,
     stats::{self, Distribution, WRITES},
     watch::{self, CONDITION, Cordons},
@@ -37,10 +37,26 @@ const OPERATOR_REQUESTS: &str = "gpuhealth_api_requests_total";
 /// controller-runtime's client counter: by HTTP method and code only.
 const PEER_REQUESTS: &str = "rest_client_requests_total";
 const PEER_WRITES: [&str; 4] = ["POST", "PUT", "PATCH", "DELETE"];
-/// How long a first action may take before the fault counts as missed.
-const FIRST_ACTION: Duration = Duration::from_secs(120);
-/// How long a node may take to be itself again before the run fails.
-const RESTORED: Duration = Duration::from_secs(300);
+/// How long each side may take at `nodes` nodes: its first action (after
+/// that the fault counts as missed) and the node's return to itself (after
+/// that the run fails). The peer reads every healthy node's Lease once a
+/// pass at its client's 20 requests a second (bench/FINDINGS.md), so its
+/// pass grows with the fleet: a first action is given two passes.
+#[derive(Clone, Copy)]
+struct Patience {
+    first_action: Duration,
+    restored: Duration,
+}
+
+impl Patience {
+    fn at(nodes: usize) -> Patience {
+        let pass = Duration::from_millis(nodes as u64 * 50);
+        Patience {
+            first_action: Duration::from_secs(120).max(pass * 2),
+            restored: Duration::from_secs(300).max(pass * 3),
+        }
+    }
+}
 
 /// What one comparison needs of the run.
 pub struct Bench<'a> {
@@ -111,6 +127,7 @@ pub async fn at_size(b: &Bench<'_>, nodes: usize, sides: &Sides) -> Result<PeerS
     let ends = Ends {
         cordons: b.cordons.clone(),
         remediations: remediations.clone(),
+        patience: Patience::at(nodes),
     };
     let rest = at_rest(b, &peer, pids).await?;
     let reactions = one_at_a_time(b, &ends, sides).await?;
@@ -190,6 +207,7 @@ impl Pids {
 struct Ends {
     cordons: Cordons,
     remediations: Remediations,
+    patience: Patience,
 }
 
 /// When a node's condition was seen `False`, and when the first action.
@@ -206,9 +224,12 @@ impl Ends {
     }
 
     /// The reaction to a fault written at `since`, once seen; none if no
-    /// first action came within [`FIRST_ACTION`].
+    /// first action came within its patience.
     async fn awaited(&self, side: Side, node: &str, since: Instant) -> Option<Seen> {
-        watch::awaited(since + FIRST_ACTION, || self.reaction(side, node, since)).await
+        watch::awaited(since + self.patience.first_action, || {
+            self.reaction(side, node, since)
+        })
+        .await
     }
 }
 
@@ -297,7 +318,7 @@ async fn one_at_a_time(
             let (client, ends, this) = (b.client.clone(), ends.clone(), node.clone());
             let fault = tokio::spawn(async move {
                 let seen = ends.awaited(side, &this, written).await;
-                restore(&client, side, &this, &ends.remediations).await?;
+                restore(&client, side, &this, &ends).await?;
                 let seconds = seen.map(|(seen, acted)| acted.duration_since(seen).as_secs_f64());
                 Ok((side, seconds))
             });
@@ -313,16 +334,12 @@ async fn one_at_a_time(
 
 /// The condition healthy again, and the node back as it was: gpuhealth's
 /// remediation ended (`Healthy`, uncordoned), the peer's object deleted.
-async fn restore(
-    client: &Client,
-    side: Side,
-    node: &str,
-    remediations: &Remediations,
-) -> Result<()> {
+async fn restore(client: &Client, side: Side, node: &str, ends: &Ends) -> Result<()> {
     set_condition(client, node, true).await?;
     let nodes: Api<Node> = Api::all(client.clone());
     let health: Api<GpuNodeHealth> = Api::all(client.clone());
-    let deadline = Instant::now() + RESTORED;
+    let within = ends.patience.restored;
+    let deadline = Instant::now() + within;
     loop {
         let back = match side {
             Side::Gpuhealth => {
@@ -333,13 +350,13 @@ async fn restore(
                     .is_some_and(|s| s.phase == Phase::Healthy);
                 healthy && !is_cordoned(&nodes.get(node).await?)
             }
-            Side::Nhc => !remediations.present(node),
+            Side::Nhc => !ends.remediations.present(node),
         };
         if back {
             return Ok(());
         }
         if Instant::now() > deadline {
-            return Err(format!("{node} was not itself again within {RESTORED:?}").into());
+            return Err(format!("{node} was not itself again within {within:?}").into());
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
@@ -371,12 +388,7 @@ async fn storm(
     let after = requests(b, peer, side).await?;
     let cpu = stats::cpu_seconds(pid).ok_or("a process exited")? - cpu_before;
     let (_, peak) = stats::memory_kib(pid).ok_or("a process exited")?;
-    try_join_all(
-        nodes
-            .iter()
-            .map(|n| restore(b.client, side, n, &ends.remediations)),
-    )
-    .await?;
+    try_join_all(nodes.iter().map(|n| restore(b.client, side, n, ends))).await?;
     let (all, _) = requests_and_writes(side, &before, &after);
     let n = nodes.len() as f64;
     Ok(StormCost {

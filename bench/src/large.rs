@@ -1,0 +1,155 @@
+//! The large fleet, after every other phase: the fleet grows past `--nodes`
+//! to `--large` nodes whose GPUs run no pods (KWOK on two cores keeps that
+//! many nodes, not their pods), `--large-step` nodes at a time, watched by
+//! a fresh operator. At the largest size reached: the operator's idle
+//! memory, time to quarantine against the floor over `--large-faults`
+//! faults a side, and the peer beside gpuhealth. A step that fails ends the
+//! phase and says why; what was measured before it is kept.
+
+use std::time::{Duration, Instant};
+
+use gpuhealth_api::GpuHealthPolicy;
+use gpuhealth_e2e::process::Process;
+use kube::{Api, Client, api::PostParams};
+
+use crate::{
+    Args, Result,
+    fleet::{self, GROUP, Workload},
+    measure::{self, POLICY},
+    peer::Nhc,
+    policy::policy,
+    results::{Large, PeerSize, Step},
+    say,
+    watch::Cordons,
+};
+
+/// What the phase needs of the run.
+pub struct Run<'a> {
+    pub args: &'a Args,
+    pub client: &'a Client,
+    pub cordons: &'a Cordons,
+    pub nhc: Option<&'a Nhc>,
+}
+
+/// The large fleet's figures, and the peer's comparison at its size if the
+/// peer runs (it joins the other sizes' comparisons).
+pub async fn measure(run: &Run<'_>) -> (Large, Option<PeerSize>) {
+    let mut large = Large {
+        target: run.args.large,
+        reached: run.args.nodes,
+        ..Default::default()
+    };
+    let mut peer = None;
+    if let Err(e) = grow_and_measure(run, &mut large, &mut peer).await {
+        say(&format!("the large fleet stopped: {e}"));
+        large.stopped = Some(e.to_string());
+    }
+    (large, peer)
+}
+
+async fn grow_and_measure(
+    run: &Run<'_>,
+    large: &mut Large,
+    peer: &mut Option<PeerSize>,
+) -> Result<()> {
+    let (args, client) = (run.args, run.client);
+    // A fresh operator, so that its memory is not the earlier phases'
+    // high-water mark; a Lease of its own, so it leads at once.
+    let (mut operator, pid) = measure::start_operator("bench-operator-large").await?;
+    let pods = args.nodes * (8 + args.cpu_pods + args.extra_pods);
+    large
+        .memory
+        .push(measure::idle_memory(&operator, pid, args.nodes, pods).await?);
+    while large.reached < args.large {
+        let to = (large.reached + args.large_step).min(args.large);
+        say(&format!(
+            "the large fleet: building up to {to} nodes with no pods"
+        ));
+        let started = Instant::now();
+        let grown = async {
+            fleet::grow(client, large.reached, to, Workload::Idle).await?;
+            measure::taken_in(client, to).await
+        };
+        while_running(&mut operator, grown).await?;
+        large.steps.push(Step {
+            nodes: to,
+            seconds: started.elapsed().as_secs_f64(),
+        });
+        large.reached = to;
+        large
+            .memory
+            .push(measure::idle_memory(&operator, pid, to, pods).await?);
+    }
+    if let (Some(first), Some(last)) = (large.memory.first(), large.memory.last())
+        && last.nodes > first.nodes
+    {
+        large.kib_per_node =
+            (last.rss_mib - first.rss_mib) * 1024.0 / (last.nodes - first.nodes) as f64;
+    }
+
+    // The nodes of this phase only: the earlier phases may have left theirs
+    // fenced or labelled.
+    let mut pool: Vec<String> = (args.nodes..large.reached).map(fleet::node_name).collect();
+    measure::shuffle(&mut pool, args.seed);
+    let floor_set: Vec<String> = pool.drain(..args.large_faults).collect();
+    let gpuhealth_set: Vec<String> = pool.drain(..args.large_faults).collect();
+    // The time to quarantine's policy, as in the phase at `--nodes`.
+    let policies: Api<GpuHealthPolicy> = Api::all(client.clone());
+    let mut current = policies.get(POLICY).await?;
+    current.spec = policy(GROUP, "100%").spec;
+    policies
+        .replace(POLICY, &PostParams::default(), &current)
+        .await?;
+    large.time_to_quarantine = Some(
+        measure::time_to_quarantine(
+            args,
+            client,
+            run.cordons,
+            &operator,
+            &floor_set,
+            &gpuhealth_set,
+        )
+        .await?,
+    );
+
+    if let Some(nhc) = run.nhc {
+        let args = Args {
+            peer_faults: args.large_peer_faults,
+            ..args.clone()
+        };
+        let bench = crate::versus::Bench {
+            args: &args,
+            client,
+            cordons: run.cordons,
+            operator: &operator,
+            operator_pid: pid,
+            nhc,
+        };
+        let sides = measure::sides_from(&args, pool, large.reached);
+        *peer = Some(crate::versus::at_size(&bench, large.reached, &sides).await?);
+    }
+    // The operator is killed as it drops.
+    Ok(())
+}
+
+/// `step`'s outcome, or the operator's own last error as soon as it exits
+/// (it exits when it loses its leader Lease), rather than the step's wait
+/// running out with nobody to take the nodes in.
+async fn while_running<T>(
+    operator: &mut Process,
+    step: impl Future<Output = Result<T>>,
+) -> Result<T> {
+    tokio::pin!(step);
+    loop {
+        tokio::select! {
+            out = &mut step => return out,
+            () = tokio::time::sleep(Duration::from_secs(1)) => {
+                if operator.has_exited() {
+                    let text = operator.log_text();
+                    let last = text.lines().rev().find(|l| l.contains("ERROR")).unwrap_or("no error logged");
+                    return Err(format!("the operator exited: {last}").into());
+                }
+            }
+        }
+    }
+}
