@@ -1,7 +1,8 @@
 """Plots of a gpuhealth benchmark run: python3 bench/plot.py RESULTS.json
 
 Writes <label>-quarantine.png (time to quarantine: gpuhealth against the
-floor), <label>-memory.png (operator RSS against node count) and, where the
+floor), <label>-memory.png (operator RSS against node count,
+with the large fleet's where it was built) and, where the
 peer ran, <label>-peer.png (time from the node condition to the first
 action against fleet size, gpuhealth and Medik8s Node Healthcheck) and,
 where it was measured, <label>-detection.png (from the Xid reaching a real
@@ -16,6 +17,15 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib import ticker  # noqa: E402
+
+
+def plain_log_ticks(axis):
+    """Log scale, its labels as plain numbers at 1, 2 and 5 of each decade
+    (matplotlib's own labels every minor tick overlap)."""
+    axis.set_major_locator(ticker.LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    axis.set_major_formatter(ticker.FuncFormatter(lambda v, _: "%g" % v))
+    axis.set_minor_formatter(ticker.NullFormatter())
 
 
 def cdf(ax, seconds, label):
@@ -48,7 +58,15 @@ def main(path):
     ax.plot([p["nodes"] for p in idle], [p["rss_mib"] for p in idle], "o-", label="idle")
     for p in points[2:]:
         ax.plot([p["nodes"]], [p["rss_mib"]], "s", label="idle, %d pods" % p["pods"])
-    ax.axhline(64, color="grey", linestyle="--", linewidth=1, label="target at 1,000 nodes")
+    large = r.get("large", {}).get("memory", [])
+    if large:
+        ax.plot(
+            [p["nodes"] for p in large],
+            [p["rss_mib"] for p in large],
+            "D-",
+            label="idle, a fresh operator, nodes added with no pods",
+        )
+    ax.axhline(64, color="grey", linestyle="--", linewidth=1, label="target")
     ax.plot([r["nodes"]], [r["storm"]["peak_rss_mib"]], "^", label="peak in the storm")
     ax.set_xlabel("nodes")
     ax.set_ylabel("operator RSS (MiB)")
@@ -80,6 +98,8 @@ def peer_plot(r, out):
             ax.plot(nodes, ys, style, color=colour, label="%s, %s" % (name, q))
     ax.set_xscale("log")
     ax.set_yscale("log")
+    plain_log_ticks(ax.xaxis)
+    plain_log_ticks(ax.yaxis)
     ax.set_xlabel("nodes in the fleet")
     ax.set_ylabel("GpuHealthy=False seen to first action seen (ms)")
     ax.set_title("Time to first action against fleet size, same signal, same API server")
@@ -108,12 +128,13 @@ def detection_plot(r, out):
         cdf(ax, ttq["gpuhealth_seconds"], "report written to cordon (p99 %.0f ms)"
             % (ttq["gpuhealth"]["p99"] * 1000))
     ax.set_xscale("log")
+    plain_log_ticks(ax.xaxis)
     ax.set_xlabel("time to cordon seen (ms)")
     ax.set_ylabel("fraction of faults")
     ax.set_title("From the Xid to the cordon, %d real agents, %d nodes"
                  % (d["agents"], r["nodes"]))
     ax.grid(alpha=0.3, which="both")
-    ax.legend(loc="lower right", fontsize="small")
+    ax.legend(loc="upper left", fontsize="small")
     fig.tight_layout()
     fig.savefig(out / ("%s-detection.png" % r["label"]), dpi=100)
     return True
