@@ -292,6 +292,83 @@ async fn of_two_overlapping_policies_the_loser_shows_a_conflict() {
         .expect("clean up");
 }
 
+/// A policy's status follows the nodes' labels alone: a node relabelled
+/// into a second policy's selection, with nothing else about it changed,
+/// shows that policy the conflict, and relabelled out, clears it.
+#[tokio::test]
+async fn a_node_relabelled_into_a_second_policy_shows_it_the_conflict() {
+    const POOL: &str = "gpuhealth-e2e/pool";
+    let mut s = Scenario::new("relabel", 1, Scenario::quick_spec())
+        .await
+        .expect("scenario");
+    s.start().await.expect("start");
+    let policies: Api<GpuHealthPolicy> = Api::all(s.client.clone());
+    let winner = policies
+        .get(&s.policy)
+        .await
+        .expect("the scenario's policy");
+    let mut spec = winner.spec.clone();
+    spec.priority = 0;
+    spec.node_selector
+        .match_labels
+        .get_or_insert_default()
+        .insert(POOL.into(), "b".into());
+    let second = format!("{}-pool-b", s.policy);
+    policies
+        .create(&PostParams::default(), &GpuHealthPolicy::new(&second, spec))
+        .await
+        .expect("a second policy");
+    let conflict = |p: &GpuHealthPolicy| {
+        p.status.as_ref().and_then(|st| {
+            st.conditions
+                .iter()
+                .find(|c| c.type_ == "Conflict")
+                .cloned()
+        })
+    };
+    until(policies.clone(), &second, WAIT, |p| {
+        ready(p).is_some_and(|c| c.status == "True")
+            && conflict(p).is_none_or(|c| c.status == "False")
+    })
+    .await
+    .expect("the second policy Ready, selecting no node");
+
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(s.client.clone());
+    let label = |value: serde_json::Value| {
+        let nodes = nodes.clone();
+        let node = s.nodes[0].clone();
+        async move {
+            nodes
+                .patch(
+                    &node,
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({"metadata": {"labels": {POOL: value}}})),
+                )
+                .await
+                .expect("relabel the node")
+        }
+    };
+    label(json!("b")).await;
+    let lost = until(policies.clone(), &second, WAIT, |p| {
+        conflict(p).is_some_and(|c| c.status == "True")
+    })
+    .await
+    .expect("the conflict, from the relabel alone");
+    let message = conflict(&lost).expect("condition").message;
+    assert!(message.contains(&format!("1 by {}", s.policy)), "{message}");
+
+    label(serde_json::Value::Null).await;
+    until(policies.clone(), &second, WAIT, |p| {
+        conflict(p).is_some_and(|c| c.status == "False")
+    })
+    .await
+    .expect("the conflict cleared, from the relabel alone");
+    policies
+        .delete(&second, &Default::default())
+        .await
+        .expect("clean up");
+}
+
 fn ready(p: &GpuHealthPolicy) -> Option<&Condition> {
     p.status
         .as_ref()

@@ -19,10 +19,11 @@ mod reconcile;
 mod retry;
 mod selection;
 mod slim;
+mod triggers;
 mod validation;
 mod workloads;
 
-use std::{collections::HashMap, net::SocketAddr, process::ExitCode, sync::Arc, time::Duration};
+use std::{net::SocketAddr, process::ExitCode, sync::Arc, time::Duration};
 
 use clap::{Parser, ValueEnum};
 
@@ -33,7 +34,7 @@ use k8s_openapi::api::{core::v1::Node, policy::v1::PodDisruptionBudget};
 use kube::{
     Api, Config, ResourceExt,
     runtime::{
-        Controller, WatchStreamExt,
+        Controller, WatchStreamExt, controller,
         events::{Recorder, Reporter},
         reflector::{self, ObjectRef},
         watcher,
@@ -45,7 +46,6 @@ use crate::{
     context::Context,
     leader::{Elector, Settings},
     metrics::Metrics,
-    selection::selects,
 };
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -95,6 +95,20 @@ struct Args {
     /// How often to renew, or to try to take the lease.
     #[arg(long, default_value = "2s", value_parser = duration)]
     retry_period: Duration,
+}
+
+/// Node reconciles in flight at most. Unbounded, a start on a fleet ran one
+/// per node at once: at 1,000 nodes they left the operator 84 MiB at rest
+/// where it needs 34, and at 5,000 their requests delayed the leader's
+/// renewal past its deadline, so it exited (bench/FINDINGS.md). A
+/// reconcile is a few store reads and at most a few writes: 32 at once go
+/// through a fleet's start in seconds and a storm's nodes at once.
+const RECONCILES_AT_ONCE: u16 = 32;
+
+/// The watches of one object per node list in pages of this many: a page is
+/// parsed whole, and pages of 500 nodes made a start's peak (bench/FINDINGS.md).
+fn fleet_watch() -> watcher::Config {
+    watcher::Config::default().page_size(100)
 }
 
 /// How long the stores a step reads may take to list before the wait says so.
@@ -200,10 +214,14 @@ async fn run(args: Args) -> Result<(), Fatal> {
         .default_backoff()
         .for_each(|_| futures::future::ready(())),
     );
+    // The nodes' and policies' reconciles follow this one watch of the
+    // health records (`triggers`), once this replica leads.
+    let health_changes = triggers::HealthChanges::default();
     tokio::spawn(
-        watcher(health_api.clone(), watcher::Config::default())
+        watcher(health_api.clone(), fleet_watch())
             .default_backoff()
             .modify(slim::node_health)
+            .inspect(health_changes.tap())
             .reflect(health_writer)
             .for_each(|_| futures::future::ready(())),
     );
@@ -242,6 +260,9 @@ async fn run(args: Args) -> Result<(), Fatal> {
     // the reads that set up the loops below outlast the renew deadline.
     // It ends when the lease is lost, or when asked to stop, handing the
     // elector back so that the lease can be released.
+    let Some(health_changed) = health_changes.lead() else {
+        unreachable!("leadership is taken once");
+    };
     let leadership = elector.leadership();
     let (stop_renewing, renewing_stopped) = tokio::sync::oneshot::channel::<()>();
     let mut renewing = tokio::spawn(async move {
@@ -262,15 +283,19 @@ async fn run(args: Args) -> Result<(), Fatal> {
         unreadable_changed,
     ));
     // Nodes are kept slim, and only a change in what a reconcile reads
-    // triggers one: at fleet scale whole nodes were most of the memory.
+    // triggers one: at fleet scale whole nodes were most of the memory. A
+    // change of labels also looks at every policy's selection again.
     let (nodes, node_writer) = reflector::store::<Node>();
-    let node_changes = watcher(Api::<Node>::all(client.clone()), watcher::Config::default())
+    let (relabelled, label_changes) = futures::channel::mpsc::unbounded();
+    let node_changes = watcher(Api::<Node>::all(client.clone()), fleet_watch())
         .default_backoff()
         .modify(slim::node)
+        .inspect(triggers::label_changes(nodes.clone(), relabelled))
         .reflect(node_writer)
         .applied_objects()
         .predicate_filter(slim::node_inputs, Default::default());
-    let node_controller = Controller::for_stream(node_changes, nodes.clone());
+    let node_controller = Controller::for_stream(node_changes, nodes.clone())
+        .with_config(controller::Config::default().concurrency(RECONCILES_AT_ONCE));
     // PodDisruptionBudgets, kept from one watch; a change reconciles the
     // nodes whose DryRun plan it is in.
     let (budgets, budget_writer) = reflector::store::<PodDisruptionBudget>();
@@ -337,12 +362,8 @@ async fn run(args: Args) -> Result<(), Fatal> {
     // A policy's spec may change any node's decision; a node-health change
     // only its own node's.
     let nodes_stream = node_controller
-        .reconcile_all_on(spec_changes(policy_api.clone()))
-        .watches(
-            health_api.clone(),
-            watcher::Config::default(),
-            |g: GpuNodeHealth| std::iter::once(ObjectRef::new(&g.name_any())),
-        )
+        .reconcile_all_on(triggers::spec_changes(policy_api.clone()))
+        .reconcile_on(health_changed.nodes)
         .reconcile_on(budget_changes)
         .reconcile_on(device_changes)
         .shutdown_on_signal()
@@ -358,26 +379,10 @@ async fn run(args: Args) -> Result<(), Fatal> {
     };
     // A policy's status follows its nodes' statuses, which nodes it selects,
     // and whether the locks it names can be read.
-    let selecting = policies.clone();
     let policy_loop = Controller::new(policy_api, watcher::Config::default())
         .reconcile_all_on(unreadable_changes)
-        .watches(
-            health_api,
-            watcher::Config::default(),
-            |g: GpuNodeHealth| g.status.and_then(|s| s.policy).map(|p| ObjectRef::new(&p)),
-        )
-        .watches(
-            Api::<Node>::all(client),
-            watcher::Config::default().any_semantic(),
-            move |node: Node| {
-                selecting
-                    .state()
-                    .iter()
-                    .filter(|p| selects(p, &node))
-                    .map(|p| ObjectRef::from_obj(p.as_ref()))
-                    .collect::<Vec<_>>()
-            },
-        )
+        .reconcile_all_on(label_changes)
+        .reconcile_on(health_changed.policies)
         .shutdown_on_signal()
         .run(policy_status::reconcile, policy_status::error_policy, ctx)
         .for_each(|_| futures::future::ready(()));
@@ -419,32 +424,6 @@ async fn caches_ready(ctx: &Context) -> Result<bool, Fatal> {
             () = shutdown_signal() => return Ok(false),
         }
     }
-}
-
-/// One item per policy created, deleted or changed in its spec. Status
-/// writes are left out: the policy's status follows its nodes, and
-/// reconciling every node on each of them made a fleet-wide change cost
-/// nodes × changes reconciles (the benchmark found it at 1,000 nodes).
-fn spec_changes(api: Api<GpuHealthPolicy>) -> impl futures::Stream<Item = ()> + Send + 'static {
-    let mut generations: HashMap<String, Option<i64>> = HashMap::new();
-    watcher(api, watcher::Config::default())
-        .default_backoff()
-        .filter_map(move |event| {
-            let changed = match event {
-                Ok(watcher::Event::Apply(p) | watcher::Event::InitApply(p)) => {
-                    generations.insert(p.name_any(), p.metadata.generation)
-                        != Some(p.metadata.generation)
-                }
-                Ok(watcher::Event::Delete(p)) => {
-                    generations.remove(&p.name_any());
-                    true
-                }
-                // A relist may have missed a deletion: look at every node again.
-                Ok(watcher::Event::InitDone) => true,
-                Ok(watcher::Event::Init) | Err(_) => false,
-            };
-            futures::future::ready(changed.then_some(()))
-        })
 }
 
 /// SIGTERM (how Kubernetes stops a pod) or Ctrl-C.
