@@ -200,8 +200,9 @@ async fn run(args: Args) -> Result<(), Fatal> {
     });
 
     // Stores the reconciles read from, filled before leadership is sought so
-    // that a new leader starts warm. The controllers' own watches below only
-    // trigger reconciles; kube's stable API cannot share one stream.
+    // that a new leader starts warm. The policies' controller keeps a watch
+    // of its own (kube's stable API cannot share one stream); the health
+    // records' watch also triggers reconciles, once this replica leads.
     let (policies, policy_writer) = reflector::store::<GpuHealthPolicy>();
     let (node_health, health_writer) = reflector::store::<GpuNodeHealth>();
     let policy_api = Api::<GpuHealthPolicy>::all(client.clone());
@@ -215,7 +216,7 @@ async fn run(args: Args) -> Result<(), Fatal> {
         .for_each(|_| futures::future::ready(())),
     );
     // The nodes' and policies' reconciles follow this one watch of the
-    // health records (`triggers`), once this replica leads.
+    // health records (`triggers`).
     let health_changes = triggers::HealthChanges::default();
     tokio::spawn(
         watcher(health_api.clone(), fleet_watch())
@@ -256,13 +257,13 @@ async fn run(args: Args) -> Result<(), Fatal> {
         }
     }
     metrics.leader.set(1);
+    let Some(health_changed) = health_changes.lead() else {
+        unreachable!("leadership is taken once");
+    };
     // Renewing from now on, beside everything else: on a slow API server
     // the reads that set up the loops below outlast the renew deadline.
     // It ends when the lease is lost, or when asked to stop, handing the
     // elector back so that the lease can be released.
-    let Some(health_changed) = health_changes.lead() else {
-        unreachable!("leadership is taken once");
-    };
     let leadership = elector.leadership();
     let (stop_renewing, renewing_stopped) = tokio::sync::oneshot::channel::<()>();
     let mut renewing = tokio::spawn(async move {
