@@ -247,23 +247,7 @@ async fn of_two_overlapping_policies_the_loser_shows_a_conflict() {
         .expect("scenario");
     s.start().await.expect("start");
     let policies: Api<GpuHealthPolicy> = Api::all(s.client.clone());
-    let winner = policies
-        .get(&s.policy)
-        .await
-        .expect("the scenario's policy");
-    let mut spec = winner.spec.clone();
-    spec.priority = 0;
-    let loser = format!("{}-loser", s.policy);
-    policies
-        .create(&PostParams::default(), &GpuHealthPolicy::new(&loser, spec))
-        .await
-        .expect("an overlapping policy");
-
-    let condition = |p: &GpuHealthPolicy, type_: &str| {
-        p.status
-            .as_ref()
-            .and_then(|st| st.conditions.iter().find(|c| c.type_ == type_).cloned())
-    };
+    let loser = second_policy(&s, "loser", |_| {}).await;
     let lost = until(policies.clone(), &loser, WAIT, |p| {
         condition(p, "Conflict").is_some_and(|c| c.status == "True")
     })
@@ -303,29 +287,14 @@ async fn a_node_relabelled_into_a_second_policy_shows_it_the_conflict() {
         .expect("scenario");
     s.start().await.expect("start");
     let policies: Api<GpuHealthPolicy> = Api::all(s.client.clone());
-    let winner = policies
-        .get(&s.policy)
-        .await
-        .expect("the scenario's policy");
-    let mut spec = winner.spec.clone();
-    spec.priority = 0;
-    spec.node_selector
-        .match_labels
-        .get_or_insert_default()
-        .insert(POOL.into(), "b".into());
-    let second = format!("{}-pool-b", s.policy);
-    policies
-        .create(&PostParams::default(), &GpuHealthPolicy::new(&second, spec))
-        .await
-        .expect("a second policy");
-    let conflict = |p: &GpuHealthPolicy| {
-        p.status.as_ref().and_then(|st| {
-            st.conditions
-                .iter()
-                .find(|c| c.type_ == "Conflict")
-                .cloned()
-        })
-    };
+    let second = second_policy(&s, "pool-b", |spec| {
+        spec.node_selector
+            .match_labels
+            .get_or_insert_default()
+            .insert(POOL.into(), "b".into());
+    })
+    .await;
+    let conflict = |p: &GpuHealthPolicy| condition(p, "Conflict");
     until(policies.clone(), &second, WAIT, |p| {
         ready(p).is_some_and(|c| c.status == "True")
             && conflict(p).is_none_or(|c| c.status == "False")
@@ -367,6 +336,36 @@ async fn a_node_relabelled_into_a_second_policy_shows_it_the_conflict() {
         .delete(&second, &Default::default())
         .await
         .expect("clean up");
+}
+
+/// A second policy named `{scenario's}-{suffix}`: the scenario's spec at
+/// priority 0, changed by `change`, so that it loses any node both select.
+async fn second_policy(
+    s: &Scenario,
+    suffix: &str,
+    change: impl FnOnce(&mut gpuhealth_api::GpuHealthPolicySpec),
+) -> String {
+    let policies: Api<GpuHealthPolicy> = Api::all(s.client.clone());
+    let mut spec = policies
+        .get(&s.policy)
+        .await
+        .expect("the scenario's policy")
+        .spec;
+    spec.priority = 0;
+    change(&mut spec);
+    let name = format!("{}-{suffix}", s.policy);
+    policies
+        .create(&PostParams::default(), &GpuHealthPolicy::new(&name, spec))
+        .await
+        .expect("a second policy");
+    name
+}
+
+/// The policy's condition of `type_`, if it has one.
+fn condition(p: &GpuHealthPolicy, type_: &str) -> Option<Condition> {
+    p.status
+        .as_ref()
+        .and_then(|st| st.conditions.iter().find(|c| c.type_ == type_).cloned())
 }
 
 fn ready(p: &GpuHealthPolicy) -> Option<&Condition> {
