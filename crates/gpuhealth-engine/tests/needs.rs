@@ -59,6 +59,31 @@ fn a_node_under_remediation_always_needs_its_pods() {
 }
 
 #[test]
+fn only_a_node_about_to_start_asks_for_the_budget() {
+    // Counting the budget walks the policy's whole fleet: a healthy node,
+    // or one already under remediation, must decide without it.
+    let mut w = World::incident();
+    w.spec.mode = Mode::Enforce;
+    w.reconcile();
+    assert_eq!(w.state.phase, Phase::Quarantined);
+    assert_eq!(w.budget_asked, 1, "the start asks, once");
+    w.run_until(|w| w.state.phase == Phase::Healthy, HOUR);
+    for _ in 0..3 {
+        w.reconcile();
+    }
+    assert_eq!(w.state.phase, Phase::Healthy);
+    assert_eq!(w.budget_asked, 1, "asked again under way or once healthy");
+    // Held for the budget, it asks at every look.
+    let mut w = World::incident();
+    w.spec.mode = Mode::Enforce;
+    w.budget.disruptive_elsewhere = w.budget.max_concurrent;
+    w.reconcile();
+    w.reconcile();
+    assert_eq!(w.state.phase, Phase::Suspect);
+    assert_eq!(w.budget_asked, 2);
+}
+
+#[test]
 fn the_fleet_counts_disruptive_and_unhealthy_nodes_once() {
     let mut w = World::incident();
     w.spec.mode = Mode::Enforce;

@@ -248,8 +248,9 @@ impl Default for Metrics {
 }
 
 impl Metrics {
-    /// The stages of a node reconcile, in order.
-    pub const STAGES: [&'static str; 5] = ["read", "wait", "decide", "write", "act"];
+    /// The stages of a node reconcile, in order; `budget` (counting the
+    /// policy's fleet) only for a step about to start a remediation.
+    pub const STAGES: [&'static str; 6] = ["read", "wait", "budget", "decide", "write", "act"];
 
     /// Records that `stage` took from `since` until now; returns now, the
     /// next stage's start.

@@ -33,6 +33,8 @@ pub(super) struct Stepper<'a> {
     pub(super) happenings: Vec<Happening>,
     pub(super) requeue: Option<Duration>,
     pub(super) diagnosis: Diagnosis,
+    /// The step reached the budget and was given none.
+    pub(super) budget_needed: bool,
 }
 
 /// What a handler says comes next, within the same step.
@@ -70,6 +72,7 @@ impl<'a> Stepper<'a> {
             happenings: Vec::new(),
             requeue: None,
             diagnosis: Diagnosis::default(),
+            budget_needed: false,
         }
     }
 

@@ -68,6 +68,11 @@ pub fn validation_pod_name(node: &str, action_id: &RequestId) -> String {
     name.trim_end_matches(['-', '.']).to_owned()
 }
 
+/// A step about to start a remediation was given no budget: count it and
+/// step again. Any other step decides the same with or without one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BudgetNeeded;
+
 /// Everything one step decides on.
 pub struct Input<'a> {
     pub now: Timestamp,
@@ -85,6 +90,10 @@ pub struct Input<'a> {
     /// The pods, wherever they run, of the workloads named by
     /// [`workloads_to_watch`]; empty otherwise.
     pub workloads: &'a [WorkloadView],
-    pub budget: Budget,
+    /// The policy's budget for one more node, or None if not counted:
+    /// counting walks the policy's whole fleet, and only a node about to
+    /// start a remediation looks at it. Without it such a step stops with
+    /// [`BudgetNeeded`]; the caller counts and steps again.
+    pub budget: Option<Budget>,
     pub state: &'a GpuNodeHealthStatus,
 }

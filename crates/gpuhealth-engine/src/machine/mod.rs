@@ -38,7 +38,7 @@ use k8s_openapi::jiff::Timestamp;
 use self::core::{Stage, Stepper, Then};
 pub use self::{
     decision::{Action, Decision},
-    input::{Input, NodeView, ValidationView, validation_pod_name},
+    input::{BudgetNeeded, Input, NodeView, ValidationView, validation_pod_name},
     needs::{HoldersSince, Needs, needs},
 };
 pub use crate::budget::is_disruptive;
@@ -90,14 +90,15 @@ pub fn workloads_to_watch(status: &GpuNodeHealthStatus) -> Vec<String> {
         .unwrap_or_default()
 }
 
-pub fn step(input: &Input<'_>) -> Decision {
+/// The node's next step; see [`Input::budget`] for when it needs a budget.
+pub fn step(input: &Input<'_>) -> Result<Decision, BudgetNeeded> {
     let mut s = Stepper::new(input);
     s.observe();
     s.readiness_gates();
     if let Some(reason) = &input.node.break_glass {
         // Nothing else this round: the next starts from what it left.
         s.break_glass(reason);
-        return s.decision();
+        return Ok(s.decision());
     }
     let mode = input.spec.mode;
     if mode != Mode::Enforce
@@ -115,7 +116,7 @@ pub fn step(input: &Input<'_>) -> Decision {
         s.status.reason = Some(Reason::Held);
         s.status.message = Some(message);
         s.requeue = None;
-        return s.decision();
+        return Ok(s.decision());
     }
     let mut then = s.run(first_stage(input.state));
     for _ in 1..HANDLERS_PER_STEP {
@@ -129,9 +130,12 @@ pub fn step(input: &Input<'_>) -> Decision {
         Then::Done,
         "a step handed on more than {HANDLERS_PER_STEP} times"
     );
+    if s.budget_needed {
+        return Err(BudgetNeeded);
+    }
     s.keep_fences();
     s.forget_stale_cordon_record();
-    s.decision()
+    Ok(s.decision())
 }
 
 /// The handler for the stored phase.

@@ -21,7 +21,7 @@ use gpuhealth_engine::{
     fence::{DeviceView, DraView, RuleView},
     happening::Happening,
     machine::ValidationView,
-    machine::{Action, Input, NodeView, step},
+    machine::{Action, BudgetNeeded, Input, NodeView, step},
     workload::WorkloadView,
 };
 use k8s_openapi::{
@@ -77,6 +77,8 @@ pub struct World {
     /// The pods of the workloads the engine watches after a recovery.
     pub workloads: Vec<WorkloadView>,
     pub budget: Budget,
+    /// How many steps asked for the budget (stopped without one).
+    pub budget_asked: u32,
     pub reset_agent: Agent,
     pub reboot_agent: Agent,
     /// Every action carried out, in order.
@@ -141,6 +143,7 @@ impl World {
             state: GpuNodeHealthStatus::default(),
             workloads: Vec::new(),
             budget,
+            budget_asked: 0,
             reset_agent: Agent::Succeeds,
             reboot_agent: Agent::Succeeds,
             log: Vec::new(),
@@ -169,7 +172,10 @@ impl World {
             }
             self.node.report_refreshed_at = self.report_seen.map(|(_, at)| at);
         }
-        let decision = step(&Input {
+        // As the operator steps: without the budget first, counting it only
+        // when the step asks. A step that does not ask must decide exactly
+        // as it would with the budget counted.
+        let input = |budget| Input {
             now: self.now,
             policy: "gpu-nodes",
             spec: &self.spec,
@@ -178,9 +184,18 @@ impl World {
             disruption_budgets: &self.disruption_budgets,
             validation: self.validation.as_ref(),
             workloads: &self.workloads,
-            budget: self.budget,
+            budget,
             state: &self.state,
-        });
+        };
+        let counted = step(&input(Some(self.budget))).expect("a counted budget is never asked for");
+        match step(&input(None)) {
+            Ok(uncounted) => assert_eq!(
+                uncounted, counted,
+                "a step that did not ask for the budget decided otherwise with it"
+            ),
+            Err(BudgetNeeded) => self.budget_asked += 1,
+        }
+        let decision = counted;
         self.state = decision.status;
         for action in &decision.actions {
             self.apply(action);

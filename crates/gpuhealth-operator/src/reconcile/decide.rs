@@ -12,7 +12,7 @@ use std::{
 use gpuhealth_api::{GpuHealthPolicy, GpuNodeHealth, node_health::GpuNodeHealthStatus};
 use gpuhealth_engine::{
     budget::{self, Budget},
-    machine::{Decision, Input, step},
+    machine::{BudgetNeeded, Decision, Input, step},
 };
 use k8s_openapi::jiff::Timestamp;
 
@@ -28,16 +28,10 @@ use crate::{
 pub struct Decided<'a> {
     pub decision: Decision,
     pub pending: Pending<'a>,
-    /// What the budget was counted from, to count it again from a fresh list.
-    pub fleet: Fleet,
 }
 
 pub fn decide<'a>(ctx: &'a Context, read: &Read, waiting: Instant) -> Decided<'a> {
-    let fleet = Fleet::of(ctx, &read.policy, &read.name);
-    let mut written = ctx.lock_decisions();
-    let deciding = ctx.metrics.stage("wait", waiting);
-    let budget = fleet.budget(&ctx.node_health.state(), &written, &read.policy, &read.name);
-    let decision = step(&Input {
+    let input = |budget| Input {
         now: Timestamp::now(),
         policy: &read.policy_name,
         spec: &read.policy.spec,
@@ -48,7 +42,28 @@ pub fn decide<'a>(ctx: &'a Context, read: &Read, waiting: Instant) -> Decided<'a
         workloads: &read.workloads,
         budget,
         state: &read.stored,
-    });
+    };
+    let mut written = ctx.lock_decisions();
+    let mut deciding = ctx.metrics.stage("wait", waiting);
+    // Most steps never look at the budget, and counting it walks the
+    // policy's whole fleet: a pass over 5,000 nodes after a policy change
+    // held new faults back for half a minute (bench/FINDINGS.md). It is
+    // counted only when the step asks, outside the lock, then under it
+    // with this process's latest records.
+    let decision = match step(&input(None)) {
+        Ok(decision) => decision,
+        Err(BudgetNeeded) => {
+            drop(written);
+            let fleet = Fleet::of(ctx, &read.policy, &read.name);
+            written = ctx.lock_decisions();
+            deciding = ctx.metrics.stage("budget", deciding);
+            let budget = fleet.budget(&ctx.node_health.state(), &written, &read.policy, &read.name);
+            match step(&input(Some(budget))) {
+                Ok(decision) => decision,
+                Err(BudgetNeeded) => unreachable!("a step given its budget does not ask for it"),
+            }
+        }
+    };
     // A record bridges the time until the watch shows this process's last
     // write. None is kept once the cluster shows it and nothing new is to
     // be written, so that the records follow the work in flight, not the
@@ -64,7 +79,6 @@ pub fn decide<'a>(ctx: &'a Context, read: &Read, waiting: Instant) -> Decided<'a
     Decided {
         decision,
         pending: Pending::new(ctx, &read.name, read.recorded.clone()),
-        fleet,
     }
 }
 
@@ -82,7 +96,7 @@ pub struct Fleet {
 }
 
 impl Fleet {
-    fn of(ctx: &Context, policy: &GpuHealthPolicy, this: &str) -> Fleet {
+    pub fn of(ctx: &Context, policy: &GpuHealthPolicy, this: &str) -> Fleet {
         let managed = policy_nodes(ctx, policy);
         let others = || {
             managed

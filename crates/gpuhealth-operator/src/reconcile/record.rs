@@ -16,7 +16,10 @@ use kube::{
 use serde_json::json;
 use tracing::info;
 
-use super::{decide::Decided, read::Read};
+use super::{
+    decide::{Decided, Fleet},
+    read::Read,
+};
 use crate::context::{Context, Error, MANAGER};
 
 /// How long after a takeover remediation starts are confirmed against a
@@ -40,17 +43,14 @@ pub async fn record(
     read: &Read,
     decided: Decided<'_>,
 ) -> Result<Recorded, Error> {
-    let Decided {
-        decision,
-        pending,
-        fleet,
-    } = decided;
+    let Decided { decision, pending } = decided;
     let status = &decision.status;
     if starts_after_takeover(ctx, read, status) {
         let fresh = Api::<GpuNodeHealth>::all(ctx.client.clone())
             .list(&ListParams::default())
             .await?;
         let store: Vec<Arc<GpuNodeHealth>> = fresh.items.into_iter().map(Arc::new).collect();
+        let fleet = Fleet::of(ctx, &read.policy, &read.name);
         let hold = {
             let written = ctx.lock_decisions();
             fleet

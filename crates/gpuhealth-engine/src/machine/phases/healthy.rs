@@ -63,7 +63,15 @@ fn disrupted_by_other(s: &mut Stepper<'_>, t: &Trigger) -> Option<Hold> {
 }
 
 fn out_of_budget(s: &mut Stepper<'_>, t: &Trigger) -> Option<Hold> {
-    let b = s.input.budget;
+    let Some(b) = s.input.budget else {
+        // Not counted: the step ends here, and `step` asks for it.
+        s.budget_needed = true;
+        return Some(Hold {
+            reason: budget::Hold::Concurrency.reason(),
+            why: "the budget is not counted yet".to_owned(),
+            recheck: None,
+        });
+    };
     let hold = b.may_start().err()?;
     let why = match hold {
         budget::Hold::CircuitOpen => format!(
