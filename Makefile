@@ -31,11 +31,12 @@ lint:
 unit:
 	cargo test
 
-# Everything against a real kube-apiserver with KWOK GPU nodes. Builds the
-# control plane on first use (cached in ~/.cache/gpuhealth).
+# Everything against a real kube-apiserver with KWOK GPU nodes, in two
+# lanes with a cluster each (e2e/lanes.sh). Builds the control plane on
+# first use (cached in ~/.cache/gpuhealth).
 e2e:
 	cargo build -p gpuhealth-operator -p gpuhealth-agent -p kubectl-gpuhealth -p gpuhealth-e2e --bins --tests
-	e2e/cluster/with-cluster.sh cargo test -p gpuhealth-e2e
+	e2e/lanes.sh
 
 # Fleet-scale figures on a fresh local cluster of its own: release builds,
 # BENCH_NODES (1000) nodes; results, summary and plots in bench/results/.
