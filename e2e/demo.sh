@@ -44,9 +44,11 @@ fi
 
 say "Building gpuhealth"
 cargo build -q -p gpuhealth-operator -p gpuhealth-agent -p kubectl-gpuhealth -p gpuhealth-e2e --bins
-sim=target/debug/gpuhealth-sim
-# kubectl finds its plugins on PATH: `kubectl gpuhealth` is target/debug/kubectl-gpuhealth.
-export PATH="$repo/target/debug:$PATH"
+# Where cargo put them: CARGO_TARGET_DIR (absolute, or relative to here) when set.
+bin=$(cd "$repo" && realpath -m "${CARGO_TARGET_DIR:-target}")/debug
+sim=$bin/gpuhealth-sim
+# kubectl finds its plugins on PATH: `kubectl gpuhealth` is $bin/kubectl-gpuhealth.
+export PATH="$bin:$PATH"
 logs=target/demo
 mkdir -p "$logs"
 node=192.168.1.1
@@ -89,10 +91,10 @@ spec:
 YAML
 
 say "Starting the operator, and gpuhealth-agent on the node with its fake backend (logs in $logs/)"
-target/debug/gpuhealth-operator --metrics-addr 127.0.0.1:0 --lease-name gpuhealth-demo >"$logs/operator.log" 2>&1 &
+"$bin/gpuhealth-operator" --metrics-addr 127.0.0.1:0 --lease-name gpuhealth-demo >"$logs/operator.log" 2>&1 &
 operator=$!
 rm -rf "$logs/agent-state"
-target/debug/gpuhealth-agent --backend fake --node-name "$node" --state-dir "$logs/agent-state" \
+"$bin/gpuhealth-agent" --backend fake --node-name "$node" --state-dir "$logs/agent-state" \
   --metrics-addr 127.0.0.1:0 >"$logs/agent.log" 2>&1 &
 agent=$!
 # The node's kubelet, as far as GPUs go: a pod that leaves frees its GPU.
