@@ -42,6 +42,9 @@ lane e2e-2 "$PWD/target/e2e-cluster-2" --lib --bins "${second_args[@]}" &
 two=$!
 wait "$one"; status_one=$?
 wait "$two"; status_two=$?
+# Doc tests cannot be selected with the targets above; they need no cluster.
+cargo test -p gpuhealth-e2e --doc; status_doc=$?
 echo "[e2e] lane 1 (${first[*]}): exit $status_one"
 echo "[e2e] lane 2 (library, binaries, ${second[*]}): exit $status_two"
-((status_one == 0 && status_two == 0))
+echo "[e2e] doc tests: exit $status_doc"
+((status_one == 0 && status_two == 0 && status_doc == 0))
