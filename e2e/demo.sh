@@ -44,8 +44,8 @@ fi
 
 say "Building gpuhealth"
 cargo build -q -p gpuhealth-operator -p gpuhealth-agent -p kubectl-gpuhealth -p gpuhealth-e2e --bins
-# Where cargo put them: CARGO_TARGET_DIR (absolute, or relative to here) when set.
-bin=$(cd "$repo" && realpath -m "${CARGO_TARGET_DIR:-target}")/debug
+# Where cargo put them: the rule of e2e/src/process.rs `built`.
+bin=${CARGO_TARGET_DIR:-$repo/target}/debug
 sim=$bin/gpuhealth-sim
 # kubectl finds its plugins on PATH: `kubectl gpuhealth` is $bin/kubectl-gpuhealth.
 export PATH="$bin:$PATH"

@@ -8,7 +8,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 if [[ -n "${GPUHEALTH_E2E_KUBECONFIG:-}" ]]; then
-  exec cargo test -p gpuhealth-e2e "$@"
+  exec cargo test -p gpuhealth-e2e
 fi
 
 # The first lane: about half of the whole, by the seconds each file took on
@@ -16,10 +16,15 @@ fi
 # 21, gpu_cluster 17, contract 13). Every other file, new ones included,
 # and the library's and binaries' own tests run in the second.
 first=(remediation install diagnosis agent access gpu_cluster contract)
-second=()
+first_args=() second_args=(--lib --bins) second=()
 for file in e2e/tests/*.rs; do
   name=$(basename "$file" .rs)
-  [[ " ${first[*]} " == *" $name "* ]] || second+=("$name")
+  if [[ " ${first[*]} " == *" $name "* ]]; then
+    first_args+=(--test "$name")
+  else
+    second_args+=(--test "$name")
+    second+=("$name")
+  fi
 done
 
 # Both clusters start from the same cached binaries: build them once.
@@ -32,13 +37,10 @@ lane() {
   GPUHEALTH_CLUSTER_DIR=$dir e2e/cluster/with-cluster.sh \
     cargo test -p gpuhealth-e2e "$@" 2>&1 | sed -u "s/^/[$label] /"
 }
-tests() { for name in "$@"; do printf -- '--test\n%s\n' "$name"; done; }
 
-mapfile -t first_args < <(tests "${first[@]}")
-mapfile -t second_args < <(tests "${second[@]}")
 lane e2e-1 "$PWD/target/e2e-cluster" "${first_args[@]}" &
 one=$!
-lane e2e-2 "$PWD/target/e2e-cluster-2" --lib --bins "${second_args[@]}" &
+lane e2e-2 "$PWD/target/e2e-cluster-2" "${second_args[@]}" &
 two=$!
 wait "$one"; status_one=$?
 wait "$two"; status_two=$?
