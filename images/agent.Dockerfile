@@ -1,15 +1,19 @@
-# gpuhealth-agent: glibc, because NVML (libnvidia-ml.so, mounted from the
-# host by the NVIDIA container toolkit) is loaded at run time and a static
-# musl binary cannot load it. distroless/cc has glibc and nothing else.
-# Runs as root: a GPU reset and /dev/kmsg need it (see config/agent).
+# gpuhealth-agent: glibc, because NVML (libnvidia-ml.so.1, from the NVIDIA
+# runtime or a driver root) is loaded at run time and a static binary
+# cannot load it. distroless/cc has glibc, CA certificates and nothing else.
+# Runs as root: a GPU reset needs it (see config/agent).
 # Build from the repository root:
 #   docker build -f images/agent.Dockerfile -t gpuhealth-agent .
+# Without Docker, `make images` builds the same image from this file's
+# last stage (images/pack.py).
 FROM rust:1.95-bookworm AS build
 WORKDIR /src
 COPY Cargo.toml Cargo.lock ./
+# Every workspace member: cargo reads each manifest even when it builds one
+# package (e2e/tests/images.rs checks this list against cargo metadata).
 COPY crates crates
-# A workspace member: cargo reads its manifest even when not building it.
 COPY e2e e2e
+COPY bench bench
 RUN cargo build --release --locked -p gpuhealth-agent
 
 FROM gcr.io/distroless/cc-debian12
