@@ -5,10 +5,17 @@ export CARGO_BUILD_JOBS ?= 2
 CLUSTER := e2e/cluster/cluster.sh
 TARGET_DIR := $(or $(CARGO_TARGET_DIR),$(CURDIR)/target)
 
-.PHONY: build crds docs lint unit e2e chaos chaos-bounded previous-release previous-build fuzz fuzz-smoke bench bench-smoke peer-nhc test cluster-up cluster-down demo clean
+.PHONY: build images crds docs lint unit e2e chaos chaos-bounded previous-release previous-build fuzz fuzz-smoke bench bench-smoke peer-nhc test cluster-up cluster-down demo clean
 
 build:
 	cargo build --workspace --all-targets
+
+# The operator, agent and plugin images, as the Dockerfiles in images/
+# describe them, without a container engine: a release build, a base from
+# Debian's packages, OCI archives in target/images (images/pack.py).
+images:
+	cargo build --release -p gpuhealth-operator -p gpuhealth-agent -p kubectl-gpuhealth
+	python3 images/pack.py --bin-dir $(TARGET_DIR)/release --out target/images images/*.Dockerfile
 
 # Regenerate crds/ from the Rust types; commit the result.
 crds:
@@ -85,11 +92,14 @@ bench-smoke: peer-nhc
 # Reliability (docs/reliability.md): operator kills, API server and etcd
 # restarts, conflicting writers, storms, each judged by an independent
 # watcher; prints a table and writes it to target/chaos.md. `chaos-bounded`
-# is the shorter run `make test` includes.
+# is the shorter run `make test` includes. It runs on a cluster of its own
+# (target/chaos-cluster), started with the audit log its checker reads and
+# stopped after: never on the cluster `make demo` leaves running.
 CHAOS_ARGS ?=
 chaos: previous-release
 	cargo build -p gpuhealth-operator -p gpuhealth-agent -p gpuhealth-e2e --bins
-	GPUHEALTH_CLUSTER_AUDIT=1 e2e/cluster/with-cluster.sh $(TARGET_DIR)/debug/gpuhealth-chaos --out target/chaos.md $(CHAOS_ARGS)
+	GPUHEALTH_CLUSTER_AUDIT=1 GPUHEALTH_CLUSTER_DIR=$(CURDIR)/target/chaos-cluster \
+	  e2e/cluster/with-cluster.sh $(TARGET_DIR)/debug/gpuhealth-chaos --out target/chaos.md $(CHAOS_ARGS)
 
 chaos-bounded:
 	$(MAKE) chaos CHAOS_ARGS="--kill-trials 4 --restart-trials 2 --fencing-trials 1 --late-partition-trials 1 --lag-trials 1 --conflict-trials 2 --hostile-trials 1 --storm-trials 1 --upgrade-trials 4"

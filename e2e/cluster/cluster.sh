@@ -27,6 +27,9 @@ alive() {
 
 answers() {
   [[ -f "$kubeconfig" && -f "$state/bin" ]] || return 1
+  # A cluster started without the audit log a caller asks for is not the
+  # cluster it needs: `up` starts it again with one.
+  [[ "${GPUHEALTH_CLUSTER_AUDIT:-0}" != 1 || -f "$state/audit-policy.yaml" ]] || return 1
   local bin
   bin=$(cat "$state/bin")
   for c in "${components[@]}"; do alive "$c" || return 1; done
