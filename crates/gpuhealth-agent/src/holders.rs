@@ -1,7 +1,9 @@
 //! Who holds a GPU's device node (`/dev/nvidiaN`) open, found as `fuser`
 //! does: through every process's open files under `/proc`. With the host's
 //! PID namespace this sees every container on the node. The driver refuses
-//! to reset a GPU while any of them holds it.
+//! to reset a GPU while any of them holds it. A process whose open files
+//! cannot be read (a runtime's AppArmor profile, a missing `SYS_PTRACE`)
+//! might hold it: it is named, never passed over.
 
 use std::{
     fs,
@@ -29,6 +31,31 @@ impl std::fmt::Display for Holder {
     }
 }
 
+/// A process whose open files could not be read.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Unreadable {
+    pub pid: u32,
+    pub command: String,
+    pub error: String,
+}
+
+impl std::fmt::Display for Unreadable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} (pid {}), whose open files cannot be read ({})",
+            self.command, self.pid, self.error
+        )
+    }
+}
+
+/// What a look through `/proc` found.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Scan {
+    pub holders: Vec<Holder>,
+    pub unreadable: Vec<Unreadable>,
+}
+
 /// The same file: a character device by its device number (each container
 /// has a node of its own for the same GPU), anything else by inode.
 fn same_file(a: &fs::Metadata, b: &fs::Metadata) -> bool {
@@ -38,11 +65,13 @@ fn same_file(a: &fs::Metadata, b: &fs::Metadata) -> bool {
     a.dev() == b.dev() && a.ino() == b.ino()
 }
 
-/// The processes under `proc` holding `device` open, other than this one.
-pub fn holding(proc: &Path, device: &Path) -> std::io::Result<Vec<Holder>> {
+/// The processes under `proc` holding `device` open, other than this one,
+/// and those that might.
+pub fn holding(proc: &Path, device: &Path) -> std::io::Result<Scan> {
     let target = fs::metadata(device)?;
     let me = std::process::id();
     let mut found = Vec::new();
+    let mut unreadable = Vec::new();
     for entry in fs::read_dir(proc)?.flatten() {
         let Some(pid) = entry
             .file_name()
@@ -54,9 +83,18 @@ pub fn holding(proc: &Path, device: &Path) -> std::io::Result<Vec<Holder>> {
         if pid == me {
             continue;
         }
-        // A process may end, or hide its files, while we look: skip it.
-        let Ok(fds) = fs::read_dir(entry.path().join("fd")) else {
-            continue;
+        let fds = match fs::read_dir(entry.path().join("fd")) {
+            Ok(fds) => fds,
+            // It ended while we looked.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(e) => {
+                unreadable.push(Unreadable {
+                    pid,
+                    command: command(proc, pid),
+                    error: e.to_string(),
+                });
+                continue;
+            }
         };
         let holds = fds
             .flatten()
@@ -72,7 +110,11 @@ pub fn holding(proc: &Path, device: &Path) -> std::io::Result<Vec<Holder>> {
         }
     }
     found.sort_by_key(|h| h.pid);
-    Ok(found)
+    unreadable.sort_by_key(|u| u.pid);
+    Ok(Scan {
+        holders: found,
+        unreadable,
+    })
 }
 
 /// A process's command name (`/proc/PID/comm`), `?` if it is gone.
@@ -136,6 +178,29 @@ mod tests {
         );
     }
 
+    /// A process whose `fd` cannot be listed is named; one that ended is not.
+    #[test]
+    fn a_process_whose_files_cannot_be_read_is_named() {
+        let proc = std::env::temp_dir().join(format!("gpuhealth-proc-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&proc);
+        fs::create_dir_all(proc.join("41")).expect("a process");
+        fs::write(proc.join("41/comm"), "dcgm-exporter\n").expect("comm");
+        // Not a directory: listing it fails as a denied one does, not as
+        // a process that is gone.
+        fs::write(proc.join("41/fd"), b"").expect("fd");
+        fs::create_dir_all(proc.join("42")).expect("a process that ended");
+        let device = proc.join("nvidia0");
+        fs::write(&device, b"").expect("device");
+        let scan = holding(&proc, &device).expect("scan");
+        assert_eq!(scan.holders, []);
+        assert_eq!(scan.unreadable.len(), 1, "{scan:?}");
+        let named = scan.unreadable[0].to_string();
+        assert!(
+            named.starts_with("dcgm-exporter (pid 41), whose open files cannot be read ("),
+            "{named}"
+        );
+    }
+
     #[test]
     fn a_process_holding_the_file_is_found_and_this_one_is_not() {
         let dir = std::env::temp_dir().join(format!("gpuhealth-holders-{}", std::process::id()));
@@ -148,7 +213,7 @@ mod tests {
         let until = |want: &dyn Fn(&[Holder]) -> bool| {
             let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
             loop {
-                let found = holding(Path::new("/proc"), &device).expect("scan");
+                let found = holding(Path::new("/proc"), &device).expect("scan").holders;
                 if want(&found) || std::time::Instant::now() > deadline {
                     break found;
                 }

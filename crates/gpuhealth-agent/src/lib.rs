@@ -3,6 +3,8 @@
 
 pub mod authority;
 pub mod backend;
+pub mod capability_checks;
+pub mod driver_root;
 pub mod fake;
 pub mod holders;
 pub mod journal;
@@ -10,6 +12,7 @@ pub mod judgement;
 pub mod kmsg;
 pub mod metrics;
 pub mod node_agent;
+pub mod nvidia_smi;
 pub mod nvml;
 pub mod nvml_backend;
 pub mod nvml_thread;

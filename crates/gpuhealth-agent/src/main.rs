@@ -18,16 +18,19 @@ use std::{
 
 use clap::{Parser, ValueEnum};
 use gpuhealth_agent::{
+    capability_checks::CapabilityChecks,
+    driver_root::DriverRoot,
     fake::FakeBackend,
     journal::Journal,
     kmsg::Feed,
     metrics::AgentMetrics,
     node_agent::{CrashPoint, NodeAgent, Settings},
+    nvidia_smi::NvidiaSmi,
     nvml::{self, NVML_LIBRARY},
     nvml_backend::{KmsgBackend, NvmlBackend},
     nvml_thread::NvmlThread,
     operands::{DEFAULT_OPERANDS, Operands},
-    reboot::RebootMethod,
+    reboot::{RebootMethod, SYSTEM_BUS},
     recoveries::Recoveries,
     reset::ResetSettings,
 };
@@ -52,8 +55,8 @@ enum Reboot {
     None,
     /// Create kured's sentinel file (--kured-sentinel).
     Kured,
-    /// Ask systemd-logind over the system D-Bus socket (needs the host's
-    /// /run/dbus/system_bus_socket and CAP_SYS_BOOT).
+    /// Ask systemd-logind over the system D-Bus (--system-bus; needs the
+    /// host's socket and CAP_SYS_BOOT).
     Logind,
 }
 
@@ -93,15 +96,26 @@ struct Args {
     /// The kernel log to follow for `NVRM: Xid` lines.
     #[arg(long, env = "GPUHEALTH_KMSG_PATH", default_value = "/dev/kmsg")]
     kmsg_path: PathBuf,
-    /// NVML: a file name is looked up on the library path (LD_LIBRARY_PATH
-    /// for a driver root mounted from the host).
-    #[arg(long, env = "GPUHEALTH_NVML_LIBRARY", default_value = NVML_LIBRARY)]
+    /// NVML: a file name is looked up on the library path (where the
+    /// NVIDIA runtime put it).
+    #[arg(long, env = "GPUHEALTH_NVML_LIBRARY", default_value = NVML_LIBRARY, conflicts_with = "driver_root")]
     nvml_library: OsString,
+    /// A driver root mounted from the host (the GPU Operator's driver
+    /// container's /run/nvidia/driver, or the host's /): NVML loaded from
+    /// it by path, and its nvidia-smi run with its own loader and
+    /// libraries, never mixed with the image's.
+    #[arg(long, env = "GPUHEALTH_DRIVER_ROOT")]
+    driver_root: Option<PathBuf>,
     /// How long an NVML call may take before the agent says NVML is hung.
     #[arg(long, default_value = "30s", value_parser = duration)]
     nvml_deadline: Duration,
     /// nvidia-smi, for resets: a file name is looked up on PATH.
-    #[arg(long, env = "GPUHEALTH_NVIDIA_SMI", default_value = "nvidia-smi")]
+    #[arg(
+        long,
+        env = "GPUHEALTH_NVIDIA_SMI",
+        default_value = "nvidia-smi",
+        conflicts_with = "driver_root"
+    )]
     nvidia_smi: PathBuf,
     /// How long `nvidia-smi --gpu-reset` may take before it is stopped.
     #[arg(long, default_value = "2m", value_parser = duration)]
@@ -139,6 +153,9 @@ struct Args {
     /// How the agent reboots the node.
     #[arg(long, value_enum, default_value_t = Reboot::Logind)]
     reboot_method: Reboot,
+    /// The system bus's D-Bus address, for --reboot-method logind.
+    #[arg(long, env = "DBUS_SYSTEM_BUS_ADDRESS", default_value = SYSTEM_BUS)]
+    system_bus: String,
     /// kured's sentinel file, for --reboot-method kured.
     #[arg(long, default_value = "/var/run/reboot-required")]
     kured_sentinel: PathBuf,
@@ -157,11 +174,32 @@ fn duration(s: &str) -> Result<Duration, String> {
         .map_err(|e| e.to_string())
 }
 
+/// Where NVML and nvidia-smi come from: a driver root, or the library path
+/// and PATH.
+fn driver(args: &Args) -> Result<(OsString, NvidiaSmi), String> {
+    match &args.driver_root {
+        Some(root) => {
+            let root = DriverRoot::new(root.clone());
+            Ok((root.nvml_library()?.into_os_string(), root.nvidia_smi()?))
+        }
+        None => Ok((
+            args.nvml_library.clone(),
+            NvidiaSmi::program(args.nvidia_smi.clone()),
+        )),
+    }
+}
+
 fn main() -> ExitCode {
     let args = Args::parse();
     if args.once {
         return match args.backend {
-            Backend::Nvml => once_nvml(&args.nvml_library, args.readings),
+            Backend::Nvml => match driver(&args) {
+                Ok((library, _)) => once_nvml(&library, args.readings),
+                Err(e) => {
+                    eprintln!("gpuhealth-agent: {e}");
+                    ExitCode::FAILURE
+                }
+            },
             Backend::Kmsg | Backend::Fake => {
                 eprintln!("gpuhealth-agent: --once reads NVML");
                 ExitCode::from(2)
@@ -233,7 +271,7 @@ async fn serve(args: Args) -> Result<(), String> {
     let reboot = match args.reboot_method {
         Reboot::None => RebootMethod::None,
         Reboot::Kured => RebootMethod::Kured(args.kured_sentinel.clone()),
-        Reboot::Logind => RebootMethod::Logind,
+        Reboot::Logind => RebootMethod::Logind(args.system_bus.clone()),
     };
     match args.backend {
         Backend::Fake => {
@@ -255,6 +293,7 @@ async fn serve(args: Args) -> Result<(), String> {
             let backend = KmsgBackend {
                 kernel_log: feed,
                 reboot,
+                checks: CapabilityChecks::default(),
             };
             until_stopped(
                 NodeAgent::new(client, settings, backend, journal)
@@ -264,6 +303,7 @@ async fn serve(args: Args) -> Result<(), String> {
             .await;
         }
         Backend::Nvml => {
+            let (nvml_library, nvidia_smi) = driver(&args)?;
             let feed = Feed::new(metrics.xids.clone());
             match feed.follow(args.kmsg_path.clone()) {
                 Ok(how) => info!(through = how, "following the kernel log"),
@@ -273,14 +313,12 @@ async fn serve(args: Args) -> Result<(), String> {
             }
             let wake = feed.wake.clone();
             let events = feed.clone();
-            let gpus = NvmlThread::start(
-                args.nvml_library.clone(),
-                args.nvml_deadline,
-                move |pci, code| events.nvml_xid(pci, code),
-            );
+            let gpus = NvmlThread::start(nvml_library, args.nvml_deadline, move |pci, code| {
+                events.nvml_xid(pci, code)
+            });
             let recoveries = Recoveries::open(&args.state_dir)?;
             let reset = ResetSettings {
-                nvidia_smi: args.nvidia_smi.clone(),
+                nvidia_smi,
                 dev_dir: args.dev_dir.clone(),
                 proc_dir: args.proc_dir.clone(),
                 timeout: args.reset_timeout,

@@ -13,6 +13,7 @@ use kube::{Api, Client, ResourceExt, api::ListParams};
 
 use crate::{
     backend::{Backend, Done},
+    capability_checks::CapabilityChecks,
     kmsg::{Feed, PciAddress},
     nvml::{self, DeviceReading},
     nvml_thread::{Gpus, NvmlThread},
@@ -36,6 +37,9 @@ pub struct NvmlBackend<G = NvmlThread> {
     pub reset: ResetSettings,
     pub reboot: RebootMethod,
     pub recoveries: Recoveries,
+    checks: CapabilityChecks,
+    /// Whether NVML answered the last read.
+    nvml_answers: bool,
     /// DRA devices of this node → their UUID, if any, from its
     /// ResourceSlices; read again only when a pod holds a device not in it.
     dra: BTreeMap<DraDevice, Option<String>>,
@@ -62,6 +66,8 @@ impl<G: Gpus> NvmlBackend<G> {
             reset,
             reboot,
             recoveries,
+            checks: CapabilityChecks::default(),
+            nvml_answers: false,
             dra: BTreeMap::new(),
         }
     }
@@ -172,14 +178,16 @@ impl<G: Gpus> Backend for NvmlBackend<G> {
     }
 
     fn capabilities(&self, _node: &Node) -> Capabilities {
-        Capabilities {
-            reset: true,
-            reboot: self.reboot.published(),
-        }
+        self.checks.published(self.nvml_answers, &self.reboot)
     }
 
     async fn read(&mut self, node: &Node) -> Result<Vec<GpuEntry>, String> {
-        let readings = self.gpus.read().await.map_err(|e| e.to_string())?;
+        self.checks
+            .refresh(Some(&self.reset.nvidia_smi), &self.reboot)
+            .await;
+        let read = self.gpus.read().await;
+        self.nvml_answers = read.is_ok();
+        let readings = read.map_err(|e| e.to_string())?;
         self.observe_recoveries(&readings);
         let mut gpus: Vec<GpuEntry> = readings.iter().map(nvml::entry).collect();
         self.add_xids(&mut gpus);
@@ -232,6 +240,7 @@ impl<G: Gpus> Backend for NvmlBackend<G> {
 pub struct KmsgBackend {
     pub kernel_log: Feed,
     pub reboot: RebootMethod,
+    pub checks: CapabilityChecks,
 }
 
 impl Backend for KmsgBackend {
@@ -240,13 +249,11 @@ impl Backend for KmsgBackend {
     }
 
     fn capabilities(&self, _node: &Node) -> Capabilities {
-        Capabilities {
-            reset: false,
-            reboot: self.reboot.published(),
-        }
+        self.checks.published(false, &self.reboot)
     }
 
     async fn read(&mut self, _node: &Node) -> Result<Vec<GpuEntry>, String> {
+        self.checks.refresh(None, &self.reboot).await;
         Ok(self.kernel_log.with(|log| log.entries()))
     }
 

@@ -285,20 +285,26 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn without_nvml_every_call_says_why_and_none_blocks() {
+        let library = "/nonexistent/libnvidia-ml.so.1";
+        let nvml = NvmlThread::start(library.into(), Duration::from_secs(30), |_, _| {});
+        for _ in 0..2 {
+            let e = nvml.read().await.expect_err("no NVML");
+            assert!(matches!(e, NvmlUnavailable::Init(_)), "{e}");
+            assert!(e.to_string().contains(library), "{e}");
+        }
+    }
+
+    /// On a machine with GPUs: NVML and its events hold every GPU's device
+    /// node until the thread lets go. (Without one, the e2e resets show the
+    /// same against the NVML stand-in: a GPU the agent still held would be
+    /// refused by its nvidia-smi.)
+    #[tokio::test]
+    #[ignore = "needs NVIDIA's NVML and a GPU: docs/device/agent-image.sh runs it there"]
     async fn the_thread_reads_lets_go_of_every_gpu_and_takes_them_again() {
         let library = std::env::var_os("GPUHEALTH_NVML_LIBRARY").unwrap_or(NVML_LIBRARY.into());
         let nvml = NvmlThread::start(library, Duration::from_secs(30), |_, _| {});
-        let first = match nvml.read().await {
-            Ok(r) => r,
-            // No driver here: every call says why, none blocks.
-            Err(e) => {
-                assert!(matches!(e, NvmlUnavailable::Init(_)), "{e}");
-                assert!(e.to_string().contains(NVML_LIBRARY), "{e}");
-                return;
-            }
-        };
-        // On a machine with GPUs (docs/device/): NVML and its events hold
-        // every GPU's device node until the thread lets go.
+        let first = nvml.read().await.expect("NVML answers on a GPU node");
         assert!(!first.is_empty(), "NVML lists no GPU");
         assert!(!devices_held().is_empty(), "NVML holds no device node");
         nvml.release().await.expect("let go");

@@ -1,11 +1,12 @@
 //! How the agent reboots its node.
 //!
 //! The shipped way asks systemd-logind over the host's system D-Bus socket
-//! (`/run/dbus/system_bus_socket`, mounted from the host): the call
-//! `systemctl reboot` makes, with no binary in the image and no host PID
-//! namespace, and a clean shutdown that honours logind's inhibitors (the
-//! kubelet's graceful node shutdown among them). logind lets a caller with
-//! `CAP_SYS_BOOT` reboot without asking polkit.
+//! (`/run/dbus/system_bus_socket`, mounted from the host, its address given
+//! explicitly: a minimal image has no `/var/run` link to find the standard
+//! one through): the call `systemctl reboot` makes, with no binary in the
+//! image and no host PID namespace, and a clean shutdown that honours
+//! logind's inhibitors (the kubelet's graceful node shutdown among them).
+//! logind lets a caller with `CAP_SYS_BOOT` reboot without asking polkit.
 
 use std::{path::PathBuf, time::Duration};
 
@@ -22,10 +23,13 @@ pub enum RebootMethod {
     None,
     /// Create kured's sentinel file; kured reboots under its own lock.
     Kured(PathBuf),
-    /// `org.freedesktop.login1.Manager.Reboot` on the system bus
-    /// (`DBUS_SYSTEM_BUS_ADDRESS`, else the standard socket).
-    Logind,
+    /// `org.freedesktop.login1.Manager.Reboot` on the system bus at this
+    /// D-Bus address (`unix:path=...`).
+    Logind(String),
 }
+
+/// The host's system bus where the shipped manifest mounts it.
+pub const SYSTEM_BUS: &str = "unix:path=/run/dbus/system_bus_socket";
 
 impl RebootMethod {
     /// What the report says of it.
@@ -33,7 +37,34 @@ impl RebootMethod {
         match self {
             RebootMethod::None => Method::None,
             RebootMethod::Kured(_) => Method::Kured,
-            RebootMethod::Logind => Method::Logind,
+            RebootMethod::Logind(_) => Method::Logind,
+        }
+    }
+
+    /// Whether this method can work here now, or why not: kured's sentinel
+    /// can be created where it is asked for, or logind answers on the bus.
+    pub async fn check(&self) -> Result<(), String> {
+        match self {
+            RebootMethod::None => Ok(()),
+            RebootMethod::Kured(path) => match path.parent() {
+                Some(dir) if dir.is_dir() => Ok(()),
+                _ => Err(format!(
+                    "kured's sentinel {}: its directory is not there (mount the host's)",
+                    path.display()
+                )),
+            },
+            RebootMethod::Logind(bus) => {
+                match tokio::time::timeout(BUS_DEADLINE, logind_answers(bus)).await {
+                    Ok(Ok(true)) => Ok(()),
+                    Ok(Ok(false)) => Err(format!(
+                        "nothing owns org.freedesktop.login1 on the system bus {bus}: is systemd-logind running?"
+                    )),
+                    Ok(Err(e)) => Err(format!("the system bus {bus}: {e}")),
+                    Err(_) => Err(format!(
+                        "the system bus {bus} did not answer within {BUS_DEADLINE:?}"
+                    )),
+                }
+            }
         }
     }
 
@@ -50,7 +81,11 @@ impl RebootMethod {
                 ),
                 Err(e) => (Outcome::Failed, format!("creating {}: {e}", path.display())),
             },
-            RebootMethod::Logind => match tokio::time::timeout(BUS_DEADLINE, logind_reboot()).await
+            RebootMethod::Logind(bus) => match tokio::time::timeout(
+                BUS_DEADLINE,
+                logind_reboot(bus),
+            )
+            .await
             {
                 Ok(Ok(())) => (
                     Outcome::Succeeded,
@@ -70,8 +105,27 @@ impl RebootMethod {
     }
 }
 
-async fn logind_reboot() -> zbus::Result<()> {
-    let bus = zbus::Connection::system().await?;
+async fn connect(address: &str) -> zbus::Result<zbus::Connection> {
+    zbus::connection::Builder::address(address).build().await
+}
+
+/// Whether systemd-logind holds its name on the bus.
+async fn logind_answers(address: &str) -> zbus::Result<bool> {
+    let bus = connect(address).await?;
+    let reply = bus
+        .call_method(
+            Some("org.freedesktop.DBus"),
+            "/org/freedesktop/DBus",
+            Some("org.freedesktop.DBus"),
+            "NameHasOwner",
+            &("org.freedesktop.login1",),
+        )
+        .await?;
+    reply.body().deserialize::<bool>()
+}
+
+async fn logind_reboot(address: &str) -> zbus::Result<()> {
+    let bus = connect(address).await?;
     // `interactive` false: never wait for a password prompt.
     bus.call_method(
         Some("org.freedesktop.login1"),
@@ -98,6 +152,30 @@ mod tests {
         let (outcome, _) = RebootMethod::Kured(sentinel.clone()).reboot().await;
         assert_eq!(outcome, Outcome::Succeeded);
         assert!(sentinel.exists(), "kured's sentinel was created");
-        assert_eq!(RebootMethod::Logind.published(), Method::Logind);
+        assert_eq!(
+            RebootMethod::Logind(SYSTEM_BUS.into()).published(),
+            Method::Logind
+        );
+    }
+
+    #[tokio::test]
+    async fn a_method_that_cannot_work_here_says_why() {
+        assert_eq!(RebootMethod::None.check().await, Ok(()));
+        let kured = RebootMethod::Kured(std::env::temp_dir().join("reboot-required"));
+        assert_eq!(kured.check().await, Ok(()));
+        let why = RebootMethod::Kured("/no/such/dir/reboot-required".into())
+            .check()
+            .await
+            .expect_err("no directory");
+        assert!(why.contains("/no/such/dir/reboot-required"), "{why}");
+        let bus = format!(
+            "unix:path={}",
+            std::env::temp_dir().join("no-such-bus").display()
+        );
+        let why = RebootMethod::Logind(bus.clone())
+            .check()
+            .await
+            .expect_err("no bus");
+        assert!(why.contains(&bus), "{why}");
     }
 }

@@ -13,6 +13,7 @@ use kube::{Api, Client, ResourceExt};
 use crate::{
     backend::Done,
     holders::{self, Holder},
+    nvidia_smi::NvidiaSmi,
     nvml::{DeviceReading, not_recovered},
     nvml_thread::Gpus,
     operands::Operands,
@@ -22,8 +23,8 @@ use crate::{
 pub const GPU_RESOURCE: &str = "nvidia.com/gpu";
 
 pub struct ResetSettings {
-    /// `nvidia-smi`, found on `PATH` unless a path is given.
-    pub nvidia_smi: PathBuf,
+    /// How `nvidia-smi` is run.
+    pub nvidia_smi: NvidiaSmi,
     /// Where the GPUs' device nodes are (`/dev`).
     pub dev_dir: PathBuf,
     /// Where the node's processes are (`/proc`, with the host's PID namespace).
@@ -143,12 +144,22 @@ async fn still_held(s: &ResetSettings, targets: &[DeviceReading]) -> Result<Vec<
                 return Err(format!("NVML did not say which device node {} is", name(r)));
             };
             let device = s.dev_dir.join(format!("nvidia{minor}"));
-            let found = holders::holding(&s.proc_dir, &device)
+            let scan = holders::holding(&s.proc_dir, &device)
                 .map_err(|e| format!("looking for what holds {}: {e}", device.display()))?;
-            let found: Vec<Holder> = holders::counted(found, &s.tolerated);
+            let found: Vec<Holder> = holders::counted(scan.holders, &s.tolerated);
             if !found.is_empty() {
                 let list: Vec<String> = found.iter().map(Holder::to_string).collect();
                 held.push(format!("{} is held by {}", name(r), list.join(", ")));
+            }
+            if let Some(first) = scan.unreadable.first() {
+                let more = match scan.unreadable.len() - 1 {
+                    0 => String::new(),
+                    n => format!(" and {n} more"),
+                };
+                held.push(format!(
+                    "whether {} is held cannot be told: {first}{more}",
+                    name(r)
+                ));
             }
         }
         if held.is_empty() || tokio::time::Instant::now() >= deadline {
@@ -160,9 +171,9 @@ async fn still_held(s: &ResetSettings, targets: &[DeviceReading]) -> Result<Vec<
 
 async fn run_resets(s: &ResetSettings, targets: &[DeviceReading]) -> Done {
     for r in targets {
-        let run = tokio::process::Command::new(&s.nvidia_smi)
-            .args(["--gpu-reset", "-i", &r.uuid])
-            .kill_on_drop(true)
+        let run = s
+            .nvidia_smi
+            .command(["--gpu-reset", "-i", &r.uuid])
             .output();
         let what = format!("nvidia-smi --gpu-reset -i {}", r.uuid);
         match tokio::time::timeout(s.timeout, run).await {
@@ -173,10 +184,7 @@ async fn run_resets(s: &ResetSettings, targets: &[DeviceReading]) -> Done {
                 return (Outcome::Failed, format!("{what}: {}: {said}", o.status));
             }
             Ok(Err(e)) => {
-                return (
-                    Outcome::Failed,
-                    format!("running {}: {e}", s.nvidia_smi.display()),
-                );
+                return (Outcome::Failed, format!("running {}: {e}", s.nvidia_smi));
             }
             Err(_) => {
                 return (

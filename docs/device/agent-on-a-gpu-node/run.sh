@@ -13,7 +13,7 @@ for d in /usr/local/nvidia/lib64 /usr/local/nvidia/lib /usr/lib/x86_64-linux-gnu
 done
 # The thread, XID event registration and release: the tests that take their
 # no-driver branch everywhere else.
-.device/agent-unit-tests --test-threads 1 nvml 2>&1 | tee "$OUT/unit-tests.txt"
+.device/agent-unit-tests --test-threads 1 --include-ignored nvml 2>&1 | tee "$OUT/unit-tests.txt"
 echo "unit tests rc=${PIPESTATUS[0]}"
 .device/gpuhealth-agent --once >"$OUT/report.json" 2>"$OUT/report.stderr"; echo "once rc=$?"
 .device/gpuhealth-agent --once --readings >"$OUT/readings.json" 2>/dev/null; echo "readings rc=$?"

@@ -40,14 +40,20 @@ impl Feed {
         }
     }
 
-    /// Follows the kernel log at `path`, or, where that may not be opened
-    /// (`/dev/kmsg` in a container that is not privileged), through
-    /// `syslog(2)`; says which.
+    /// Follows the kernel log at `path`, or, where that is not there or may
+    /// not be opened (`/dev/kmsg` in a container that is not privileged:
+    /// the runtime makes no such device, and its device cgroup refuses a
+    /// mounted one), through `syslog(2)`; says which.
     pub fn follow(&self, path: PathBuf) -> std::io::Result<&'static str> {
         let (tx, rx) = std::sync::mpsc::sync_channel::<(String, Timestamp)>(LINES_QUEUED);
         let how = match follow(path.clone(), tx.clone()) {
             Ok(()) => "the file",
-            Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::PermissionDenied | std::io::ErrorKind::NotFound
+                ) =>
+            {
                 follow_syslog(tx).map_err(|s| {
                     std::io::Error::other(format!("{}: {e}; syslog(2): {s}", path.display()))
                 })?;
