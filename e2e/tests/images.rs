@@ -11,12 +11,40 @@ fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
+/// The binaries a package builds: `src/main.rs` under the package's name,
+/// and each `src/bin/*.rs`.
+fn binaries(package: &str) -> Vec<String> {
+    let dir = ["crates", "."]
+        .iter()
+        .map(|d| root().join(d).join(package))
+        .find(|d| d.join("Cargo.toml").exists())
+        .unwrap_or_else(|| panic!("package {package} is not a directory of the workspace"));
+    let mut bins = Vec::new();
+    if dir.join("src/main.rs").exists() {
+        bins.push(package.to_owned());
+    }
+    if let Ok(entries) = std::fs::read_dir(dir.join("src/bin")) {
+        for e in entries.flatten() {
+            if let Some(stem) = e.path().file_stem().and_then(|s| s.to_str()) {
+                bins.push(stem.to_owned());
+            }
+        }
+    }
+    bins
+}
+
 /// The workspace members' directories, relative to the root, as cargo
 /// itself lists them.
 fn workspace_members() -> Vec<PathBuf> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let out = std::process::Command::new(cargo)
-        .args(["metadata", "--no-deps", "--format-version", "1", "--manifest-path"])
+        .args([
+            "metadata",
+            "--no-deps",
+            "--format-version",
+            "1",
+            "--manifest-path",
+        ])
         .arg(root().join("Cargo.toml"))
         .output()
         .expect("running cargo metadata");
@@ -74,7 +102,10 @@ fn each_dockerfile_copies_every_workspace_member_and_builds_a_binary_of_the_work
     assert_eq!(dockerfiles.len(), 3, "one per binary: {dockerfiles:?}");
     let workspace = std::fs::read_to_string(root().join("Cargo.toml")).expect("Cargo.toml");
     let members = workspace_members();
-    assert!(members.iter().any(|m| m == Path::new("bench")), "{members:?}");
+    assert!(
+        members.iter().any(|m| m == Path::new("bench")),
+        "{members:?}"
+    );
     let ignored = ignored();
     for path in &dockerfiles {
         let text = std::fs::read_to_string(path).expect("Dockerfile");
@@ -103,7 +134,10 @@ fn each_dockerfile_copies_every_workspace_member_and_builds_a_binary_of_the_work
             }
         }
         for file in ["Cargo.toml", "Cargo.lock"] {
-            assert!(copied.iter().any(|c| c == Path::new(file)), "{name}: copies no {file}");
+            assert!(
+                copied.iter().any(|c| c == Path::new(file)),
+                "{name}: copies no {file}"
+            );
         }
         for member in &members {
             assert!(
