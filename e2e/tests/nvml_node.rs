@@ -120,6 +120,7 @@ async fn the_shipped_agent_takes_a_gpu_from_its_xid_back_to_serving_beside_the_g
     host.device_plugin(&s.client)
         .await
         .expect("the device plugin");
+    host.system_bus().await.expect("the system bus");
 
     // Exactly the flags the default install ships, and the environment its
     // runtime gives the container.
@@ -259,9 +260,17 @@ async fn a_held_gpu_is_refused_naming_its_holder_and_a_hung_nvidia_smi_is_stoppe
     )
     .await;
     let nodes: Api<Node> = Api::all(client.clone());
-    until(nodes.clone(), &node, WAIT, from_nvml)
+    let n = until(nodes.clone(), &node, WAIT, from_nvml)
         .await
         .expect("a report");
+    // No system bus on this host: the report offers resets (NVML answers,
+    // nvidia-smi runs) and no reboot, whatever --reboot-method says.
+    assert_eq!(
+        report(&n)
+            .and_then(|r| r.capabilities)
+            .map(|c| (c.reset, c.reboot)),
+        Some((true, RebootMethod::None))
+    );
 
     // A process no one paused holds GPU 3: named, and nothing is tried.
     let holder = host.hold(3).expect("a holder");
