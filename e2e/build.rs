@@ -1,6 +1,7 @@
 //! Builds the NVML stand-in (`nvml-standin/`): `libnvidia-ml.so.1` and
-//! `nvidia-smi`, from C, with the C compiler on PATH (`CC` if set). The
-//! tests find them in `GPUHEALTH_NVML_STANDIN`.
+//! `nvidia-smi`, from C, with the C compiler on PATH (`CC` if set), and the
+//! real-node e2e's GPU workload (`workload/`). The tests find them in
+//! `GPUHEALTH_NVML_STANDIN`.
 
 use std::{path::PathBuf, process::Command};
 
@@ -45,6 +46,18 @@ fn main() {
         ],
         "the nvidia-smi stand-in",
     );
+    // The real-node e2e's GPU workload, static: its image holds nothing else.
+    let workload = out.join("gpu-workload");
+    build(
+        &[
+            "-static",
+            "-o",
+            workload.to_str().expect("path"),
+            "workload/gpu-workload.c",
+        ],
+        "the GPU workload",
+    );
+    println!("cargo:rerun-if-changed=workload/gpu-workload.c");
     for f in ["nvml.c", "nvidia-smi.c", "state.h"] {
         println!("cargo:rerun-if-changed={}", src.join(f).display());
     }

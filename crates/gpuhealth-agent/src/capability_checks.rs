@@ -63,6 +63,21 @@ impl CapabilityChecks {
         self.reboot = Some(rebooting);
     }
 
+    /// Why each capability not offered is not, as the last checks said.
+    pub fn withheld(&self) -> Vec<String> {
+        [
+            ("no resets", &self.nvidia_smi),
+            ("no reboots", &self.reboot),
+        ]
+        .into_iter()
+        .filter_map(|(what, result)| match result {
+            Some(Err(why)) => Some(format!("{what}: {why}")),
+            None => Some(format!("{what}: not checked")),
+            Some(Ok(())) => None,
+        })
+        .collect()
+    }
+
     /// What the report says: a reset only where NVML answered the last
     /// read and `nvidia-smi` runs; the reboot method only where it can work.
     pub fn published(&self, nvml_answers: bool, reboot: &RebootMethod) -> Capabilities {

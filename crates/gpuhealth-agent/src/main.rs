@@ -34,7 +34,7 @@ use gpuhealth_agent::{
     recoveries::Recoveries,
     reset::ResetSettings,
 };
-use gpuhealth_api::contract::{AnnotationValue, GpuReport};
+use gpuhealth_api::contract::{AnnotationValue, Capabilities, GpuReport};
 use gpuhealth_http::api_requests::CountRequests;
 use k8s_openapi::{apimachinery::pkg::apis::meta::v1::Time, jiff::Timestamp};
 use tracing::{error, info, warn};
@@ -160,7 +160,9 @@ struct Args {
     #[arg(long, default_value = "/var/run/reboot-required")]
     kured_sentinel: PathBuf,
     /// Read every GPU once, print the `gpuhealth.io/gpus` report as JSON on
-    /// stdout and exit: a check of the backend on a node, touching nothing.
+    /// stdout (with the capabilities checked here, and on stderr why any is
+    /// withheld) and exit: a check of the backend on a node, touching
+    /// nothing.
     #[arg(long)]
     once: bool,
     /// With --once: print what NVML said for each GPU instead of the report.
@@ -189,12 +191,22 @@ fn driver(args: &Args) -> Result<(OsString, NvidiaSmi), String> {
     }
 }
 
+fn reboot_method(args: &Args) -> RebootMethod {
+    match args.reboot_method {
+        Reboot::None => RebootMethod::None,
+        Reboot::Kured => RebootMethod::Kured(args.kured_sentinel.clone()),
+        Reboot::Logind => RebootMethod::Logind(args.system_bus.clone()),
+    }
+}
+
 fn main() -> ExitCode {
     let args = Args::parse();
     if args.once {
         return match args.backend {
             Backend::Nvml => match driver(&args) {
-                Ok((library, _)) => once_nvml(&library, args.readings),
+                Ok((library, smi)) => {
+                    once_nvml(&library, &smi, &reboot_method(&args), args.readings)
+                }
                 Err(e) => {
                     eprintln!("gpuhealth-agent: {e}");
                     ExitCode::FAILURE
@@ -268,11 +280,7 @@ async fn serve(args: Args) -> Result<(), String> {
         request_max_age: args.request_max_age,
         crash_after,
     };
-    let reboot = match args.reboot_method {
-        Reboot::None => RebootMethod::None,
-        Reboot::Kured => RebootMethod::Kured(args.kured_sentinel.clone()),
-        Reboot::Logind => RebootMethod::Logind(args.system_bus.clone()),
-    };
+    let reboot = reboot_method(&args);
     match args.backend {
         Backend::Fake => {
             let backend = FakeBackend {
@@ -357,7 +365,27 @@ async fn until_stopped<B: gpuhealth_agent::backend::Backend>(agent: NodeAgent<B>
     }
 }
 
-fn once_nvml(library: &OsString, readings: bool) -> ExitCode {
+/// What this agent could carry out here, checked as the running agent
+/// checks it (NVML has just answered).
+fn checked_capabilities(smi: &NvidiaSmi, reboot: &RebootMethod) -> Option<Capabilities> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .ok()?;
+    let mut checks = CapabilityChecks::default();
+    runtime.block_on(checks.refresh(Some(smi), reboot));
+    for why in checks.withheld() {
+        eprintln!("gpuhealth-agent: {why}");
+    }
+    Some(checks.published(true, reboot))
+}
+
+fn once_nvml(
+    library: &OsString,
+    smi: &NvidiaSmi,
+    reboot: &RebootMethod,
+    readings: bool,
+) -> ExitCode {
     let observed = match nvml::open(library).and_then(|n| {
         if let Ok(v) = n.sys_driver_version() {
             eprintln!("gpuhealth-agent: NVIDIA driver {v}");
@@ -378,7 +406,7 @@ fn once_nvml(library: &OsString, readings: bool) -> ExitCode {
             version: GpuReport::VERSION,
             observed_at: Time(Timestamp::now()),
             source: Some("gpuhealth-agent/nvml".into()),
-            capabilities: None,
+            capabilities: checked_capabilities(smi, reboot),
             unreadable: None,
             gpus: observed.iter().map(nvml::entry).collect(),
         };
