@@ -233,6 +233,43 @@ def write_archive(path, layout):
             tar.addfile(info, io.BytesIO(layout[name]))
 
 
+# Where anything in an image may be: the C library and its loader, the
+# users, the CA bundle, the empty homes and /tmp, and the binary.
+ALLOWED = re.compile(r"^(lib|lib64|usr|usr/lib|usr/share|etc|etc/ssl|etc/ssl/certs|etc/ld\.so\.conf\.d|tmp|root|home|home/nonroot"
+                     r"|(usr/)?lib(64)?/(x86_64-linux-gnu/)?[^/]+\.so[.0-9]*|usr/lib/x86_64-linux-gnu|lib/x86_64-linux-gnu"
+                     r"|etc/(passwd|group|ld\.so\.conf\.d/[^/]+|ssl/certs/ca-certificates\.crt))$")
+
+
+def check(archive, stage):
+    """What the archive holds, read back: the binary where the entry point
+    runs it, the user it runs as, the CA bundle, and nothing else."""
+    with tarfile.open(archive) as outer:
+        read = lambda name: outer.extractfile(name).read()
+        index = json.loads(read("index.json"))
+        blob = lambda d: read(f"blobs/sha256/{d.split(':')[1]}")
+        manifest = json.loads(blob(index["manifests"][0]["digest"]))
+        config = json.loads(blob(manifest["config"]["digest"]))
+        files = {}
+        for layer in manifest["layers"]:
+            with tarfile.open(fileobj=io.BytesIO(blob(layer["digest"]))) as tar:
+                for member in tar.getmembers():
+                    files[member.name] = tar.extractfile(member).read() if member.isfile() else b""
+    binary = stage["dest"].lstrip("/")
+    stray = sorted(n for n in files if n != binary and not ALLOWED.match(n))
+    problems = []
+    if stray:
+        problems.append(f"files beyond the binary, glibc, users and CA bundle: {stray[:5]}")
+    if config["config"]["Entrypoint"][0].lstrip("/") != binary or not files.get(binary):
+        problems.append(f"the entry point {config['config']['Entrypoint']} is not the binary {binary}")
+    if b"BEGIN CERTIFICATE" not in files.get("etc/ssl/certs/ca-certificates.crt", b""):
+        problems.append("no CA bundle")
+    uid = config["config"]["User"].split(":")[0]
+    if not any(line.split(":")[2] == uid for line in files.get("etc/passwd", b"").decode().splitlines()):
+        problems.append(f"user {uid} is not in /etc/passwd")
+    if problems:
+        fail(f"{archive}: " + "; ".join(problems))
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("dockerfiles", nargs="+", type=Path)
@@ -249,6 +286,7 @@ def main():
         layout, name, digest = image(stage, base, args.bin_dir, version)
         archive = args.out / f"{stage['binary']}.oci.tar"
         write_archive(archive, layout)
+        check(archive, stage)
         # What a manifest names to run exactly this image.
         (args.out / f"{stage['binary']}.ref").write_text(f"{name}@{digest}\n")
         print(f"[images] {archive}: {name}@{digest}")
