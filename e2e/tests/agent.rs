@@ -555,8 +555,12 @@ async fn a_kernel_log_it_may_not_open_is_read_through_syslog() {
         // Logged as the driver logs them (the GPU named at load, then its
         // Xid); /dev/kmsg takes a root writer's lines, one record a write.
         for record in [
-            format!("<6>NVRM: GPU at PCI:0000:{bus:02x}:00: GPU-5e1f0000-0000-4000-8000-0000000000{bus:02x}\n"),
-            format!("<4>NVRM: Xid (PCI:0000:{bus:02x}:00): 79, pid=1, name=gpuhealth-e2e, GPU has fallen off the bus.\n"),
+            format!(
+                "<6>NVRM: GPU at PCI:0000:{bus:02x}:00: GPU-5e1f0000-0000-4000-8000-0000000000{bus:02x}\n"
+            ),
+            format!(
+                "<4>NVRM: Xid (PCI:0000:{bus:02x}:00): 79, pid=1, name=gpuhealth-e2e, GPU has fallen off the bus.\n"
+            ),
         ] {
             std::fs::write("/dev/kmsg", record).expect("writing a record to the kernel log");
         }
