@@ -46,6 +46,14 @@ fn main() {
         ],
         "the nvidia-smi stand-in",
     );
+    build(
+        &[
+            "-o",
+            out.join("nvidia-persistenced").to_str().expect("path"),
+            "nvml-standin/nvidia-persistenced.c",
+        ],
+        "the nvidia-persistenced stand-in",
+    );
     // The real-node e2e's GPU workload, static: its image holds nothing else.
     let workload = out.join("gpu-workload");
     build(
@@ -58,7 +66,7 @@ fn main() {
         "the GPU workload",
     );
     println!("cargo:rerun-if-changed=workload/gpu-workload.c");
-    for f in ["nvml.c", "nvidia-smi.c", "state.h"] {
+    for f in ["nvml.c", "nvidia-smi.c", "nvidia-persistenced.c", "state.h"] {
         println!("cargo:rerun-if-changed={}", src.join(f).display());
     }
     println!("cargo:rustc-env=GPUHEALTH_NVML_STANDIN={}", out.display());

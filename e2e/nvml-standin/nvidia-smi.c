@@ -4,10 +4,13 @@
  * does, it refuses to reset a GPU that a process still holds: one with the
  * GPU's device node open, or a compute process on it. The GPU's `reset`
  * key says how a reset it attempts ends: `ok` (the default), `fail`, or
- * `hang` (it never returns).
+ * `hang` (it never returns). `-pm 0|1 -i <GPU>` sets persistence mode,
+ * through the nvidia-persistenced stand-in where it runs.
  */
 #include <dirent.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 
 #include "state.h"
 
@@ -96,8 +99,43 @@ static int reset(const char *id) {
     return 0;
 }
 
+/* `-pm 0|1` on GPU `id`: asks the nvidia-persistenced stand-in where it
+ * runs (it lets the GPU go, or holds it again), else sets the mode itself,
+ * as the driver's legacy persistence mode does. */
+static int persistence_mode(const char *id, int on) {
+    char pci[64] = "", path[PATH_MAX], answer[128] = "";
+    int index = gpu_find(id);
+    if (index < 0) {
+        printf("No devices were found matching %s\n", id);
+        return 6;
+    }
+    gpu_get(index, "pci", pci, sizeof pci);
+    standin_path(path, sizeof path, "persistenced.sock");
+    struct sockaddr_un addr = {.sun_family = AF_UNIX};
+    snprintf(addr.sun_path, sizeof addr.sun_path, "%s", path);
+    int sock = socket(AF_UNIX, SOCK_STREAM, 0);
+    if (sock >= 0 && connect(sock, (struct sockaddr *)&addr, sizeof addr) == 0) {
+        char request[32];
+        int len = snprintf(request, sizeof request, "%d %d\n", index, on);
+        if (write(sock, request, (size_t)len) != len || read(sock, answer, sizeof answer - 1) <= 0 ||
+            strncmp(answer, "ok", 2) != 0) {
+            printf("Failed to set persistence mode for GPU %s: nvidia-persistenced: %s\n", pci,
+                   *answer ? answer : "no answer");
+            close(sock);
+            return 255;
+        }
+        close(sock);
+    } else {
+        if (sock >= 0)
+            close(sock);
+        gpu_set(index, "persistence", on ? "1" : "0");
+    }
+    printf("%s persistence mode for GPU %s.\nAll done.\n", on ? "Enabled" : "Disabled", pci);
+    return 0;
+}
+
 int main(int argc, char **argv) {
-    const char *id = NULL;
+    const char *id = NULL, *pm = NULL;
     int resetting = 0;
     if (!standin_root()) {
         fprintf(stderr, "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA "
@@ -111,6 +149,17 @@ int main(int argc, char **argv) {
             id = argv[++i];
         else if (strncmp(argv[i], "--id=", 5) == 0)
             id = argv[i] + 5;
+        else if ((strcmp(argv[i], "-pm") == 0 || strcmp(argv[i], "--persistence-mode") == 0) &&
+                 i + 1 < argc)
+            pm = argv[++i];
+        else if (strncmp(argv[i], "--persistence-mode=", 19) == 0)
+            pm = argv[i] + 19;
+    }
+    if (pm && id)
+        return persistence_mode(id, strcmp(pm, "1") == 0 || strcasecmp(pm, "ENABLED") == 0);
+    if (pm) {
+        fprintf(stderr, "this stand-in sets persistence mode on one GPU at a time: give -i\n");
+        return 2;
     }
     if (resetting && id)
         return reset(id);

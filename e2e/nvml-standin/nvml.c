@@ -285,6 +285,19 @@ nvmlReturn_t nvmlDeviceGetMinorNumber(nvmlDevice_t d, unsigned int *minor) {
     return NVML_SUCCESS;
 }
 
+/* The GPU's `persistence` key: 1 on (nvidia-persistenced, where it runs,
+ * then holds its device node), 0 or absent off. NVML_FEATURE_DISABLED is
+ * 0, NVML_FEATURE_ENABLED 1. */
+nvmlReturn_t nvmlDeviceGetPersistenceMode(nvmlDevice_t d, int *mode) {
+    nvmlReturn_t r = usable(d);
+    if (r != NVML_SUCCESS)
+        return r;
+    if (gpu_unsupported(d->index, "persistence"))
+        return NVML_ERROR_NOT_SUPPORTED;
+    *mode = gpu_get_num(d->index, "persistence", 0) == 1;
+    return NVML_SUCCESS;
+}
+
 nvmlReturn_t nvmlDeviceGetPciInfo_v3(nvmlDevice_t d, nvmlPciInfo_t *pci) {
     char v[64];
     unsigned int domain = 0, bus = 0, dev = 0, fn = 0;

@@ -9,6 +9,9 @@
  *                    refuses a reset
  *   events           `<index> <xid>` lines appended by a test: Xid events
  *   resets           one line per reset nvidia-smi carried out
+ *   persistenced.sock  the nvidia-persistenced stand-in's socket, while it
+ *                    runs: nvidia-smi -pm asks it to let a GPU go or take
+ *                    it again
  *
  * Files are read afresh on every call, so a test changes a GPU at any time.
  */

@@ -13,7 +13,9 @@
 //!   withdraws a GPU from the Node's allocatable `nvidia.com/gpu` on a
 //!   critical Xid and offers every GPU again only when it starts afresh;
 //! - the system bus: a real `dbus-daemon`, with systemd-logind's Reboot
-//!   answered and counted.
+//!   answered and counted;
+//! - `nvidia-persistenced`: the stand-in's, holding every GPU in
+//!   persistence mode until `nvidia-smi -pm 0` asks it to let one go.
 
 use std::{
     collections::BTreeMap,
@@ -75,6 +77,7 @@ pub struct Host {
     /// Reboot calls systemd-logind received.
     pub reboots: Arc<Mutex<u32>>,
     bus: Option<Child>,
+    persistenced: Option<Child>,
 }
 
 impl Host {
@@ -96,6 +99,7 @@ impl Host {
             device_plugin: Arc::default(),
             reboots: Arc::default(),
             bus: None,
+            persistenced: None,
         };
         for i in 0..gpus {
             std::fs::write(host.nvml().join(format!("dev/nvidia{i}")), b"")
@@ -303,6 +307,30 @@ impl Host {
     /// Whether the simulated device plugin is running now.
     pub fn device_plugin_running(&self) -> bool {
         lock(&self.device_plugin).is_some()
+    }
+
+    /// `nvidia-persistenced` (the stand-in's) on this host: persistence
+    /// mode on for every GPU, each held open until it is turned off. Its
+    /// socket is up when this returns.
+    pub async fn persistenced(&mut self) -> Result<()> {
+        let child = Command::new(format!("{STANDIN}/nvidia-persistenced"))
+            .env("NVML_STANDIN_ROOT", self.nvml())
+            .stdout(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(io("starting the nvidia-persistenced stand-in"))?;
+        self.persistenced = Some(child);
+        let socket = self.nvml().join("persistenced.sock");
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(20);
+        while !socket.exists() {
+            if tokio::time::Instant::now() > deadline {
+                return Err(HarnessError::ClusterStart(
+                    "the nvidia-persistenced stand-in made no socket".into(),
+                ));
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+        Ok(())
     }
 
     /// A real `dbus-daemon` as the host's system bus, and systemd-logind on

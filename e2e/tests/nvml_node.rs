@@ -250,6 +250,37 @@ async fn the_shipped_agent_takes_a_gpu_from_its_xid_back_to_serving_beside_the_g
     );
 }
 
+/// The GPU Operator's driver container runs nvidia-persistenced, which
+/// holds every GPU in persistence mode, and the driver refuses a reset
+/// while it does: the agent turns persistence mode off for the GPU (the
+/// daemon lets it go), resets it, and turns it on again.
+#[tokio::test]
+async fn a_gpu_nvidia_persistenced_holds_is_let_go_reset_and_held_again() {
+    let (client, node, mut host) = bare_node("nvml-persistenced").await;
+    host.persistenced().await.expect("nvidia-persistenced");
+    assert_eq!(host.get(4, "persistence").as_deref(), Some("1"));
+    let _agent = agent(&host, &format!("{node}-agent"), &["--let-go=5s"]).await;
+    until(Api::<Node>::all(client.clone()), &node, WAIT, from_nvml)
+        .await
+        .expect("a report");
+    request_reset(&client, &node, "inc-1-reset-1", &uuid(4)).await;
+    let r = answered(&client, &node, "inc-1-reset-1").await;
+    assert_eq!(r.outcome, Outcome::Succeeded, "{r:?}");
+    assert!(
+        r.message
+            .contains("persistence mode turned off for it and on again"),
+        "{}",
+        r.message
+    );
+    assert_eq!(host.resets(), [(uuid(4), "ok".to_owned())]);
+    assert_eq!(
+        host.get(4, "persistence").as_deref(),
+        Some("1"),
+        "held again"
+    );
+    remove_node(&client, &node).await;
+}
+
 #[tokio::test]
 async fn a_held_gpu_is_refused_naming_its_holder_and_a_hung_nvidia_smi_is_stopped() {
     let (client, node, host) = bare_node("nvml-refusals").await;

@@ -131,8 +131,10 @@ struct Args {
     /// to `true` on the node); none to pause nothing.
     #[arg(long, value_delimiter = ',', default_values_t = DEFAULT_OPERANDS.map(String::from))]
     pause_operands: Vec<String>,
-    /// Holders of a GPU the driver lets a reset through (by command name).
-    #[arg(long, value_delimiter = ',', default_values_t = ["nvidia-persistenced".to_owned()])]
+    /// Holders of a GPU the driver lets a reset through (by command name);
+    /// none by default. (nvidia-persistenced is not one: the reset turns
+    /// persistence mode off, and persistenced lets go.)
+    #[arg(long, value_delimiter = ',')]
     tolerated_holders: Vec<String>,
     /// The GPUs' device nodes (`nvidia0`, ...).
     #[arg(long, env = "GPUHEALTH_DEV_DIR", default_value = "/dev")]

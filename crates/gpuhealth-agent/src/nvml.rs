@@ -61,6 +61,10 @@ pub struct DeviceReading {
     /// Uncorrected ECC errors since the driver loaded.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub uncorrected_ecc_volatile: Option<u64>,
+    /// Whether persistence mode is on: `nvidia-persistenced` then holds
+    /// the GPU's device node, and a reset turns it off first.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub persistence_mode: Option<bool>,
     /// PIDs of the compute processes on the GPU (a reset waits for none).
     #[serde(default)]
     pub compute_processes: Vec<u32>,
@@ -221,6 +225,10 @@ fn read_one(nvml: &Nvml, index: u32) -> DeviceReading {
         .total_ecc_errors(MemoryError::Uncorrected, EccCounter::Volatile)
         .map_err(|e| note("volatile uncorrected ECC", e))
         .ok();
+    let persistence = device
+        .is_in_persistent_mode()
+        .map_err(|e| note("persistence mode", e))
+        .ok();
     let compute = device
         .running_compute_processes()
         .map_err(|e| note("compute processes", e))
@@ -247,6 +255,7 @@ fn read_one(nvml: &Nvml, index: u32) -> DeviceReading {
     };
     r.retired_pages_pending = pending_retired;
     r.uncorrected_ecc_volatile = ecc;
+    r.persistence_mode = persistence;
     r.compute_processes = compute.iter().map(|p| p.pid).collect();
     r.graphics_processes = graphics.iter().map(|p| p.pid).collect();
     r.mig_devices = mig_devices;

@@ -1,8 +1,11 @@
 //! A GPU reset that can succeed on a real node: the GPU Operator's operands
-//! paused, the agent's own NVML let go, every other holder of the GPU gone
-//! (or named, and nothing tried), `nvidia-smi --gpu-reset` with a deadline,
-//! then the GPU confirmed: NVML sees it with nothing more to do, and the
-//! kubelet offers it again. The operands come back whatever happens.
+//! paused, the agent's own NVML let go, persistence mode turned off where
+//! it is on (`nvidia-smi -pm 0`: `nvidia-persistenced`, which the driver
+//! counts as a client, then closes the GPU), every other holder of the GPU
+//! gone (or named, and nothing tried), `nvidia-smi --gpu-reset` with a
+//! deadline, then the GPU confirmed: NVML sees it with nothing more to do,
+//! and the kubelet offers it again. Persistence mode and the operands come
+//! back whatever happens.
 
 use std::{path::PathBuf, time::Duration};
 
@@ -36,7 +39,7 @@ pub struct ResetSettings {
     pub let_go: Duration,
     /// How long the kubelet gets to offer the reset GPU again.
     pub back_in_service: Duration,
-    /// Holders the driver does not count (`nvidia-persistenced`).
+    /// Holders the driver does not count (none by default).
     pub tolerated: Vec<String>,
     pub operands: Operands,
 }
@@ -111,19 +114,36 @@ pub async fn reset(
     (outcome, message)
 }
 
-/// Lets go of NVML, waits for the other holders, resets; takes NVML back.
+/// Lets go of NVML, turns persistence mode off, waits for the other
+/// holders, resets; turns persistence mode back on and takes NVML back.
 async fn reset_released(gpus: &impl Gpus, s: &ResetSettings, targets: &[DeviceReading]) -> Done {
     if let Err(e) = gpus.release().await {
         return (Outcome::Failed, format!("letting go of NVML: {e}"));
     }
-    let done = match still_held(s, targets).await {
+    let persistent: Vec<&DeviceReading> = targets
+        .iter()
+        .filter(|r| r.persistence_mode == Some(true))
+        .collect();
+    let (outcome, mut message) = match persistence(s, &persistent, false).await {
         Err(e) => (Outcome::Failed, e),
-        Ok(held) if !held.is_empty() => (
-            Outcome::Refused,
-            format!("not reset, nothing tried: {}", held.join("; ")),
-        ),
-        Ok(_) => run_resets(s, targets).await,
+        Ok(()) => match still_held(s, targets).await {
+            Err(e) => (Outcome::Failed, e),
+            Ok(held) if !held.is_empty() => (
+                Outcome::Refused,
+                format!("not reset, nothing tried: {}", held.join("; ")),
+            ),
+            Ok(_) => run_resets(s, targets).await,
+        },
     };
+    if !persistent.is_empty() {
+        // Back as it was, whatever happened: the GPU serves without it,
+        // so a failure here is said, not counted against the reset.
+        match persistence(s, &persistent, true).await {
+            Ok(()) => message.push_str("; persistence mode turned off for it and on again"),
+            Err(e) => message.push_str(&format!("; turning persistence mode on again: {e}")),
+        }
+    }
+    let done = (outcome, message);
     match gpus.retake().await {
         Ok(()) => done,
         Err(e) => (
@@ -167,6 +187,31 @@ async fn still_held(s: &ResetSettings, targets: &[DeviceReading]) -> Result<Vec<
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
+}
+
+/// Turns persistence mode `on` or off for `targets` with `nvidia-smi -i
+/// UUID -pm 1|0` (which asks `nvidia-persistenced` where it runs).
+async fn persistence(
+    s: &ResetSettings,
+    targets: &[&DeviceReading],
+    on: bool,
+) -> Result<(), String> {
+    let mode = if on { "1" } else { "0" };
+    for r in targets {
+        let what = format!("nvidia-smi -i {} -pm {mode}", r.uuid);
+        let run = s.nvidia_smi.command(["-i", &r.uuid, "-pm", mode]).output();
+        match tokio::time::timeout(s.timeout, run).await {
+            Ok(Ok(o)) if o.status.success() => {}
+            Ok(Ok(o)) => {
+                let said = String::from_utf8_lossy(&o.stdout).trim().to_owned()
+                    + String::from_utf8_lossy(&o.stderr).trim();
+                return Err(format!("{what}: {}: {said}", o.status));
+            }
+            Ok(Err(e)) => return Err(format!("running {}: {e}", s.nvidia_smi)),
+            Err(_) => return Err(format!("{what} did not finish within {:?}", s.timeout)),
+        }
+    }
+    Ok(())
 }
 
 async fn run_resets(s: &ResetSettings, targets: &[DeviceReading]) -> Done {
