@@ -1,7 +1,9 @@
 # gpuhealth-agent: glibc, because NVML (libnvidia-ml.so.1, from the NVIDIA
 # runtime or a driver root) is loaded at run time and a static binary
 # cannot load it. distroless/cc has glibc, CA certificates and nothing else.
-# Runs as root: a GPU reset needs it (see config/agent).
+# Runs as root: a GPU reset needs it (see config/agent). nvidia-smi finds
+# nvidia-persistenced's socket under /var/run, which must link to /run, where
+# the NVIDIA runtime mounts it (make images adds the link).
 # Build from the repository root:
 #   docker build -f images/agent.Dockerfile -t gpuhealth-agent .
 # Without Docker, `make images` builds the same image from this file's

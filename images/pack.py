@@ -130,7 +130,12 @@ def base_files(cache):
     if not certs:
         fail("ca-certificates has no certificates")
     bundle = b"".join(c.read_bytes().rstrip(b"\n") + b"\n" for c in certs)
-    for d in ["etc", "etc/ssl", "etc/ssl/certs", "tmp", "root", "home", "home/nonroot"]:
+    # /var/run is where programs look for sockets the runtime mounts under
+    # /run (nvidia-smi for nvidia-persistenced's): the link base-files makes.
+    link = tarfile.TarInfo("var/run")
+    link.type, link.linkname, link.mode = tarfile.SYMTYPE, "/run", 0o777
+    files["var/run"] = (link, None)
+    for d in ["etc", "etc/ssl", "etc/ssl/certs", "tmp", "root", "home", "home/nonroot", "run", "var"]:
         info = tarfile.TarInfo(d)
         info.type = tarfile.DIRTYPE
         info.mode = {"tmp": 0o1777, "root": 0o700, "home/nonroot": 0o700}.get(d, 0o755)
@@ -235,7 +240,7 @@ def write_archive(path, layout):
 
 # Where anything in an image may be: the C library and its loader, the
 # users, the CA bundle, the empty homes and /tmp, and the binary.
-ALLOWED = re.compile(r"^(lib|lib64|usr|usr/lib|usr/share|etc|etc/ssl|etc/ssl/certs|etc/ld\.so\.conf\.d|tmp|root|home|home/nonroot"
+ALLOWED = re.compile(r"^(lib|lib64|usr|usr/lib|usr/share|etc|etc/ssl|etc/ssl/certs|etc/ld\.so\.conf\.d|tmp|root|home|home/nonroot|run|var|var/run"
                      r"|(usr/)?lib(64)?/(x86_64-linux-gnu/)?[^/]+\.so[.0-9]*|usr/lib/x86_64-linux-gnu|lib/x86_64-linux-gnu"
                      r"|etc/(passwd|group|ld\.so\.conf\.d/[^/]+|ssl/certs/ca-certificates\.crt))$")
 

@@ -8,8 +8,8 @@
  * go (persistence off) or holding it again (on). Its command name is the
  * real one's, as /proc/<pid>/comm shows it ("nvidia-persiste").
  *
- * Protocol on $NVML_STANDIN_ROOT/persistenced.sock: one line
- * `<index> <0|1>\n` per connection, answered `ok\n` or `error <why>\n`.
+ * Protocol on its socket (state.h): one line `<index> <0|1>\n` per
+ * connection, answered `ok\n` or `error <why>\n`.
  */
 #include <fcntl.h>
 #include <signal.h>
@@ -60,8 +60,7 @@ int main(void) {
         }
     }
     struct sockaddr_un addr = {.sun_family = AF_UNIX};
-    char path[PATH_MAX];
-    standin_path(path, sizeof path, "persistenced.sock");
+    const char *path = persistenced_socket();
     snprintf(addr.sun_path, sizeof addr.sun_path, "%s", path);
     unlink(path);
     int sock = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);

@@ -103,16 +103,15 @@ static int reset(const char *id) {
  * runs (it lets the GPU go, or holds it again), else sets the mode itself,
  * as the driver's legacy persistence mode does. */
 static int persistence_mode(const char *id, int on) {
-    char pci[64] = "", path[PATH_MAX], answer[128] = "";
+    char pci[64] = "", answer[128] = "";
     int index = gpu_find(id);
     if (index < 0) {
         printf("No devices were found matching %s\n", id);
         return 6;
     }
     gpu_get(index, "pci", pci, sizeof pci);
-    standin_path(path, sizeof path, "persistenced.sock");
     struct sockaddr_un addr = {.sun_family = AF_UNIX};
-    snprintf(addr.sun_path, sizeof addr.sun_path, "%s", path);
+    snprintf(addr.sun_path, sizeof addr.sun_path, "%s", persistenced_socket());
     int sock = socket(AF_UNIX, SOCK_STREAM, 0);
     if (sock >= 0 && connect(sock, (struct sockaddr *)&addr, sizeof addr) == 0) {
         char request[32];

@@ -9,9 +9,12 @@
  *                    refuses a reset
  *   events           `<index> <xid>` lines appended by a test: Xid events
  *   resets           one line per reset nvidia-smi carried out
- *   persistenced.sock  the nvidia-persistenced stand-in's socket, while it
- *                    runs: nvidia-smi -pm asks it to let a GPU go or take
- *                    it again
+ *
+ * nvidia-persistenced's socket is where the real one's is,
+ * /var/run/nvidia-persistenced/socket (which a container reaches only
+ * through a /var/run -> /run link, as the toolkit mounts it under /run),
+ * unless $NVML_STANDIN_PERSISTENCED_SOCKET says otherwise (tests that run
+ * several hosts on one machine).
  *
  * Files are read afresh on every call, so a test changes a GPU at any time.
  */
@@ -114,6 +117,11 @@ static inline int gpu_set(int index, const char *key, const char *value) {
     if (fclose(out) != 0)
         return -1;
     return rename(tmp, path);
+}
+
+static inline const char *persistenced_socket(void) {
+    const char *path = getenv("NVML_STANDIN_PERSISTENCED_SOCKET");
+    return (path && *path) ? path : "/var/run/nvidia-persistenced/socket";
 }
 
 static inline void sleep_ms(long ms) {

@@ -126,6 +126,12 @@ impl Host {
         self.dir.join("kmsg")
     }
 
+    /// This host's nvidia-persistenced socket (one per host, so that hosts
+    /// on one machine do not share it).
+    fn persistenced_socket(&self) -> PathBuf {
+        self.dir.join("persistenced.sock")
+    }
+
     fn socket(&self) -> PathBuf {
         self.dir.join("kubelet.sock")
     }
@@ -223,6 +229,10 @@ impl Host {
                 self.nvml().display().to_string(),
             ),
             ("LD_LIBRARY_PATH".into(), STANDIN.into()),
+            (
+                "NVML_STANDIN_PERSISTENCED_SOCKET".into(),
+                self.persistenced_socket().display().to_string(),
+            ),
             ("PATH".into(), path),
             (
                 "GPUHEALTH_DEV_DIR".into(),
@@ -315,12 +325,16 @@ impl Host {
     pub async fn persistenced(&mut self) -> Result<()> {
         let child = Command::new(format!("{STANDIN}/nvidia-persistenced"))
             .env("NVML_STANDIN_ROOT", self.nvml())
+            .env(
+                "NVML_STANDIN_PERSISTENCED_SOCKET",
+                self.persistenced_socket(),
+            )
             .stdout(Stdio::null())
             .kill_on_drop(true)
             .spawn()
             .map_err(io("starting the nvidia-persistenced stand-in"))?;
         self.persistenced = Some(child);
-        let socket = self.nvml().join("persistenced.sock");
+        let socket = self.persistenced_socket();
         let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(20);
         while !socket.exists() {
             if tokio::time::Instant::now() > deadline {
