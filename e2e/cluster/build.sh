@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Builds the test cluster's binaries from the Go module proxy into a versioned
 # cache: kube-apiserver, kube-controller-manager, kube-scheduler, kubectl,
-# etcd and kwok, plus KWOK's stage definitions. Does nothing when the cache is
-# complete. Prints the cache directory on stdout.
+# the kubelet and kube-proxy (for the real node, e2e/node/), etcd and kwok,
+# plus KWOK's stage definitions. Does nothing when the cache is complete.
+# Prints the cache directory on stdout.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=versions.env
@@ -10,7 +11,9 @@ source "$here/versions.env"
 
 cache_root=${GPUHEALTH_CACHE:-$HOME/.cache/gpuhealth}
 bin_dir="$cache_root/cluster-k8s-$K8S_VERSION-etcd-$ETCD_VERSION-kwok-$KWOK_VERSION"
-stamp="$bin_dir/.complete"
+# The stamp names what the cache holds: a cache from before the kubelet was
+# built is completed, not rebuilt.
+stamp="$bin_dir/.complete-with-node"
 if [[ -f "$stamp" ]]; then
   echo "$bin_dir"
   exit 0
@@ -37,6 +40,8 @@ ldflags=(-s -w
   -X "k8s.io/client-go/pkg/version.gitVersion=$K8S_VERSION"
   -X "k8s.io/client-go/pkg/version.gitMajor=1"
   -X "k8s.io/client-go/pkg/version.gitMinor=${minor_patch%%.*}")
+
+kubernetes_cmds=(kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet kube-proxy)
 
 build_kubernetes() {
   log "building Kubernetes $K8S_VERSION (10-25 minutes on 2 cores)"
@@ -70,10 +75,13 @@ import (
 	_ "k8s.io/kubernetes/cmd/kube-controller-manager"
 	_ "k8s.io/kubernetes/cmd/kube-scheduler"
 	_ "k8s.io/kubernetes/cmd/kubectl"
+	_ "k8s.io/kubernetes/cmd/kubelet"
+	_ "k8s.io/kubernetes/cmd/kube-proxy"
 )
 GO
   go mod tidy >&2
-  for cmd in kube-apiserver kube-controller-manager kube-scheduler kubectl; do
+  for cmd in "${kubernetes_cmds[@]}"; do
+    [[ -x "$bin_dir/$cmd" ]] && continue
     log "go build $cmd"
     go build -trimpath -ldflags "${ldflags[*]}" -o "$bin_dir/$cmd" "k8s.io/kubernetes/cmd/$cmd"
   done
@@ -119,7 +127,9 @@ build_kwok() {
 
 [[ -x "$bin_dir/etcd" ]] || build_etcd
 [[ -x "$bin_dir/kwok" && -d "$bin_dir/stages" ]] || build_kwok
-[[ -x "$bin_dir/kube-apiserver" && -x "$bin_dir/kubectl" && -x "$bin_dir/kube-scheduler" && -x "$bin_dir/kube-controller-manager" ]] || build_kubernetes
+for cmd in "${kubernetes_cmds[@]}"; do
+  [[ -x "$bin_dir/$cmd" ]] || { build_kubernetes; break; }
+done
 touch "$stamp"
 log "done: $bin_dir"
 echo "$bin_dir"
