@@ -176,7 +176,7 @@ def blob(blobs, data, media_type):
     return {"mediaType": media_type, "digest": f"sha256:{digest}", "size": len(data)}
 
 
-def image(stage, base, bin_dir, version):
+def image(stage, base, bin_dir, repository, version):
     """The OCI layout of one image: (files of the archive, name, digest)."""
     binary = bin_dir / stage["binary"]
     if not binary.is_file():
@@ -211,7 +211,7 @@ def image(stage, base, bin_dir, version):
         "layers": layers,
     }
     manifest_desc = blob(blobs, json.dumps(manifest, sort_keys=True).encode(), manifest["mediaType"])
-    name = f"{REPOSITORY}/{stage['binary']}:{version}"
+    name = f"{repository}/{stage['binary']}:{version}"
     manifest_desc["annotations"] = {
         "org.opencontainers.image.ref.name": version,
         "io.containerd.image.name": name,
@@ -281,14 +281,16 @@ def main():
     parser.add_argument("--bin-dir", type=Path, required=True, help="where the release binaries are")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--cache", type=Path, default=Path.home() / ".cache/gpuhealth/images")
+    parser.add_argument("--repository", default=REPOSITORY, help="where the images' names start")
+    parser.add_argument("--tag", help="the images' tag (default: the workspace's version)")
     args = parser.parse_args()
     repo = Path(__file__).resolve().parent.parent
-    version = tomllib.loads((repo / "Cargo.toml").read_text())["workspace"]["package"]["version"]
+    version = args.tag or tomllib.loads((repo / "Cargo.toml").read_text())["workspace"]["package"]["version"]
     base = base_files(args.cache)
     args.out.mkdir(parents=True, exist_ok=True)
     for dockerfile in args.dockerfiles:
         stage = last_stage(dockerfile)
-        layout, name, digest = image(stage, base, args.bin_dir, version)
+        layout, name, digest = image(stage, base, args.bin_dir, args.repository, version)
         archive = args.out / f"{stage['binary']}.oci.tar"
         write_archive(archive, layout)
         check(archive, stage)

@@ -12,6 +12,12 @@
 #
 # State (certificates, etcd data, logs, pids) lives in $GPUHEALTH_CLUSTER_DIR,
 # default <repo>/target/e2e-cluster. Ports are picked free at start.
+#
+# With GPUHEALTH_CLUSTER_NODE=1, `up` starts a cluster a real node can join
+# (e2e/node/node.sh): the API server listens on the node's address
+# ($NODE_ADDRESS, added to this machine's loopback interface, which pods
+# reach through the `kubernetes` Service) instead of loopback, and reaches the
+# kubelet with a client certificate of its own.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../.." && pwd)
@@ -20,6 +26,10 @@ log() { echo "[cluster] $*" >&2; }
 
 kubeconfig="$state/admin.kubeconfig"
 components=(etcd kube-apiserver kube-controller-manager kube-scheduler kwok)
+# The real node's address: private, on this machine's loopback interface
+# only (this kernel has no dummy links).
+NODE_ADDRESS=10.213.0.1
+with_node() { [[ "${GPUHEALTH_CLUSTER_NODE:-0}" == 1 ]]; }
 
 alive() {
   [[ -f "$state/pids/$1" ]] && kill -0 "$(cat "$state/pids/$1")" 2>/dev/null
@@ -30,6 +40,7 @@ answers() {
   # A cluster started without the audit log a caller asks for is not the
   # cluster it needs: `up` starts it again with one.
   [[ "${GPUHEALTH_CLUSTER_AUDIT:-0}" != 1 || -f "$state/audit-policy.yaml" ]] || return 1
+  ! with_node || [[ -f "$state/node-address" ]] || return 1
   local bin
   bin=$(cat "$state/bin")
   for c in "${components[@]}"; do alive "$c" || return 1; done
@@ -39,6 +50,10 @@ answers() {
 stop() {
   [[ -d "$state" ]] || return 0
   local c pid
+  # A real node first: its kubelet still talks to this API server.
+  if [[ -d "$state/node" ]]; then
+    GPUHEALTH_CLUSTER_DIR=$state "$here/../node/node.sh" down || true
+  fi
   # Reverse order: clients first, etcd last.
   for ((i = ${#components[@]} - 1; i >= 0; i--)); do
     c=${components[i]}
@@ -49,6 +64,9 @@ stop() {
     for _ in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
     kill -KILL -- "-$pid" 2>/dev/null || kill -KILL "$pid" 2>/dev/null || true
   done
+  if [[ -f "$state/node-address" ]]; then
+    ip addr del "$NODE_ADDRESS/32" dev lo 2>/dev/null || true
+  fi
   rm -rf "$state"
 }
 
@@ -78,22 +96,25 @@ pki() {
         -extfile "$1.ext" -out "$1.crt" 2>/dev/null
     }
     sign apiserver "/CN=kube-apiserver" \
-      "subjectAltName=IP:127.0.0.1,IP:10.96.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc
+      "subjectAltName=IP:127.0.0.1,IP:10.96.0.1,IP:$NODE_ADDRESS,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc
 extendedKeyUsage=serverAuth"
     sign admin "/O=system:masters/CN=admin" "extendedKeyUsage=clientAuth"
+    # How the API server proves itself to a kubelet (logs, exec, the
+    # kubelet's webhook authorization asks what this user may do).
+    sign kubelet-client "/CN=kube-apiserver-kubelet-client" "extendedKeyUsage=clientAuth"
     openssl genrsa -out sa.key 2048 2>/dev/null
     openssl rsa -in sa.key -pubout -out sa.pub 2>/dev/null
   )
 }
 
-write_kubeconfig() {
+write_kubeconfig() { # port address
   cat >"$kubeconfig" <<KC
 apiVersion: v1
 kind: Config
 clusters:
 - name: gpuhealth-e2e
   cluster:
-    server: https://127.0.0.1:$1
+    server: https://$2:$1
     certificate-authority: $state/pki/ca.crt
 users:
 - name: admin
@@ -187,7 +208,24 @@ start() {
   echo "$bin" >"$state/bin"
   pki
   read -r etcd_client etcd_peer api cm sched kwok_port < <(free_ports 6)
-  write_kubeconfig "$api"
+  # Where the API server listens, and what it advertises: loopback, and a
+  # documentation address nothing connects to (with the endpoint reconciler
+  # off, the apiserver never uses it, but it refuses to start on a host
+  # without a default route unless one is given); or, for a real node, the
+  # node's address on this machine, advertised so that the
+  # `kubernetes` Service leads pods there.
+  local listen=127.0.0.1 apiserver_net=(--advertise-address 192.0.2.1 --endpoint-reconciler-type none)
+  if with_node; then
+    ip addr replace "$NODE_ADDRESS/32" dev lo
+    echo "$NODE_ADDRESS" >"$state/node-address"
+    listen=$NODE_ADDRESS
+    apiserver_net=(--advertise-address "$NODE_ADDRESS"
+      --kubelet-client-certificate "$state/pki/kubelet-client.crt"
+      --kubelet-client-key "$state/pki/kubelet-client.key"
+      --kubelet-certificate-authority "$state/pki/ca.crt"
+      --kubelet-preferred-address-types InternalIP)
+  fi
+  write_kubeconfig "$api" "$listen"
   local k=(--kubeconfig "$kubeconfig")
 
   log "starting etcd on 127.0.0.1:$etcd_client"
@@ -198,9 +236,6 @@ start() {
   wait_for etcd 60 curl -sf "http://127.0.0.1:$etcd_client/health"
 
   log "starting kube-apiserver on 127.0.0.1:$api"
-  # The advertise address is a documentation address nothing connects to:
-  # with the endpoint reconciler off, the apiserver never uses it, but it
-  # refuses to start on a host without a default route unless one is given.
   # DRA's DeviceTaintRule (per-GPU quarantine) is a beta API off by
   # default in 1.36: served in resource.k8s.io/v1beta2, and heeded by the
   # scheduler (and the controller manager's eviction, for NoExecute) only
@@ -230,15 +265,15 @@ POLICY
   launch kube-apiserver "$bin/kube-apiserver" "$dra_gates" "${audit[@]}" \
     --runtime-config resource.k8s.io/v1beta2=true \
     --etcd-servers "http://127.0.0.1:$etcd_client" \
-    --bind-address 127.0.0.1 --secure-port "$api" \
-    --advertise-address 192.0.2.1 --endpoint-reconciler-type none \
+    --bind-address "$listen" --secure-port "$api" "${apiserver_net[@]}" \
     --service-cluster-ip-range 10.96.0.0/16 \
     --client-ca-file "$state/pki/ca.crt" \
     --tls-cert-file "$state/pki/apiserver.crt" --tls-private-key-file "$state/pki/apiserver.key" \
     --service-account-issuer https://kubernetes.default.svc \
     --service-account-key-file "$state/pki/sa.pub" \
     --service-account-signing-key-file "$state/pki/sa.key" \
-    --authorization-mode RBAC --allow-privileged=true --profiling=false
+    --authorization-mode Node,RBAC --enable-admission-plugins NodeRestriction \
+    --allow-privileged=true --profiling=false
   wait_for kube-apiserver 120 "$bin/kubectl" "${k[@]}" get --raw /readyz
 
   log "starting kube-controller-manager, kube-scheduler and kwok"
