@@ -206,7 +206,10 @@ async fn the_default_agent_is_not_privileged_and_adds_back_only_what_it_needs() 
     assert_eq!(capabilities.drop, Some(vec!["ALL".to_owned()]));
     let mut added = capabilities.add.unwrap_or_default();
     added.sort();
-    assert_eq!(added, ["SYSLOG", "SYS_ADMIN", "SYS_BOOT", "SYS_PTRACE"]);
+    assert_eq!(
+        added,
+        ["DAC_READ_SEARCH", "SYSLOG", "SYS_ADMIN", "SYS_BOOT", "SYS_PTRACE"]
+    );
     // The table of what each is for.
     let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/security.md"))
         .expect("docs/security.md");
