@@ -5,7 +5,7 @@ export CARGO_BUILD_JOBS ?= 2
 CLUSTER := e2e/cluster/cluster.sh
 TARGET_DIR := $(or $(CARGO_TARGET_DIR),$(CURDIR)/target)
 
-.PHONY: build images crds docs lint unit e2e chaos chaos-bounded previous-release previous-build fuzz fuzz-smoke bench bench-smoke peer-nhc test cluster-up cluster-down demo clean
+.PHONY: build images crds docs lint unit e2e e2e-node chaos chaos-bounded previous-release previous-build fuzz fuzz-smoke bench bench-smoke peer-nhc test cluster-up cluster-down demo clean
 
 build:
 	cargo build --workspace --all-targets
@@ -44,6 +44,17 @@ unit:
 e2e:
 	cargo build -p gpuhealth-operator -p gpuhealth-agent -p kubectl-gpuhealth -p gpuhealth-e2e --bins --tests
 	e2e/lanes.sh
+
+# The shipped install on a real kubelet node (e2e/node/: kubelet,
+# containerd, the NVIDIA runtime and device plugin stand-ins) joined to a
+# cluster of its own: the images built, config/default applied, the
+# incident end to end (e2e/tests/real_node.rs). Needs root; the node and
+# the cluster are stopped after, leaving nothing behind.
+e2e-node: images
+	cargo build -p gpuhealth-e2e --tests
+	e2e/node/build.sh >/dev/null
+	GPUHEALTH_CLUSTER_NODE=1 GPUHEALTH_CLUSTER_DIR=$(CURDIR)/target/node-cluster \
+	  e2e/cluster/with-cluster.sh cargo test -p gpuhealth-e2e --test real_node
 
 # Fleet-scale figures on a fresh local cluster of its own: release builds,
 # BENCH_NODES (1000) nodes; results, summary and plots in bench/results/.

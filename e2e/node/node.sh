@@ -304,10 +304,13 @@ YAML
   port=$(free_port)
   kubelet_config "$port"
   log "starting the kubelet as $NAME"
+  # The GPU Operator's label for its device plugin; nvidia.com/gpu.present
+  # is GPU feature discovery's to set, once the GPUs are found (a test sets
+  # it).
   launch kubelet "$cluster_bin/kubelet" --config "$node_dir/kubelet.yaml" \
     --kubeconfig "$node_dir/kubelet.kubeconfig" --hostname-override "$NAME" \
     --node-ip "$(cat "$state/node-address")" \
-    --node-labels nvidia.com/gpu.present=true,nvidia.com/gpu.deploy.device-plugin=true
+    --node-labels nvidia.com/gpu.deploy.device-plugin=true
   wait_for "the Node to be Ready" 180 "${kubectl[@]}" wait --for=condition=Ready "node/$NAME" --timeout=1s
   kube_proxy_config
   log "starting kube-proxy"
@@ -392,7 +395,7 @@ down() {
   local cg
   while read -r cg; do
     [[ -n $cg ]] || continue
-    xargs -r kill -KILL <"$cg/cgroup.procs" 2>/dev/null || true
+    { xargs -r kill -KILL <"$cg/cgroup.procs"; } 2>/dev/null || true
   done < <(our_cgroups)
   stop_pid containerd
   pkill -KILL -f 'containerd-shim-runc-v2 .*-address /run/containerd/containerd.sock' 2>/dev/null || true

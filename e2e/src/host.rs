@@ -13,7 +13,8 @@
 //!   withdraws a GPU from the Node's allocatable `nvidia.com/gpu` on a
 //!   critical Xid and offers every GPU again only when it starts afresh;
 //! - the system bus: a real `dbus-daemon`, with systemd-logind's Reboot
-//!   answered and counted;
+//!   answered and counted for a caller holding `CAP_SYS_BOOT`, refused to
+//!   any other, as logind does without polkit;
 //! - `nvidia-persistenced`: the stand-in's, holding every GPU in
 //!   persistence mode until `nvidia-smi -pm 0` asks it to let one go.
 
@@ -78,12 +79,45 @@ pub struct Host {
     pub reboots: Arc<Mutex<u32>>,
     bus: Option<Child>,
     persistenced: Option<Child>,
+    /// Where nvidia-persistenced's and the system bus's sockets are: in
+    /// `dir` for a simulated host (several share a machine), at their real
+    /// paths for the real node.
+    persistenced_socket: PathBuf,
+    bus_socket: PathBuf,
 }
 
 impl Host {
     /// A host of `gpus` healthy GPUs for `node`.
     pub fn new(node: &str, gpus: usize) -> Result<Host> {
         let dir = std::env::temp_dir().join(format!("gpuhealth-host-{node}"));
+        Host::at(
+            dir.clone(),
+            node,
+            gpus,
+            dir.join("persistenced.sock"),
+            dir.join("system_bus_socket"),
+        )
+    }
+
+    /// The host of the real node (e2e/node/): its GPUs' state where the
+    /// node's runtime finds it, its sockets at their real paths.
+    pub fn real(node: &str, gpus: usize) -> Result<Host> {
+        Host::at(
+            PathBuf::from("/var/lib/gpuhealth-e2e-host"),
+            node,
+            gpus,
+            "/run/nvidia-persistenced/socket".into(),
+            "/run/dbus/system_bus_socket".into(),
+        )
+    }
+
+    fn at(
+        dir: PathBuf,
+        node: &str,
+        gpus: usize,
+        persistenced_socket: PathBuf,
+        bus_socket: PathBuf,
+    ) -> Result<Host> {
         let _ = std::fs::remove_dir_all(&dir);
         for sub in ["nvml/gpu", "nvml/dev", "state"] {
             std::fs::create_dir_all(dir.join(sub)).map_err(io("the host's directories"))?;
@@ -100,6 +134,8 @@ impl Host {
             reboots: Arc::default(),
             bus: None,
             persistenced: None,
+            persistenced_socket,
+            bus_socket,
         };
         for i in 0..gpus {
             std::fs::write(host.nvml().join(format!("dev/nvidia{i}")), b"")
@@ -114,7 +150,8 @@ impl Host {
         Ok(host)
     }
 
-    fn nvml(&self) -> PathBuf {
+    /// The stand-in's GPUs (`$NVML_STANDIN_ROOT`).
+    pub fn nvml(&self) -> PathBuf {
         self.dir.join("nvml")
     }
 
@@ -126,10 +163,8 @@ impl Host {
         self.dir.join("kmsg")
     }
 
-    /// This host's nvidia-persistenced socket (one per host, so that hosts
-    /// on one machine do not share it).
     fn persistenced_socket(&self) -> PathBuf {
-        self.dir.join("persistenced.sock")
+        self.persistenced_socket.clone()
     }
 
     fn socket(&self) -> PathBuf {
@@ -253,7 +288,7 @@ impl Host {
             ("RUST_LOG".into(), "info,kube=warn".into()),
         ];
         if self.bus.is_some() {
-            let address = format!("unix:path={}", self.dir.join("system_bus_socket").display());
+            let address = format!("unix:path={}", self.bus_socket.display());
             env.push(("DBUS_SYSTEM_BUS_ADDRESS".into(), address));
         }
         env
@@ -335,6 +370,9 @@ impl Host {
             .map_err(io("starting the nvidia-persistenced stand-in"))?;
         self.persistenced = Some(child);
         let socket = self.persistenced_socket();
+        if let Some(dir) = socket.parent() {
+            std::fs::create_dir_all(dir).map_err(io("nvidia-persistenced's directory"))?;
+        }
         let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(20);
         while !socket.exists() {
             if tokio::time::Instant::now() > deadline {
@@ -348,9 +386,14 @@ impl Host {
     }
 
     /// A real `dbus-daemon` as the host's system bus, and systemd-logind on
-    /// it, counting Reboot calls.
+    /// it, counting the Reboot calls it accepts: a caller's, as logind
+    /// without polkit, only while the caller holds `CAP_SYS_BOOT`.
     pub async fn system_bus(&mut self) -> Result<()> {
-        let socket = self.dir.join("system_bus_socket");
+        let socket = self.bus_socket.clone();
+        if let Some(dir) = socket.parent() {
+            std::fs::create_dir_all(dir).map_err(io("the bus's directory"))?;
+        }
+        let _ = std::fs::remove_file(&socket);
         let config = self.dir.join("system-bus.conf");
         std::fs::write(
             &config,
@@ -404,9 +447,19 @@ impl Host {
                     && header.interface().map(|i| i.as_str())
                         == Some("org.freedesktop.login1.Manager")
                     && header.member().map(|m| m.as_str()) == Some("Reboot");
-                if is_reboot && call.body().deserialize::<(bool,)>().is_ok() {
-                    *lock(&reboots) += 1;
-                    let _ = connection.reply(&header, &()).await;
+                if !is_reboot || call.body().deserialize::<(bool,)>().is_err() {
+                    continue;
+                }
+                match caller_may_boot(&connection, &header).await {
+                    Ok(()) => {
+                        *lock(&reboots) += 1;
+                        let _ = connection.reply(&header, &()).await;
+                    }
+                    Err(why) => {
+                        let _ = connection
+                            .reply_error(&header, "org.freedesktop.DBus.Error.AccessDenied", &why)
+                            .await;
+                    }
                 }
             }
         }));
@@ -418,6 +471,38 @@ impl From<zbus::Error> for HarnessError {
     fn from(e: zbus::Error) -> Self {
         HarnessError::ClusterStart(format!("D-Bus: {e}"))
     }
+}
+
+/// What logind asks of a Reboot caller without polkit: `CAP_SYS_BOOT` in
+/// its effective set, read from the process the bus says sent the call.
+async fn caller_may_boot(
+    bus: &zbus::Connection,
+    call: &zbus::message::Header<'_>,
+) -> std::result::Result<(), String> {
+    let sender = call.sender().ok_or("no sender")?.to_string();
+    let reply = bus
+        .call_method(
+            Some("org.freedesktop.DBus"),
+            "/org/freedesktop/DBus",
+            Some("org.freedesktop.DBus"),
+            "GetConnectionUnixProcessID",
+            &(sender.as_str(),),
+        )
+        .await
+        .map_err(|e| format!("the caller's process: {e}"))?;
+    let pid: u32 = reply.body().deserialize().map_err(|e| e.to_string())?;
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .map_err(|e| format!("/proc/{pid}/status: {e}"))?;
+    let effective = status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+        .ok_or("no CapEff")?;
+    // CAP_SYS_BOOT is capability 22.
+    if effective & (1 << 22) == 0 {
+        return Err("Interactive authentication required.".into());
+    }
+    Ok(())
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {

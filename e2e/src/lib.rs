@@ -22,6 +22,7 @@ pub mod overlay;
 pub mod plugin;
 pub mod process;
 pub mod proxy;
+pub mod real_node;
 pub mod recorder;
 pub mod reports;
 pub mod scenario;

@@ -1,0 +1,419 @@
+//! gpuhealth installed as a user installs it, on a real kubelet node
+//! (`e2e/node/`), run by `make e2e-node`: the images `make images` built,
+//! `config/default` applied with only its image references pointed at
+//! them, the operator and the agent as real pods, a GPU workload pod on
+//! each of the NVML stand-in's GPUs, NVIDIA's device plugin stand-in as
+//! the GPU Operator's DaemonSet runs it, and nvidia-persistenced holding
+//! the GPUs. Then the incident, end to end: Xid 119 and 154 on GPU 7, the
+//! pod on it evicted by the real kubelet, the operands paused,
+//! persistenced letting go, `nvidia-smi` resetting inside the agent's
+//! container, the GPU offered again, the node verified and uncordoned;
+//! then a reset that fails, and the reboot it escalates to reaching logind
+//! once through the shipped socket path.
+//!
+//! One test: the node is one per machine.
+
+use std::{path::PathBuf, time::Duration};
+
+use gpuhealth_api::{
+    GpuHealth, GpuNodeHealth,
+    contract::{
+        AnnotationValue, GPU_REPORT_ANNOTATION, GpuReport, Outcome, REQUEST_RESULT_ANNOTATION,
+        RequestResult,
+    },
+    node_health::Phase,
+    vocabulary::IncidentOutcome,
+};
+use gpuhealth_e2e::{
+    client,
+    host::{DEVICE_PLUGIN_LABEL, uuid},
+    kubectl,
+    real_node::{RealNode, shipped_images},
+    shipped::shipped,
+    sim::{is_cordoned, pod_is_ready},
+    wait::{WAIT, until, until_set},
+};
+use k8s_openapi::api::{
+    apps::v1::{DaemonSet, Deployment},
+    core::v1::{Node, Pod},
+};
+use kube::{Api, Client, ResourceExt, runtime::watcher};
+
+const SYSTEM: &str = "gpuhealth-system";
+const SERVING: &str = "ml-serving";
+
+fn report(n: &Node) -> Option<GpuReport> {
+    GpuReport::parse(n.annotations().get(GPU_REPORT_ANNOTATION)?).ok()
+}
+
+fn result(n: &Node) -> Option<RequestResult> {
+    RequestResult::parse(n.annotations().get(REQUEST_RESULT_ANNOTATION)?).ok()
+}
+
+fn allocatable_gpus(n: &Node) -> Option<String> {
+    let q = n
+        .status
+        .as_ref()?
+        .allocatable
+        .as_ref()?
+        .get("nvidia.com/gpu")?;
+    Some(q.0.clone())
+}
+
+async fn apply(yaml: &str) {
+    let file =
+        std::env::temp_dir().join(format!("gpuhealth-real-node-{}.yaml", std::process::id()));
+    std::fs::write(&file, yaml).expect("a manifest");
+    kubectl(&["apply", "--server-side", "-f", &file.display().to_string()])
+        .await
+        .expect("kubectl apply");
+}
+
+/// The pods of `namespace` on the node, by name, once `done` holds for them.
+async fn pods_until(
+    client: &Client,
+    namespace: &str,
+    what: &str,
+    done: impl Fn(&[&Pod]) -> bool,
+) -> Vec<Pod> {
+    let api: Api<Pod> = Api::namespaced(client.clone(), namespace);
+    let set = until_set(api, watcher::Config::default(), what, WAIT, |pods| {
+        done(&pods.values().collect::<Vec<_>>())
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{what}: {e}"));
+    set.into_values().collect()
+}
+
+fn running_ready(pods: &[&Pod]) -> usize {
+    pods.iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none() && pod_is_ready(p))
+        .count()
+}
+
+/// config/default as shipped, its images pointed at those `make images`
+/// built (by digest: exactly those), nothing else changed.
+fn install_overlay() -> PathBuf {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/real-node-install");
+    std::fs::create_dir_all(&dir).expect("the overlay's directory");
+    let mut images = String::new();
+    for (_, reference) in shipped_images().expect("make images") {
+        let (name, digest) = reference.split_once('@').expect("name@digest");
+        let name = name.rsplit_once(':').map_or(name, |(n, _)| n);
+        images.push_str(&format!("  - name: {name}\n    digest: {digest}\n"));
+    }
+    std::fs::write(
+        dir.join("kustomization.yaml"),
+        format!(
+            "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n  - ../../config/default\nimages:\n{images}"
+        ),
+    )
+    .expect("the overlay");
+    dir
+}
+
+#[tokio::test]
+async fn the_shipped_install_takes_a_real_node_from_the_incident_back_to_serving() {
+    let client = client().await.expect("client");
+    let node = RealNode::up().await.expect("the real node");
+    let host = &node.host;
+    let nodes: Api<Node> = Api::all(client.clone());
+    let archives: Vec<PathBuf> = shipped_images()
+        .expect("make images")
+        .into_iter()
+        .map(|(a, _)| a)
+        .collect();
+    node.import(&archives).await.expect("the images, imported");
+    let images = node.test_images().await.expect("the test's images");
+
+    // NVIDIA's device plugin as the GPU Operator runs it: a DaemonSet on
+    // the nodes whose label says so, which a reset pauses.
+    apply(&format!(
+        r#"
+apiVersion: v1
+kind: Namespace
+metadata: {{name: gpu-operator}}
+---
+apiVersion: apps/v1
+kind: DaemonSet
+metadata: {{name: nvidia-device-plugin-daemonset, namespace: gpu-operator}}
+spec:
+  selector: {{matchLabels: {{app: nvidia-device-plugin-daemonset}}}}
+  template:
+    metadata: {{labels: {{app: nvidia-device-plugin-daemonset}}}}
+    spec:
+      nodeSelector: {{"{DEVICE_PLUGIN_LABEL}": "true"}}
+      tolerations: [{{operator: Exists}}]
+      terminationGracePeriodSeconds: 1
+      containers:
+        - name: plugin
+          image: {plugin}
+          args: ["--root={standin}"]
+          volumeMounts:
+            - {{name: plugins, mountPath: /var/lib/kubelet/device-plugins}}
+            - {{name: cdi, mountPath: /var/run/cdi}}
+            - {{name: gpus, mountPath: "{standin}"}}
+      volumes:
+        - {{name: plugins, hostPath: {{path: /var/lib/kubelet/device-plugins}}}}
+        - {{name: cdi, hostPath: {{path: /var/run/cdi, type: DirectoryOrCreate}}}}
+        - {{name: gpus, hostPath: {{path: "{standin}"}}}}
+"#,
+        plugin = images.device_plugin,
+        standin = host.nvml().display(),
+    ))
+    .await;
+    until(nodes.clone(), &node.name, WAIT, |n| {
+        allocatable_gpus(n).as_deref() == Some("8")
+    })
+    .await
+    .expect("the device plugin offers 8 GPUs");
+
+    // The install as shipped.
+    let overlay = install_overlay();
+    kubectl(&[
+        "apply",
+        "--server-side",
+        "--force-conflicts",
+        "-k",
+        &overlay.display().to_string(),
+    ])
+    .await
+    .expect("kubectl apply -k of config/default");
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), SYSTEM);
+    until(deployments, "gpuhealth-operator", WAIT, |d| {
+        d.status
+            .as_ref()
+            .is_some_and(|s| s.available_replicas.unwrap_or(0) == 2)
+    })
+    .await
+    .expect("the operator's pods available: in-cluster config, its token, its probes");
+    // The shipped affinity keeps the operator off GPU nodes, and this
+    // cluster has one node: its pods were placed before GPU feature
+    // discovery (here, the test) labelled the node a GPU node, which they
+    // outlive (IgnoredDuringExecution); the agent's DaemonSet follows the
+    // label.
+    kubectl(&["label", "node", &node.name, "nvidia.com/gpu.present=true"])
+        .await
+        .expect("the node labelled a GPU node");
+    let agents = pods_until(
+        &client,
+        SYSTEM,
+        "the agent's pod Ready on the real node",
+        |pods| {
+            pods.iter().any(|p| {
+                p.labels().get("app.kubernetes.io/name").map(String::as_str)
+                    == Some("gpuhealth-agent")
+                    && pod_is_ready(p)
+            })
+        },
+    )
+    .await;
+    let agent = agents
+        .iter()
+        .find(|p| {
+            p.labels().get("app.kubernetes.io/name").map(String::as_str) == Some("gpuhealth-agent")
+        })
+        .expect("the agent's pod");
+    // Exactly what the manifest ships: flags, environment, security
+    // context, runtime class.
+    let spec = agent.spec.clone().expect("spec");
+    assert_eq!(spec.node_name.as_deref(), Some(node.name.as_str()));
+    assert_eq!(spec.runtime_class_name.as_deref(), Some("nvidia"));
+    let container = &spec.containers[0];
+    let (args, env) = shipped("container-toolkit").await.expect("shipped");
+    assert_eq!(container.args.clone().unwrap_or_default(), args);
+    for (k, v) in &env {
+        assert!(
+            container
+                .env
+                .iter()
+                .flatten()
+                .any(|e| &e.name == k && e.value.as_ref() == Some(v)),
+            "{k}={v} in the agent's pod"
+        );
+    }
+    let context = container
+        .security_context
+        .clone()
+        .expect("security context");
+    assert_eq!(context.privileged, Some(false));
+    assert_eq!(context.read_only_root_filesystem, Some(true));
+
+    // The agent's report, from NVML in its container, with what it checked.
+    let n = until(nodes.clone(), &node.name, WAIT, |n| {
+        report(n).is_some_and(|r| r.gpus.len() == 8 && r.unreadable.is_none())
+    })
+    .await
+    .expect("the agent's report from the real node");
+    let r = report(&n).expect("report");
+    assert_eq!(
+        r.capabilities.map(|c| (c.reset, c.reboot)),
+        Some((true, gpuhealth_api::contract::RebootMethod::Logind)),
+        "NVML answers, nvidia-smi runs, logind answers on the shipped bus path"
+    );
+
+    // A policy of the user's, and a GPU workload on each GPU.
+    apply(&format!(
+        r#"
+apiVersion: gpuhealth.io/v1alpha1
+kind: GpuHealthPolicy
+metadata: {{name: real-node}}
+spec:
+  nodeSelector: {{matchLabels: {{nvidia.com/gpu.present: "true"}}}}
+  mode: Enforce
+  escalation:
+    - {{action: GpuReset, attempts: 1, timeout: 5m}}
+    - {{action: NodeReboot, timeout: 30m}}
+  drain: {{scope: AffectedPods, gracePeriod: 5s, timeout: 2m}}
+  verification: {{stableFor: 10s, timeout: 5m}}
+  # The second fault comes right after the first's recovery.
+  remediationLimits: {{cooldown: 0s}}
+---
+apiVersion: v1
+kind: Namespace
+metadata: {{name: {SERVING}}}
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata: {{name: model-server, namespace: {SERVING}}}
+spec:
+  replicas: 8
+  selector: {{matchLabels: {{app: model-server}}}}
+  template:
+    metadata: {{labels: {{app: model-server}}}}
+    spec:
+      terminationGracePeriodSeconds: 2
+      containers:
+        - name: server
+          image: {workload}
+          resources: {{limits: {{nvidia.com/gpu: 1}}}}
+"#,
+        workload = images.workload,
+    ))
+    .await;
+    pods_until(&client, SERVING, "eight workload pods Ready", |pods| {
+        running_ready(pods) == 8
+    })
+    .await;
+    let n = until(nodes.clone(), &node.name, WAIT, |n| {
+        report(n).is_some_and(|r| r.gpus.iter().all(|g| g.pods.len() == 1))
+    })
+    .await
+    .expect("every GPU's pod named by the real kubelet's PodResources");
+    let before = report(&n).expect("report");
+    let on_gpu7 = before.gpus[7].pods[0].name.clone();
+    let on_others: Vec<String> = before.gpus[..7]
+        .iter()
+        .map(|g| g.pods[0].name.clone())
+        .collect();
+
+    // GPU 7 as in the incident: Xid 119, then 154 asking for a reset.
+    host.set(7, "recovery_action", "1")
+        .expect("recovery action");
+    host.nvml_xid(7, 119).expect("Xid 119");
+    host.nvml_xid(7, 154).expect("Xid 154");
+    let records: Api<GpuNodeHealth> = Api::all(client.clone());
+    let record = until(records.clone(), &node.name, WAIT * 2, |h| {
+        h.status.as_ref().is_some_and(|s| {
+            s.phase == Phase::Healthy
+                && s.history
+                    .first()
+                    .is_some_and(|i| i.outcome == Some(IncidentOutcome::Recovered))
+        })
+    })
+    .await
+    .expect("back to Healthy");
+    let incident = record.status.expect("status").history[0].clone();
+    assert_eq!(incident.gpus, [uuid(7)]);
+
+    // The pod on GPU 7 moved; the others stayed.
+    let pods: Api<Pod> = Api::namespaced(client.clone(), SERVING);
+    assert!(
+        pods.get_opt(&on_gpu7).await.expect("pod").is_none(),
+        "GPU 7's pod moved"
+    );
+    for name in &on_others {
+        let p = pods.get_opt(name).await.expect("pod");
+        assert!(
+            p.is_some_and(|p| p.metadata.deletion_timestamp.is_none()),
+            "{name} stayed"
+        );
+    }
+    // One reset, of GPU 7, by nvidia-smi in the agent's container, with
+    // persistenced let go and the device plugin paused; everything back.
+    assert_eq!(host.resets(), [(uuid(7), "ok".to_owned())]);
+    let n = nodes.get(&node.name).await.expect("node");
+    let r = result(&n).expect("the reset's result");
+    assert_eq!(r.outcome, Outcome::Succeeded, "{r:?}");
+    for said in [
+        "persistence mode turned off for it and on again",
+        "paused and restored: nvidia.com/gpu.deploy.device-plugin",
+        "offers 8 of 8 nvidia.com/gpu",
+    ] {
+        assert!(r.message.contains(said), "{said:?} in {:?}", r.message);
+    }
+    assert_eq!(host.get(7, "persistence").as_deref(), Some("1"));
+    assert_eq!(
+        n.labels().get(DEVICE_PLUGIN_LABEL).map(String::as_str),
+        Some("true")
+    );
+    assert!(!is_cordoned(&n));
+    assert_eq!(allocatable_gpus(&n).as_deref(), Some("8"));
+    assert_eq!(
+        report(&n).expect("report").gpus[7].health,
+        GpuHealth::Healthy
+    );
+    let plugins: Api<DaemonSet> = Api::namespaced(client.clone(), "gpu-operator");
+    let plugin = plugins
+        .get("nvidia-device-plugin-daemonset")
+        .await
+        .expect("plugin");
+    assert_eq!(
+        plugin.status.map(|s| s.number_ready),
+        Some(1),
+        "the plugin's pod is back"
+    );
+    // The workload whole again: the replacement on the reset GPU.
+    pods_until(
+        &client,
+        SERVING,
+        "eight workload pods Ready again",
+        |pods| running_ready(pods) == 8,
+    )
+    .await;
+
+    // GPU 3's reset fails: the ladder's next rung, a reboot, reaches
+    // logind once, through the bus socket the manifest mounts.
+    host.set(3, "reset", "fail").expect("a reset that fails");
+    host.set(3, "recovery_action", "1")
+        .expect("recovery action");
+    host.nvml_xid(3, 154).expect("Xid 154");
+    let reboots = host.reboots.clone();
+    let deadline = tokio::time::Instant::now() + WAIT * 2;
+    while *reboots.lock().expect("count") == 0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no reboot reached logind"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let n = until(nodes.clone(), &node.name, WAIT, |n| {
+        result(n).is_some_and(|r| r.id.to_string().contains("reboot"))
+    })
+    .await
+    .expect("the reboot's result");
+    let r = result(&n).expect("result");
+    assert_eq!(r.outcome, Outcome::Succeeded, "{r:?}");
+    assert!(
+        r.message.contains("systemd-logind accepted"),
+        "{}",
+        r.message
+    );
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(*reboots.lock().expect("count"), 1, "asked once");
+    assert!(
+        host.resets().contains(&(uuid(3), "failed".to_owned())),
+        "{:?}",
+        host.resets()
+    );
+}
