@@ -155,7 +155,7 @@ fuzz:
 fuzz-smoke:
 	$(MAKE) fuzz FUZZ_SECS=15 FUZZ_KEEP=no
 
-test: lint unit e2e chaos-bounded fuzz-smoke bench-smoke
+test: lint unit e2e e2e-node chaos-bounded fuzz-smoke bench-smoke
 
 cluster-up:
 	@$(CLUSTER) up
