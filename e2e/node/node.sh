@@ -381,7 +381,7 @@ leftovers() {
   [[ -n "$(our_chains iptables)$(our_chains ip6tables)" ]] && found+=("iptables chains")
   [[ -n "$(ls /run/netns 2>/dev/null)" ]] && found+=("network namespaces: $(ls /run/netns | tr '\n' ' ')")
   local d
-  for d in /var/lib/kubelet /var/lib/cni /run/containerd /var/lib/containerd "$CNI_CONF"; do
+  for d in /var/lib/kubelet /var/lib/cni /run/containerd /var/lib/containerd "$CNI_CONF" /var/lib/gpuhealth-agent; do
     [[ -e $d ]] && found+=("$d")
   done
   printf '%s\n' "${found[@]}"
@@ -412,8 +412,10 @@ down() {
   ip link del "$BRIDGE" 2>/dev/null || true
   without_our_rules iptables
   without_our_rules ip6tables
+  # The node's disk too: the agent's journal (the shipped hostPath) and
+  # the stand-in GPUs the test laid out.
   rm -rf /var/lib/kubelet /var/lib/cni /run/containerd /var/lib/containerd "$CNI_CONF" \
-    "$CDI_DIR/k8s.device-plugin.nvidia.com-gpu.json"
+    "$CDI_DIR/k8s.device-plugin.nvidia.com-gpu.json" /var/lib/gpuhealth-agent /var/lib/gpuhealth-e2e-host
   if [[ -f "$node_dir/ip_forward" ]]; then
     sysctl -qw "net.ipv4.ip_forward=$(cat "$node_dir/ip_forward")"
   fi

@@ -393,6 +393,13 @@ impl Host {
         if let Some(dir) = socket.parent() {
             std::fs::create_dir_all(dir).map_err(io("the bus's directory"))?;
         }
+        // A bus that answers there is the machine's own: never replace it.
+        if std::os::unix::net::UnixStream::connect(&socket).is_ok() {
+            return Err(HarnessError::ClusterStart(format!(
+                "a system bus already answers at {}: the real node's test needs this machine's to itself",
+                socket.display()
+            )));
+        }
         let _ = std::fs::remove_file(&socket);
         let config = self.dir.join("system-bus.conf");
         std::fs::write(
@@ -464,6 +471,22 @@ impl Host {
             }
         }));
         Ok(())
+    }
+}
+
+/// The sockets this host's services made go with them.
+impl Drop for Host {
+    fn drop(&mut self) {
+        if self.bus.is_some() {
+            let _ = std::fs::remove_file(&self.bus_socket);
+        }
+        if self.persistenced.is_some() {
+            let _ = std::fs::remove_file(&self.persistenced_socket);
+            // Its directory, where this made it (an empty one only).
+            if let Some(dir) = self.persistenced_socket.parent() {
+                let _ = std::fs::remove_dir(dir);
+            }
+        }
     }
 }
 

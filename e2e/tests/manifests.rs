@@ -208,7 +208,13 @@ async fn the_default_agent_is_not_privileged_and_adds_back_only_what_it_needs() 
     added.sort();
     assert_eq!(
         added,
-        ["DAC_READ_SEARCH", "SYSLOG", "SYS_ADMIN", "SYS_BOOT", "SYS_PTRACE"]
+        [
+            "DAC_READ_SEARCH",
+            "SYSLOG",
+            "SYS_ADMIN",
+            "SYS_BOOT",
+            "SYS_PTRACE"
+        ]
     );
     // The table of what each is for.
     let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/security.md"))

@@ -264,7 +264,9 @@ spec:
   escalation:
     - {{action: GpuReset, attempts: 1, timeout: 5m}}
     - {{action: NodeReboot, timeout: 30m}}
-  drain: {{scope: AffectedPods, gracePeriod: 5s, timeout: 2m}}
+  # The operator runs on this GPU node only because the cluster has no
+  # other: a reboot's drain leaves it be.
+  drain: {{scope: AffectedPods, gracePeriod: 5s, timeout: 2m, excludeNamespaces: [{SYSTEM}]}}
   verification: {{stableFor: 10s, timeout: 5m}}
   # The second fault comes right after the first's recovery.
   remediationLimits: {{cooldown: 0s}}
