@@ -19,7 +19,6 @@
 //!   persistence mode until `nvidia-smi -pm 0` asks it to let one go.
 
 use std::{
-    collections::BTreeMap,
     io::Write,
     path::PathBuf,
     process::Stdio,
@@ -27,23 +26,20 @@ use std::{
 };
 
 use futures::StreamExt;
-use gpuhealth_agent::pod_resources::proto::{
-    AllocatableResourcesRequest, AllocatableResourcesResponse, ContainerDevices,
-    ContainerResources, ListPodResourcesRequest, ListPodResourcesResponse, PodResources,
-    pod_resources_lister_server::{PodResourcesLister, PodResourcesListerServer},
-};
-use k8s_openapi::api::core::v1::{Node, Pod};
+use gpuhealth_agent::pod_resources::proto::pod_resources_lister_server::PodResourcesListerServer;
+use k8s_openapi::api::core::v1::Node;
 use kube::{
     Api, Client, ResourceExt,
-    api::{ListParams, Patch, PatchParams},
+    api::{Patch, PatchParams},
     runtime::watcher,
 };
 use serde_json::json;
 use tokio::process::{Child, Command};
 
 use crate::{
-    HarnessError, Result,
+    HarnessError, Result, pod_resources,
     process::Process,
+    system_bus,
     wait::{Background, applied},
 };
 
@@ -310,10 +306,10 @@ impl Host {
         let _ = std::fs::remove_file(self.socket());
         let listener =
             tokio::net::UnixListener::bind(self.socket()).map_err(io("the kubelet socket"))?;
-        let kubelet = Kubelet {
+        let kubelet = pod_resources::Kubelet {
             client: client.clone(),
             node: self.node.clone(),
-            gpus: self.gpus,
+            gpus: (0..self.gpus).map(uuid).collect(),
             given: Arc::default(),
         };
         self.tasks.push(Background::spawn(async move {
@@ -386,90 +382,11 @@ impl Host {
     }
 
     /// A real `dbus-daemon` as the host's system bus, and systemd-logind on
-    /// it, counting the Reboot calls it accepts: a caller's, as logind
-    /// without polkit, only while the caller holds `CAP_SYS_BOOT`.
+    /// it ([`crate::system_bus`]), counting the Reboot calls it accepts.
     pub async fn system_bus(&mut self) -> Result<()> {
-        let socket = self.bus_socket.clone();
-        if let Some(dir) = socket.parent() {
-            std::fs::create_dir_all(dir).map_err(io("the bus's directory"))?;
-        }
-        // A bus that answers there is the machine's own: never replace it.
-        if std::os::unix::net::UnixStream::connect(&socket).is_ok() {
-            return Err(HarnessError::ClusterStart(format!(
-                "a system bus already answers at {}: the real node's test needs this machine's to itself",
-                socket.display()
-            )));
-        }
-        let _ = std::fs::remove_file(&socket);
-        let config = self.dir.join("system-bus.conf");
-        std::fs::write(
-            &config,
-            format!(
-                r#"<!DOCTYPE busconfig PUBLIC "-//freedesktop//DTD D-Bus Bus Configuration 1.0//EN"
- "http://www.freedesktop.org/standards/dbus/1.0/busconfig.dtd">
-<busconfig>
-  <type>system</type>
-  <listen>unix:path={}</listen>
-  <auth>EXTERNAL</auth>
-  <policy context="default">
-    <allow own="*"/>
-    <allow send_destination="*"/>
-    <allow receive_sender="*"/>
-  </policy>
-</busconfig>
-"#,
-                socket.display()
-            ),
-        )
-        .map_err(io("the bus's configuration"))?;
-        let bus = Command::new("dbus-daemon")
-            .arg(format!("--config-file={}", config.display()))
-            .args(["--nofork", "--nopidfile"])
-            .stdout(Stdio::null())
-            .kill_on_drop(true)
-            .spawn()
-            .map_err(io("starting dbus-daemon (Debian's dbus-daemon package)"))?;
-        self.bus = Some(bus);
-        let address = format!("unix:path={}", socket.display());
-        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(20);
-        let connection = loop {
-            match zbus::connection::Builder::address(address.as_str())
-                .build()
-                .await
-            {
-                Ok(c) => break c,
-                Err(e) if tokio::time::Instant::now() > deadline => {
-                    return Err(HarnessError::ClusterStart(format!("the system bus: {e}")));
-                }
-                Err(_) => tokio::time::sleep(std::time::Duration::from_millis(100)).await,
-            }
-        };
-        connection.request_name("org.freedesktop.login1").await?;
-        let reboots = self.reboots.clone();
-        self.tasks.push(Background::spawn(async move {
-            let mut calls = zbus::MessageStream::from(&connection);
-            while let Some(Ok(call)) = calls.next().await {
-                let header = call.header();
-                let is_reboot = header.message_type() == zbus::message::Type::MethodCall
-                    && header.interface().map(|i| i.as_str())
-                        == Some("org.freedesktop.login1.Manager")
-                    && header.member().map(|m| m.as_str()) == Some("Reboot");
-                if !is_reboot || call.body().deserialize::<(bool,)>().is_err() {
-                    continue;
-                }
-                match caller_may_boot(&connection, &header).await {
-                    Ok(()) => {
-                        *lock(&reboots) += 1;
-                        let _ = connection.reply(&header, &()).await;
-                    }
-                    Err(why) => {
-                        let _ = connection
-                            .reply_error(&header, "org.freedesktop.DBus.Error.AccessDenied", &why)
-                            .await;
-                    }
-                }
-            }
-        }));
+        let bus = system_bus::start(&self.bus_socket, &self.dir, self.reboots.clone()).await?;
+        self.tasks.push(bus.answering);
+        self.bus = Some(bus.daemon);
         Ok(())
     }
 }
@@ -488,44 +405,6 @@ impl Drop for Host {
             }
         }
     }
-}
-
-impl From<zbus::Error> for HarnessError {
-    fn from(e: zbus::Error) -> Self {
-        HarnessError::ClusterStart(format!("D-Bus: {e}"))
-    }
-}
-
-/// What logind asks of a Reboot caller without polkit: `CAP_SYS_BOOT` in
-/// its effective set, read from the process the bus says sent the call.
-async fn caller_may_boot(
-    bus: &zbus::Connection,
-    call: &zbus::message::Header<'_>,
-) -> std::result::Result<(), String> {
-    let sender = call.sender().ok_or("no sender")?.to_string();
-    let reply = bus
-        .call_method(
-            Some("org.freedesktop.DBus"),
-            "/org/freedesktop/DBus",
-            Some("org.freedesktop.DBus"),
-            "GetConnectionUnixProcessID",
-            &(sender.as_str(),),
-        )
-        .await
-        .map_err(|e| format!("the caller's process: {e}"))?;
-    let pid: u32 = reply.body().deserialize().map_err(|e| e.to_string())?;
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .map_err(|e| format!("/proc/{pid}/status: {e}"))?;
-    let effective = status
-        .lines()
-        .find_map(|l| l.strip_prefix("CapEff:"))
-        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
-        .ok_or("no CapEff")?;
-    // CAP_SYS_BOOT is capability 22.
-    if effective & (1 << 22) == 0 {
-        return Err("Interactive authentication required.".into());
-    }
-    Ok(())
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -556,96 +435,6 @@ fn hold(devices: &[PathBuf]) -> Result<Child> {
         .kill_on_drop(true)
         .spawn()
         .map_err(io("a process holding a GPU"))
-}
-
-struct Kubelet {
-    client: Client,
-    node: String,
-    gpus: usize,
-    /// Pod UID → the GPU given to it.
-    given: Arc<Mutex<BTreeMap<String, usize>>>,
-}
-
-#[tonic::async_trait]
-impl PodResourcesLister for Kubelet {
-    async fn list(
-        &self,
-        _: tonic::Request<ListPodResourcesRequest>,
-    ) -> std::result::Result<tonic::Response<ListPodResourcesResponse>, tonic::Status> {
-        let pods: Api<Pod> = Api::all(self.client.clone());
-        let on_node = pods
-            .list(&ListParams::default().fields(&format!("spec.nodeName={}", self.node)))
-            .await
-            .map_err(|e| tonic::Status::unavailable(e.to_string()))?;
-        let mut given = lock(&self.given);
-        let live: BTreeMap<String, &Pod> = on_node
-            .iter()
-            .filter(|p| {
-                let phase = p.status.as_ref().and_then(|s| s.phase.as_deref());
-                !matches!(phase, Some("Succeeded" | "Failed"))
-            })
-            .map(|p| (p.uid().unwrap_or_default(), p))
-            .collect();
-        given.retain(|uid, _| live.contains_key(uid));
-        let mut answer = ListPodResourcesResponse::default();
-        for (uid, pod) in &live {
-            let wants_gpu = pod.spec.as_ref().is_some_and(|s| {
-                s.containers.iter().any(|c| {
-                    c.resources
-                        .as_ref()
-                        .and_then(|r| r.limits.as_ref())
-                        .is_some_and(|l| l.contains_key("nvidia.com/gpu"))
-                })
-            });
-            if !wants_gpu {
-                continue;
-            }
-            let gpu = match given.get(uid) {
-                Some(gpu) => Some(*gpu),
-                None => {
-                    let free = (0..self.gpus).find(|g| !given.values().any(|t| t == g));
-                    if let Some(g) = free {
-                        given.insert(uid.clone(), g);
-                    }
-                    free
-                }
-            };
-            let Some(gpu) = gpu else { continue };
-            let container = pod
-                .spec
-                .as_ref()
-                .and_then(|s| s.containers.first())
-                .map(|c| c.name.clone())
-                .unwrap_or_default();
-            answer.pod_resources.push(PodResources {
-                name: pod.name_any(),
-                namespace: pod.namespace().unwrap_or_default(),
-                containers: vec![ContainerResources {
-                    name: container,
-                    devices: vec![ContainerDevices {
-                        resource_name: "nvidia.com/gpu".into(),
-                        device_ids: vec![uuid(gpu)],
-                    }],
-                    dynamic_resources: Vec::new(),
-                }],
-            });
-        }
-        Ok(tonic::Response::new(answer))
-    }
-
-    /// Every GPU: this stand-in's device plugin withdraws none from the
-    /// kubelet (it changes only the Node's allocatable count).
-    async fn get_allocatable_resources(
-        &self,
-        _: tonic::Request<AllocatableResourcesRequest>,
-    ) -> std::result::Result<tonic::Response<AllocatableResourcesResponse>, tonic::Status> {
-        Ok(tonic::Response::new(AllocatableResourcesResponse {
-            devices: vec![ContainerDevices {
-                resource_name: "nvidia.com/gpu".into(),
-                device_ids: (0..self.gpus).map(uuid).collect(),
-            }],
-        }))
-    }
 }
 
 struct DevicePlugin {

@@ -20,6 +20,7 @@ pub mod node_agent;
 pub mod operator;
 pub mod overlay;
 pub mod plugin;
+pub mod pod_resources;
 pub mod process;
 pub mod proxy;
 pub mod real_node;
@@ -28,6 +29,7 @@ pub mod reports;
 pub mod scenario;
 pub mod shipped;
 pub mod sim;
+pub mod system_bus;
 pub mod wait;
 
 pub use cluster::{client, kubectl};
