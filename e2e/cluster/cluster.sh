@@ -23,6 +23,9 @@ here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../.." && pwd)
 state=${GPUHEALTH_CLUSTER_DIR:-$repo/target/e2e-cluster}
 log() { echo "[cluster] $*" >&2; }
+logs="$state/logs"
+# shellcheck source=wait.sh
+source "$here/wait.sh"
 
 kubeconfig="$state/admin.kubeconfig"
 components=(etcd kube-apiserver kube-controller-manager kube-scheduler kwok)
@@ -158,20 +161,6 @@ restart() { # component
   launch "$c" "${args[@]}"
   wait_for "the API server after restarting $c" 120 \
     "$bin/kubectl" --kubeconfig "$kubeconfig" get --raw /readyz
-}
-
-wait_for() { # description seconds command...
-  local what=$1 secs=$2
-  shift 2
-  local deadline=$((SECONDS + secs))
-  until "$@" >/dev/null 2>&1; do
-    if ((SECONDS >= deadline)); then
-      log "timed out after ${secs}s waiting for $what; last log lines:"
-      tail -n 30 "$state"/logs/*.log >&2 || true
-      return 1
-    fi
-    sleep 0.5
-  done
 }
 
 kwok_config() {

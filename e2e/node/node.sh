@@ -22,6 +22,9 @@ repo=$(cd "$here/../.." && pwd)
 state=${GPUHEALTH_CLUSTER_DIR:-$repo/target/e2e-cluster}
 node_dir=$state/node
 log() { echo "[node] $*" >&2; }
+logs="$node_dir/logs"
+# shellcheck source=../cluster/wait.sh
+source "$here/../cluster/wait.sh"
 
 NAME=gpuhealth-real-0
 # Pods' addresses: a private range that exists only on this machine's bridge.
@@ -43,20 +46,6 @@ launch() { # name args...
   shift
   setsid "$@" >>"$node_dir/logs/$name.log" 2>&1 </dev/null &
   echo $! >"$node_dir/pids/$name"
-}
-
-wait_for() { # description seconds command...
-  local what=$1 secs=$2
-  shift 2
-  local deadline=$((SECONDS + secs))
-  until "$@" >/dev/null 2>&1; do
-    if ((SECONDS >= deadline)); then
-      log "timed out after ${secs}s waiting for $what; last log lines:"
-      tail -n 20 "$node_dir"/logs/*.log >&2 || true
-      return 1
-    fi
-    sleep 0.5
-  done
 }
 
 free_port() {
@@ -370,7 +359,8 @@ without_our_rules() { # iptables or ip6tables
   local rules
   rules=$("$1-save" 2>/dev/null) || return 0
   grep -qE 'KUBE-|CNI-' <<<"$rules" || return 0
-  grep -vE '^(:(KUBE-|CNI-)|.*-j (KUBE-|CNI-)|-A (KUBE-|CNI-)|.*KUBE-|.*CNI-)' <<<"$rules" | "$1-restore"
+  # Our chains, and every rule that names one.
+  grep -vE 'KUBE-|CNI-' <<<"$rules" | "$1-restore"
 }
 
 leftovers() {

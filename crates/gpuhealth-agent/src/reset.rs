@@ -198,49 +198,39 @@ async fn persistence(
 ) -> Result<(), String> {
     let mode = if on { "1" } else { "0" };
     for r in targets {
-        let what = format!("nvidia-smi -i {} -pm {mode}", r.uuid);
-        let run = s.nvidia_smi.command(["-i", &r.uuid, "-pm", mode]).output();
-        match tokio::time::timeout(s.timeout, run).await {
-            Ok(Ok(o)) if o.status.success() => {}
-            Ok(Ok(o)) => {
-                let said = String::from_utf8_lossy(&o.stdout).trim().to_owned()
-                    + String::from_utf8_lossy(&o.stderr).trim();
-                return Err(format!("{what}: {}: {said}", o.status));
-            }
-            Ok(Err(e)) => return Err(format!("running {}: {e}", s.nvidia_smi)),
-            Err(_) => return Err(format!("{what} did not finish within {:?}", s.timeout)),
-        }
+        nvidia_smi(s, &["-i", &r.uuid, "-pm", mode]).await?;
     }
     Ok(())
 }
 
 async fn run_resets(s: &ResetSettings, targets: &[DeviceReading]) -> Done {
     for r in targets {
-        let run = s
-            .nvidia_smi
-            .command(["--gpu-reset", "-i", &r.uuid])
-            .output();
-        let what = format!("nvidia-smi --gpu-reset -i {}", r.uuid);
-        match tokio::time::timeout(s.timeout, run).await {
-            Ok(Ok(o)) if o.status.success() => {}
-            Ok(Ok(o)) => {
-                let said = String::from_utf8_lossy(&o.stdout).trim().to_owned()
-                    + String::from_utf8_lossy(&o.stderr).trim();
-                return (Outcome::Failed, format!("{what}: {}: {said}", o.status));
-            }
-            Ok(Err(e)) => {
-                return (Outcome::Failed, format!("running {}: {e}", s.nvidia_smi));
-            }
-            Err(_) => {
-                return (
-                    Outcome::Failed,
-                    format!("{what} did not finish within {:?}; stopped", s.timeout),
-                );
-            }
+        if let Err(e) = nvidia_smi(s, &["--gpu-reset", "-i", &r.uuid]).await {
+            return (Outcome::Failed, e);
         }
     }
     let names: Vec<String> = targets.iter().map(name).collect();
     (Outcome::Succeeded, format!("reset {}", names.join(", ")))
+}
+
+/// Runs `nvidia-smi ARGS`, stopped after the reset timeout; what it said
+/// when it fails.
+async fn nvidia_smi(s: &ResetSettings, args: &[&str]) -> Result<(), String> {
+    let what = format!("nvidia-smi {}", args.join(" "));
+    let run = s.nvidia_smi.command(args.iter().copied()).output();
+    match tokio::time::timeout(s.timeout, run).await {
+        Ok(Ok(o)) if o.status.success() => Ok(()),
+        Ok(Ok(o)) => {
+            let said = String::from_utf8_lossy(&o.stdout).trim().to_owned()
+                + String::from_utf8_lossy(&o.stderr).trim();
+            Err(format!("{what}: {}: {said}", o.status))
+        }
+        Ok(Err(e)) => Err(format!("running {}: {e}", s.nvidia_smi)),
+        Err(_) => Err(format!(
+            "{what} did not finish within {:?}; stopped",
+            s.timeout
+        )),
+    }
 }
 
 /// The reset GPUs read back through NVML with nothing more to do.

@@ -165,8 +165,8 @@ const ELSEWHERE: &[(&str, &str, &str)] = &[
         "GpuReset",
         "release 0.1's words, read back",
     ),
-    ("e2e/src/host.rs", "Succeeded", "a pod phase"),
-    ("e2e/src/host.rs", "Failed", "a pod phase"),
+    ("e2e/src/pod_resources.rs", "Succeeded", "a pod phase"),
+    ("e2e/src/pod_resources.rs", "Failed", "a pod phase"),
     ("e2e/src/bin/gpuhealth-sim.rs", "Succeeded", "a pod phase"),
     ("e2e/src/bin/gpuhealth-sim.rs", "Failed", "a pod phase"),
     (
@@ -312,6 +312,6 @@ fn the_check_sees_a_spelled_word() {
         ]
     );
     let pod_phase = "matches!(phase, \"Succeeded\")";
-    assert!(spelled_in("e2e/src/host.rs", pod_phase, &words).is_empty());
+    assert!(spelled_in("e2e/src/pod_resources.rs", pod_phase, &words).is_empty());
     assert_eq!(spelled_in("e2e/src/other.rs", pod_phase, &words).len(), 1);
 }
