@@ -48,8 +48,10 @@ int main(void) {
         fprintf(stderr, "nvidia-persistenced: NVML_STANDIN_ROOT is not set\n");
         return 1;
     }
-    signal(SIGTERM, on_term);
-    signal(SIGINT, on_term);
+    /* Without SA_RESTART, so that a signal ends the wait in accept(). */
+    struct sigaction stop_on = {.sa_handler = on_term};
+    sigaction(SIGTERM, &stop_on, NULL);
+    sigaction(SIGINT, &stop_on, NULL);
     int n = gpu_count();
     for (int i = 0; i < MAX_GPUS; i++)
         held[i] = -1;
