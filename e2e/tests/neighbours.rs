@@ -217,7 +217,9 @@ async fn the_third_remediation_of_a_gpu_hands_the_node_over_for_replacement() {
     );
 }
 
-/// A window an hour from now: closed for the length of the test.
+/// A window that opens at least an hour from now: closed for the length
+/// of the test. (From the next hour on, a test started at 13:59:59 met
+/// its window open at 14:00.)
 fn closed_window() -> MaintenanceWindow {
     let hour = |d: i64| {
         (Timestamp::now() + SignedDuration::from_hours(d))
@@ -226,8 +228,8 @@ fn closed_window() -> MaintenanceWindow {
     };
     MaintenanceWindow {
         days: Vec::new(),
-        start: hour(1),
-        end: hour(2),
+        start: hour(2),
+        end: hour(3),
         time_zone: "UTC".into(),
     }
 }
