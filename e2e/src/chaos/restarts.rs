@@ -15,7 +15,12 @@ const COMPONENTS: [&str; 2] = ["kube-apiserver", "etcd"];
 const PHASES: [Phase; 2] = [Phase::Draining, Phase::Remediating];
 
 pub async fn run(trials: usize, rng: &mut Rng) -> Result<Row> {
-    let spec = policy(2, IntOrString::String("100%".into()));
+    let mut spec = policy(2, IntOrString::String("100%".into()));
+    // While the API server or etcd is down, KWOK (the kubelets here) backs
+    // off as client-go's reflectors do (up to 30 s), so an evicted pod can
+    // be deleted well after the restart: the usual 15 s drain timeout then
+    // fails a drain that nothing blocks (seen on CI's slower machine).
+    spec.drain.timeout = gpuhealth_api::Duration::from_secs(45);
     let mut fleet = Fleet::new("chaos-restart", 6, spec, 2).await?;
     let mut row = Row::new("API server / etcd restart");
     for trial in 1..=trials {
