@@ -37,6 +37,8 @@ CONTAINERD_SOCKET=/run/containerd/containerd.sock
 # and where nvidia-persistenced's socket is on a GPU node.
 STANDIN_IN_CONTAINER=/run/nvidia-standin
 PERSISTENCED_SOCKET=/run/nvidia-persistenced/socket
+# Where the GPU Operator's driver container keeps its root on the host.
+DRIVER_ROOT=/run/nvidia/driver
 components=(containerd kubelet kube-proxy)
 
 alive() { [[ -f "$node_dir/pids/$1" ]] && kill -0 "$(cat "$node_dir/pids/$1")" 2>/dev/null; }
@@ -127,15 +129,44 @@ json.dump(spec, open(out, "w"), indent=1)
 PY
 }
 
+# A driver container's root, where the GPU Operator's DaemonSet keeps it
+# (../../config/agent/driver-root mounts it): the stand-in's NVML,
+# nvidia-smi and nvidia-persistenced beside the C library they were built
+# against (the agent runs this root's nvidia-smi with this root's loader),
+# laid out as Debian's; the stand-in GPUs' state where the stand-in finds
+# it from where it is installed (var/lib/nvml-standin), a mount of its
+# own, so that it stays writable under the root's read-only mount.
+driver_root() {
+  local libs=$DRIVER_ROOT/usr/lib/$(cc -print-multiarch) loader lib
+  mkdir -p "$libs" "$DRIVER_ROOT/usr/bin" "$DRIVER_ROOT/lib64" \
+    "$DRIVER_ROOT/var/lib/nvml-standin" "$DRIVER_ROOT/run/nvidia-persistenced"
+  cp "$GPUHEALTH_NVML_STANDIN/libnvidia-ml.so.1" "$libs/"
+  cp "$GPUHEALTH_NVML_STANDIN/nvidia-smi" "$GPUHEALTH_NVML_STANDIN/nvidia-persistenced" "$DRIVER_ROOT/usr/bin/"
+  for lib in $(ldd "$GPUHEALTH_NVML_STANDIN/nvidia-smi" | grep -oE '/[^ ]+'); do
+    cp -L "$lib" "$libs/"
+  done
+  loader=$(ldd "$GPUHEALTH_NVML_STANDIN/nvidia-smi" | grep -oE '/[^ ]*ld-linux[^ ]*')
+  ln -sfn "${libs#"$DRIVER_ROOT"}/$(basename "$loader")" "$DRIVER_ROOT/lib64/$(basename "$loader")"
+  mountpoint -q "$DRIVER_ROOT/var/lib/nvml-standin" ||
+    mount --bind "$GPUHEALTH_STANDIN_ROOT" "$DRIVER_ROOT/var/lib/nvml-standin"
+}
+
 containerd_config() { # containerd-bin-dir
   mkdir -p "$node_dir/bin"
-  # The `nvidia` handler's runtime: our stand-in, told where the toolkit's
-  # CDI spec and runc are.
+  # Both handlers' runtime is our stand-in, told where runc is and where
+  # the stand-in's GPU device files are (a privileged container sees
+  # them); the `nvidia` handler's also where the toolkit's CDI spec is.
+  local runtime=$repo/target/node-standins/gpuhealth-nvidia-runtime
+  local common="GPUHEALTH_HOST_GPU_DEVICES=$GPUHEALTH_STANDIN_ROOT/dev GPUHEALTH_RUNC=$(command -v runc)"
+  cat >"$node_dir/bin/runc" <<SH
+#!/bin/sh
+$common exec $runtime "\$@"
+SH
   cat >"$node_dir/bin/nvidia-container-runtime" <<SH
 #!/bin/sh
-GPUHEALTH_CDI_DIRS=$node_dir/cdi GPUHEALTH_RUNC=$(command -v runc) exec $repo/target/node-standins/gpuhealth-nvidia-runtime "\$@"
+GPUHEALTH_CDI_DIRS=$node_dir/cdi $common exec $runtime "\$@"
 SH
-  chmod +x "$node_dir/bin/nvidia-container-runtime"
+  chmod +x "$node_dir/bin/runc" "$node_dir/bin/nvidia-container-runtime"
   cat >"$node_dir/containerd.toml" <<TOML
 version = 3
 root = "/var/lib/containerd"
@@ -156,7 +187,7 @@ state = "/run/containerd"
     [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc]
       runtime_type = "io.containerd.runc.v2"
       [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc.options]
-        BinaryName = "$(command -v runc)"
+        BinaryName = "$node_dir/bin/runc"
         SystemdCgroup = false
     [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.nvidia]
       runtime_type = "io.containerd.runc.v2"
@@ -282,6 +313,7 @@ YAML
     --repository gpuhealth.local/e2e "$here/pause.Dockerfile" | tail -n 1 >&2
   sed 's/@.*//' "$node_dir/images/pause.ref" >"$node_dir/pause.ref"
   nvidia_cdi_spec
+  driver_root
   containerd_config "$containerd_bin"
   cni_config
   log "starting containerd"
@@ -345,7 +377,7 @@ our_cgroups() {
 
 our_mounts() {
   awk '{print $2}' /proc/mounts |
-    grep -E '^(/var/lib/kubelet|/run/containerd|/var/lib/containerd|/run/netns|/var/run/netns)(/|$)' |
+    grep -E "^(/var/lib/kubelet|/run/containerd|/var/lib/containerd|/run/netns|/var/run/netns|$DRIVER_ROOT)(/|\$)" |
     awk '{print length($0) " " $0}' | sort -rn | cut -d' ' -f2- || true
 }
 
@@ -371,7 +403,7 @@ leftovers() {
   [[ -n "$(our_chains iptables)$(our_chains ip6tables)" ]] && found+=("iptables chains")
   [[ -n "$(ls /run/netns 2>/dev/null)" ]] && found+=("network namespaces: $(ls /run/netns | tr '\n' ' ')")
   local d
-  for d in /var/lib/kubelet /var/lib/cni /run/containerd /var/lib/containerd "$CNI_CONF" /var/lib/gpuhealth-agent; do
+  for d in /var/lib/kubelet /var/lib/cni /run/containerd /var/lib/containerd "$CNI_CONF" /var/lib/gpuhealth-agent "$DRIVER_ROOT"; do
     [[ -e $d ]] && found+=("$d")
   done
   printf '%s\n' "${found[@]}"
@@ -402,8 +434,10 @@ down() {
   ip link del "$BRIDGE" 2>/dev/null || true
   without_our_rules iptables
   without_our_rules ip6tables
-  # The node's disk too: the agent's journal (the shipped hostPath) and
-  # the stand-in GPUs the test laid out.
+  # The node's disk too: the agent's journal (the shipped hostPath), the
+  # driver root and the stand-in GPUs the test laid out.
+  rm -rf "$DRIVER_ROOT"
+  rmdir "$(dirname "$DRIVER_ROOT")" 2>/dev/null || true
   rm -rf /var/lib/kubelet /var/lib/cni /run/containerd /var/lib/containerd "$CNI_CONF" \
     "$CDI_DIR/k8s.device-plugin.nvidia.com-gpu.json" /var/lib/gpuhealth-agent /var/lib/gpuhealth-e2e-host
   if [[ -f "$node_dir/ip_forward" ]]; then

@@ -16,11 +16,17 @@
  * unless $NVML_STANDIN_PERSISTENCED_SOCKET says otherwise (tests that run
  * several hosts on one machine).
  *
+ * Without $NVML_STANDIN_ROOT (a driver root a container mounts, where no
+ * runtime sets the environment), the state is `var/lib/nvml-standin` in the
+ * root the running binary was installed in: the part of its path before
+ * its last `/usr/`.
+ *
  * Files are read afresh on every call, so a test changes a GPU at any time.
  */
 #ifndef STANDIN_STATE_H
 #define STANDIN_STATE_H
 
+#include <dlfcn.h>
 #include <errno.h>
 #include <limits.h>
 #include <stdio.h>
@@ -33,8 +39,21 @@
 #define MAX_GPUS 64
 
 static inline const char *standin_root(void) {
+    static char derived[PATH_MAX];
     const char *root = getenv("NVML_STANDIN_ROOT");
-    return (root && *root) ? root : NULL;
+    if (root && *root)
+        return root;
+    Dl_info self;
+    /* The library's path as loaded, or the program's argv[0]. */
+    if (!*derived && dladdr((void *)standin_root, &self) && self.dli_fname) {
+        const char *usr = NULL;
+        for (const char *at = self.dli_fname; (at = strstr(at, "/usr/")); at++)
+            usr = at;
+        if (usr)
+            snprintf(derived, sizeof derived, "%.*s/var/lib/nvml-standin",
+                     (int)(usr - self.dli_fname), self.dli_fname);
+    }
+    return *derived ? derived : NULL;
 }
 
 static inline void standin_path(char *out, size_t n, const char *rel) {

@@ -20,7 +20,7 @@
 
 use std::{
     io::Write,
-    path::PathBuf,
+    path::{Path, PathBuf},
     process::Stdio,
     sync::{Arc, Mutex},
 };
@@ -354,8 +354,29 @@ impl Host {
     /// mode on for every GPU, each held open until it is turned off. Its
     /// socket is up when this returns.
     pub async fn persistenced(&mut self) -> Result<()> {
-        let child = Command::new(format!("{STANDIN}/nvidia-persistenced"))
-            .env("NVML_STANDIN_ROOT", self.nvml())
+        let mut command = Command::new(format!("{STANDIN}/nvidia-persistenced"));
+        command.env("NVML_STANDIN_ROOT", self.nvml());
+        self.start_persistenced(command).await
+    }
+
+    /// `nvidia-persistenced` moved into a driver root (see `e2e/node/`), as
+    /// a node whose driver comes from the GPU Operator's driver container
+    /// runs it: the one running stopped, the root's own started with its
+    /// socket inside the root and no `NVML_STANDIN_ROOT` (it finds the GPUs
+    /// from where it is installed).
+    pub async fn persistenced_in_driver_root(&mut self, root: &Path) -> Result<()> {
+        if let Some(mut old) = self.persistenced.take() {
+            let _ = old.kill().await;
+            let _ = std::fs::remove_file(&self.persistenced_socket);
+        }
+        self.persistenced_socket = root.join("run/nvidia-persistenced/socket");
+        let mut command = Command::new(root.join("usr/bin/nvidia-persistenced"));
+        command.env_remove("NVML_STANDIN_ROOT");
+        self.start_persistenced(command).await
+    }
+
+    async fn start_persistenced(&mut self, mut command: Command) -> Result<()> {
+        let child = command
             .env(
                 "NVML_STANDIN_PERSISTENCED_SOCKET",
                 self.persistenced_socket(),

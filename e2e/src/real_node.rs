@@ -18,6 +18,10 @@ use crate::{
 /// The Node the real kubelet registers.
 pub const NAME: &str = "gpuhealth-real-0";
 
+/// Where `node.sh` lays out a driver container's root: the NVML stand-in,
+/// its nvidia-smi and nvidia-persistenced, and the C library they need.
+pub const DRIVER_ROOT: &str = "/run/nvidia/driver";
+
 fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
 }

@@ -49,7 +49,7 @@ pub async fn shipped_capabilities(overlay: &str) -> Result<Vec<String>> {
         .collect())
 }
 
-async fn shipped_container(overlay: &str) -> Result<Container> {
+pub async fn shipped_container(overlay: &str) -> Result<Container> {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../config/agent")
         .join(overlay);

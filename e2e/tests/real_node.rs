@@ -13,7 +13,10 @@
 //!
 //! One test: the node is one per machine.
 
-use std::{path::PathBuf, time::Duration};
+use std::{
+    path::{Path, PathBuf},
+    time::Duration,
+};
 
 use gpuhealth_api::{
     GpuHealth, GpuNodeHealth,
@@ -28,14 +31,14 @@ use gpuhealth_e2e::{
     client,
     host::{DEVICE_PLUGIN_LABEL, uuid},
     kubectl,
-    real_node::{RealNode, shipped_images},
-    shipped::shipped,
+    real_node::{DRIVER_ROOT, RealNode, shipped_images},
+    shipped::shipped_container,
     sim::{is_cordoned, pod_is_ready},
     wait::{WAIT, until, until_set},
 };
 use k8s_openapi::api::{
     apps::v1::{DaemonSet, Deployment},
-    core::v1::{Node, Pod},
+    core::v1::{Container, Node, Pod, SecurityContext},
 };
 use kube::{Api, Client, ResourceExt, runtime::watcher};
 
@@ -91,11 +94,30 @@ fn running_ready(pods: &[&Pod]) -> usize {
         .count()
 }
 
-/// config/default as shipped, its images pointed at those `make images`
-/// built (by digest: exactly those), nothing else changed.
-fn install_overlay() -> PathBuf {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/real-node-install");
+/// config/default as shipped with the agent of `config/agent/<agent>`
+/// (`container-toolkit`, as shipped; `driver-root` in its place, as the
+/// README says for nodes without the NVIDIA runtime), its images pointed at
+/// those `make images` built (by digest: exactly those), nothing else
+/// changed.
+fn install_overlay(agent: &str) -> PathBuf {
+    let config = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../config");
+    let dir = config.join("../target/real-node-install").join(agent);
     std::fs::create_dir_all(&dir).expect("the overlay's directory");
+    let default: serde_yaml::Value = serde_yaml::from_str(
+        &std::fs::read_to_string(config.join("default/kustomization.yaml"))
+            .expect("config/default"),
+    )
+    .expect("config/default's kustomization");
+    let mut resources = String::new();
+    for r in default["resources"].as_sequence().expect("resources") {
+        let r = r.as_str().expect("a resource's path");
+        let r = if r == "../agent/container-toolkit" {
+            format!("../agent/{agent}")
+        } else {
+            r.to_owned()
+        };
+        resources.push_str(&format!("  - ../../../config/default/{r}\n"));
+    }
     let mut images = String::new();
     for (_, reference) in shipped_images().expect("make images") {
         let (name, digest) = reference.split_once('@').expect("name@digest");
@@ -105,17 +127,97 @@ fn install_overlay() -> PathBuf {
     std::fs::write(
         dir.join("kustomization.yaml"),
         format!(
-            "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n  - ../../config/default\nimages:\n{images}"
+            "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n{resources}images:\n{images}"
         ),
     )
     .expect("the overlay");
     dir
 }
 
+async fn install(agent: &str) {
+    kubectl(&[
+        "apply",
+        "--server-side",
+        "--force-conflicts",
+        "-k",
+        &install_overlay(agent).display().to_string(),
+    ])
+    .await
+    .unwrap_or_else(|e| panic!("kubectl apply -k of config/default with {agent}: {e}"));
+}
+
+fn is_agent(p: &Pod) -> bool {
+    p.labels().get("app.kubernetes.io/name").map(String::as_str) == Some("gpuhealth-agent")
+}
+
+/// The agent's pod Ready on the node, run as `config/agent/<overlay>`
+/// ships it (flags, environment, security context, mounts, runtime class),
+/// once no other agent pod is left.
+async fn agent_as_shipped(client: &Client, node: &str, overlay: &str) -> Pod {
+    let shipped = shipped_container(overlay).await.expect("shipped");
+    let runtime_class = (overlay == "container-toolkit").then(|| "nvidia".to_owned());
+    let pods = pods_until(
+        client,
+        SYSTEM,
+        &format!("the agent's pod of {overlay}, alone and Ready on the real node"),
+        |pods| {
+            let agents: Vec<_> = pods.iter().filter(|p| is_agent(p)).collect();
+            agents.len() == 1
+                && pod_is_ready(agents[0])
+                && agents[0].spec.as_ref().is_some_and(|s| {
+                    s.runtime_class_name == runtime_class
+                        && security_context(&s.containers[0]) == security_context(&shipped)
+                })
+        },
+    )
+    .await;
+    let agent = pods.into_iter().find(is_agent).expect("the agent's pod");
+    let spec = agent.spec.clone().expect("spec");
+    assert_eq!(spec.node_name.as_deref(), Some(node));
+    let container = &spec.containers[0];
+    assert_eq!(container.args, shipped.args);
+    assert_eq!(env(container), env(&shipped));
+    // The pod's mounts are the manifest's, and its ServiceAccount token.
+    let mounts: Vec<_> = container
+        .volume_mounts
+        .iter()
+        .flatten()
+        .filter(|m| !m.name.starts_with("kube-api-access-"))
+        .cloned()
+        .collect();
+    assert_eq!(mounts, shipped.volume_mounts.clone().unwrap_or_default());
+    agent
+}
+
+/// A container's security context, less what the API server fills in.
+fn security_context(c: &Container) -> Option<SecurityContext> {
+    c.security_context.clone().map(|s| SecurityContext {
+        proc_mount: None,
+        ..s
+    })
+}
+
+/// A container's environment: each name with its value or the field it is
+/// taken from.
+fn env(c: &Container) -> Vec<(String, Option<String>, Option<String>)> {
+    c.env
+        .iter()
+        .flatten()
+        .map(|e| {
+            let field = e
+                .value_from
+                .as_ref()
+                .and_then(|f| f.field_ref.as_ref())
+                .map(|f| f.field_path.clone());
+            (e.name.clone(), e.value.clone(), field)
+        })
+        .collect()
+}
+
 #[tokio::test]
 async fn the_shipped_install_takes_a_real_node_from_the_incident_back_to_serving() {
     let client = client().await.expect("client");
-    let node = RealNode::up().await.expect("the real node");
+    let mut node = RealNode::up().await.expect("the real node");
     let host = &node.host;
     let nodes: Api<Node> = Api::all(client.clone());
     let archives: Vec<PathBuf> = shipped_images()
@@ -169,16 +271,7 @@ spec:
     .expect("the device plugin offers 8 GPUs");
 
     // The install as shipped.
-    let overlay = install_overlay();
-    kubectl(&[
-        "apply",
-        "--server-side",
-        "--force-conflicts",
-        "-k",
-        &overlay.display().to_string(),
-    ])
-    .await
-    .expect("kubectl apply -k of config/default");
+    install("container-toolkit").await;
     let deployments: Api<Deployment> = Api::namespaced(client.clone(), SYSTEM);
     until(deployments, "gpuhealth-operator", WAIT, |d| {
         d.status
@@ -195,44 +288,8 @@ spec:
     kubectl(&["label", "node", &node.name, "nvidia.com/gpu.present=true"])
         .await
         .expect("the node labelled a GPU node");
-    let agents = pods_until(
-        &client,
-        SYSTEM,
-        "the agent's pod Ready on the real node",
-        |pods| {
-            pods.iter().any(|p| {
-                p.labels().get("app.kubernetes.io/name").map(String::as_str)
-                    == Some("gpuhealth-agent")
-                    && pod_is_ready(p)
-            })
-        },
-    )
-    .await;
-    let agent = agents
-        .iter()
-        .find(|p| {
-            p.labels().get("app.kubernetes.io/name").map(String::as_str) == Some("gpuhealth-agent")
-        })
-        .expect("the agent's pod");
-    // Exactly what the manifest ships: flags, environment, security
-    // context, runtime class.
-    let spec = agent.spec.clone().expect("spec");
-    assert_eq!(spec.node_name.as_deref(), Some(node.name.as_str()));
-    assert_eq!(spec.runtime_class_name.as_deref(), Some("nvidia"));
-    let container = &spec.containers[0];
-    let (args, env) = shipped("container-toolkit").await.expect("shipped");
-    assert_eq!(container.args.clone().unwrap_or_default(), args);
-    for (k, v) in &env {
-        assert!(
-            container
-                .env
-                .iter()
-                .flatten()
-                .any(|e| &e.name == k && e.value.as_ref() == Some(v)),
-            "{k}={v} in the agent's pod"
-        );
-    }
-    let context = container
+    let agent = agent_as_shipped(&client, &node.name, "container-toolkit").await;
+    let context = agent.spec.expect("spec").containers[0]
         .security_context
         .clone()
         .expect("security context");
@@ -380,6 +437,73 @@ spec:
         &client,
         SERVING,
         "eight workload pods Ready again",
+        |pods| running_ready(pods) == 8,
+    )
+    .await;
+
+    // The same node as one whose driver comes from the GPU Operator's
+    // driver container: nvidia-persistenced runs from the driver root, and
+    // the agent is installed with config/agent/driver-root: privileged,
+    // NVML and nvidia-smi from the root (by path, and by the root's own
+    // loader), persistenced's socket from inside the root.
+    node.host
+        .persistenced_in_driver_root(Path::new(DRIVER_ROOT))
+        .await
+        .expect("nvidia-persistenced in the driver root");
+    let host = &node.host;
+    install("driver-root").await;
+    let agent = agent_as_shipped(&client, &node.name, "driver-root").await;
+    let started = agent
+        .status
+        .and_then(|s| s.start_time)
+        .expect("the agent's start");
+    let n = until(nodes.clone(), &node.name, WAIT, |n| {
+        report(n).is_some_and(|r| {
+            r.observed_at >= started && r.gpus.len() == 8 && r.unreadable.is_none()
+        })
+    })
+    .await
+    .expect("a report from the driver root's NVML");
+    assert_eq!(
+        report(&n).and_then(|r| r.capabilities).map(|c| (c.reset, c.reboot)),
+        Some((true, gpuhealth_api::contract::RebootMethod::Logind)),
+        "the root's NVML answers, its nvidia-smi runs, logind answers"
+    );
+    // The incident again, on GPU 5.
+    host.set(5, "recovery_action", "1")
+        .expect("recovery action");
+    host.nvml_xid(5, 119).expect("Xid 119");
+    host.nvml_xid(5, 154).expect("Xid 154");
+    let record = until(records.clone(), &node.name, WAIT * 2, |h| {
+        h.status.as_ref().is_some_and(|s| {
+            s.phase == Phase::Healthy
+                && s.history.first().is_some_and(|i| {
+                    i.gpus == [uuid(5)] && i.outcome == Some(IncidentOutcome::Recovered)
+                })
+        })
+    })
+    .await
+    .expect("back to Healthy after GPU 5's reset");
+    assert_eq!(record.status.map(|s| s.history.len()), Some(2));
+    assert_eq!(
+        host.resets(),
+        [(uuid(7), "ok".to_owned()), (uuid(5), "ok".to_owned())]
+    );
+    let n = nodes.get(&node.name).await.expect("node");
+    let r = result(&n).expect("the reset's result");
+    assert_eq!(r.outcome, Outcome::Succeeded, "{r:?}");
+    assert!(
+        r.message
+            .contains("persistence mode turned off for it and on again"),
+        "{}",
+        r.message
+    );
+    assert_eq!(host.get(5, "persistence").as_deref(), Some("1"));
+    assert!(!is_cordoned(&n));
+    pods_until(
+        &client,
+        SERVING,
+        "eight workload pods Ready after GPU 5's reset",
         |pods| running_ready(pods) == 8,
     )
     .await;

@@ -9,8 +9,16 @@
 // the real runtime in CDI mode, it leaves NVIDIA_DRIVER_CAPABILITIES alone.
 // Every other command goes to runc as it is.
 //
-// Settings come from the environment, which the handler's wrapper sets:
-// GPUHEALTH_CDI_DIRS (colon-separated) and GPUHEALTH_RUNC.
+// The stand-in's GPUs are files, not device nodes, so it also plays the
+// kernel's part for a privileged container, which sees the host's devices:
+// it gets each of the stand-in's `nvidia*` files at /dev/<name>, as it
+// would get NVIDIA's device nodes (the node's default handler is this
+// program too, for that alone).
+//
+// Settings come from the environment, which each handler's wrapper sets:
+// GPUHEALTH_CDI_DIRS (colon-separated; unset: no CDI injection),
+// GPUHEALTH_HOST_GPU_DEVICES (the stand-in's device files) and
+// GPUHEALTH_RUNC.
 package main
 
 import (
@@ -82,21 +90,66 @@ func inject(bundle string) error {
 		return fmt.Errorf("%s: %w", config, err)
 	}
 	devices := requested(spec.Process)
-	if len(devices) == 0 {
+	dirs := os.Getenv("GPUHEALTH_CDI_DIRS")
+	changed := false
+	if len(devices) > 0 && dirs != "" {
+		cache, err := cdi.NewCache(cdi.WithSpecDirs(strings.Split(dirs, ":")...), cdi.WithAutoRefresh(false))
+		if err != nil {
+			return fmt.Errorf("the CDI specs: %w", err)
+		}
+		if unresolved, err := cache.InjectDevices(&spec, devices...); err != nil {
+			return fmt.Errorf("injecting %v (unresolved %v): %w", devices, unresolved, err)
+		}
+		changed = true
+	}
+	if host := os.Getenv("GPUHEALTH_HOST_GPU_DEVICES"); host != "" && privileged(&spec) {
+		if err := hostDevices(&spec, host); err != nil {
+			return err
+		}
+		changed = true
+	}
+	if !changed {
 		return nil
-	}
-	cache, err := cdi.NewCache(cdi.WithSpecDirs(strings.Split(os.Getenv("GPUHEALTH_CDI_DIRS"), ":")...), cdi.WithAutoRefresh(false))
-	if err != nil {
-		return fmt.Errorf("the CDI specs: %w", err)
-	}
-	if unresolved, err := cache.InjectDevices(&spec, devices...); err != nil {
-		return fmt.Errorf("injecting %v (unresolved %v): %w", devices, unresolved, err)
 	}
 	out, err := json.Marshal(&spec)
 	if err != nil {
 		return err
 	}
 	return os.WriteFile(config, out, 0o600)
+}
+
+// privileged says whether the container may open any device, as the CRI
+// lets a privileged container (one rule allowing every device).
+func privileged(spec *specs.Spec) bool {
+	if spec.Linux == nil || spec.Linux.Resources == nil {
+		return false
+	}
+	for _, rule := range spec.Linux.Resources.Devices {
+		if rule.Allow && (rule.Type == "" || rule.Type == "a") && rule.Major == nil && rule.Minor == nil {
+			return true
+		}
+	}
+	return false
+}
+
+// hostDevices mounts each of dir's `nvidia*` files at /dev/<name>.
+func hostDevices(spec *specs.Spec, dir string) error {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return fmt.Errorf("the stand-in's device files: %w", err)
+	}
+	for _, e := range entries {
+		if !strings.HasPrefix(e.Name(), "nvidia") {
+			continue
+		}
+		spec.Mounts = append(spec.Mounts, specs.Mount{
+			Destination: "/dev/" + e.Name(),
+			Type:        "bind",
+			Source:      filepath.Join(dir, e.Name()),
+			Options:     []string{"rbind", "rw", "nosuid"},
+		})
+	}
+	return nil
 }
 
 // requested reads NVIDIA_VISIBLE_DEVICES as the toolkit does in CDI mode:
