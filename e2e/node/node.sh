@@ -135,9 +135,14 @@ PY
 # against (the agent runs this root's nvidia-smi with this root's loader),
 # laid out as Debian's; the stand-in GPUs' state where the stand-in finds
 # it from where it is installed (var/lib/nvml-standin), a mount of its
-# own, so that it stays writable under the root's read-only mount.
+# own, so that it stays writable under the root's read-only mount. The root
+# is a shared mount of its own, as a driver container's is (the agent
+# follows it with HostToContainer propagation, which needs one).
 driver_root() {
   local libs=$DRIVER_ROOT/usr/lib/$(cc -print-multiarch) loader lib
+  mkdir -p "$DRIVER_ROOT"
+  mountpoint -q "$DRIVER_ROOT" || mount --bind "$DRIVER_ROOT" "$DRIVER_ROOT"
+  mount --make-rshared "$DRIVER_ROOT"
   mkdir -p "$libs" "$DRIVER_ROOT/usr/bin" "$DRIVER_ROOT/lib64" \
     "$DRIVER_ROOT/var/lib/nvml-standin" "$DRIVER_ROOT/run/nvidia-persistenced"
   cp "$GPUHEALTH_NVML_STANDIN/libnvidia-ml.so.1" "$libs/"

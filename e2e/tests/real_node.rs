@@ -156,11 +156,11 @@ fn is_agent(p: &Pod) -> bool {
 async fn agent_as_shipped(client: &Client, node: &str, overlay: &str) -> Pod {
     let shipped = shipped_container(overlay).await.expect("shipped");
     let runtime_class = (overlay == "container-toolkit").then(|| "nvidia".to_owned());
-    let pods = pods_until(
-        client,
-        SYSTEM,
-        &format!("the agent's pod of {overlay}, alone and Ready on the real node"),
-        |pods| {
+    let what = format!("the agent's pod of {overlay}, alone and Ready on the real node");
+    let api: Api<Pod> = Api::namespaced(client.clone(), SYSTEM);
+    let pods = until_set(api, watcher::Config::default(), &what, WAIT, |pods| {
+        let pods: Vec<&Pod> = pods.values().collect();
+        {
             let agents: Vec<_> = pods.iter().filter(|p| is_agent(p)).collect();
             agents.len() == 1
                 && pod_is_ready(agents[0])
@@ -168,9 +168,24 @@ async fn agent_as_shipped(client: &Client, node: &str, overlay: &str) -> Pod {
                     s.runtime_class_name == runtime_class
                         && security_context(&s.containers[0]) == security_context(&shipped)
                 })
-        },
-    )
+        }
+    })
     .await;
+    let pods = match pods {
+        Ok(pods) => pods.into_values(),
+        Err(e) => {
+            // What the kubelet and the agent say, since CI keeps no logs.
+            let selector = "app.kubernetes.io/name=gpuhealth-agent";
+            let mut said = String::new();
+            for args in [
+                ["describe", "pod", "-n", SYSTEM, "-l", selector],
+                ["logs", "-n", SYSTEM, "-l", selector, "--tail=30"],
+            ] {
+                said += &kubectl(&args).await.unwrap_or_else(|e| e.to_string());
+            }
+            panic!("{what}: {e}\n{said}");
+        }
+    };
     let agent = pods.into_iter().find(is_agent).expect("the agent's pod");
     let spec = agent.spec.clone().expect("spec");
     assert_eq!(spec.node_name.as_deref(), Some(node));
