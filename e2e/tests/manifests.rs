@@ -48,10 +48,12 @@ fn mounted(ds: &DaemonSet, mount_path: &str) -> Option<(String, bool)> {
         .iter()
         .flatten()
         .find(|v| v.name == mount.name)?;
-    Some((
-        volume.host_path.as_ref()?.path.clone(),
-        mount.read_only.unwrap_or(false),
-    ))
+    let host_path = volume.host_path.as_ref()?.path.clone();
+    let host_path = match mount.sub_path.as_deref() {
+        Some(sub) if !sub.is_empty() => format!("{}/{sub}", host_path.trim_end_matches('/')),
+        _ => host_path,
+    };
+    Some((host_path, mount.read_only.unwrap_or(false)))
 }
 
 #[tokio::test]
@@ -175,6 +177,12 @@ async fn the_driver_root_overlay_mounts_the_driver_read_only_and_finds_it() {
     assert_eq!(
         mounted(&ds, "/driver-root"),
         Some(("/run/nvidia/driver".into(), true))
+    );
+    // nvidia-persistenced, which must let a GPU go before its reset, runs
+    // in the driver container: its socket where nvidia-smi asks for it.
+    assert_eq!(
+        mounted(&ds, "/run/nvidia-persistenced"),
+        Some(("/run/nvidia/driver/run/nvidia-persistenced".into(), true))
     );
     // The agent finds NVML and nvidia-smi in the root itself; the host's
     // libraries on LD_LIBRARY_PATH would load its libc beside the image's.
