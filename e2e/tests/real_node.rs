@@ -480,7 +480,9 @@ spec:
     .await
     .expect("a report from the driver root's NVML");
     assert_eq!(
-        report(&n).and_then(|r| r.capabilities).map(|c| (c.reset, c.reboot)),
+        report(&n)
+            .and_then(|r| r.capabilities)
+            .map(|c| (c.reset, c.reboot)),
         Some((true, gpuhealth_api::contract::RebootMethod::Logind)),
         "the root's NVML answers, its nvidia-smi runs, logind answers"
     );

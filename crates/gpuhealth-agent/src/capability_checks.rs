@@ -108,7 +108,7 @@ mod tests {
             }
         );
         checks
-            .refresh(Some(&NvidiaSmi::program("true".into())), &logind)
+            .refresh(Some(&NvidiaSmi::Program("true".into())), &logind)
             .await;
         assert_eq!(
             checks.published(true, &logind),
@@ -125,7 +125,7 @@ mod tests {
         let mut checks = CapabilityChecks::default();
         let kured = RebootMethod::Kured(std::env::temp_dir().join("reboot-required"));
         checks
-            .refresh(Some(&NvidiaSmi::program("/no/nvidia-smi".into())), &kured)
+            .refresh(Some(&NvidiaSmi::Program("/no/nvidia-smi".into())), &kured)
             .await;
         assert_eq!(
             checks.published(true, &kured),

@@ -9,7 +9,7 @@
 
 use std::path::{Component, PathBuf};
 
-use crate::{nvidia_smi::NvidiaSmi, nvml::NVML_LIBRARY};
+use crate::nvml::NVML_LIBRARY;
 
 /// Where each distribution keeps its libraries, most specific first.
 #[cfg(target_arch = "aarch64")]
@@ -115,9 +115,9 @@ impl DriverRoot {
             })
     }
 
-    /// The root's `nvidia-smi`, run by the root's loader with the root's
-    /// libraries.
-    pub fn nvidia_smi(&self) -> Result<NvidiaSmi, String> {
+    /// A command running the root's `nvidia-smi` by the root's loader, with
+    /// the root's libraries searched first and no `ld.so.cache` read.
+    pub fn nvidia_smi(&self) -> Result<tokio::process::Command, String> {
         let program = ["usr/bin/nvidia-smi", "bin/nvidia-smi"]
             .iter()
             .find_map(|p| self.resolve(p))
@@ -132,11 +132,11 @@ impl DriverRoot {
             .iter()
             .map(|d| d.display().to_string())
             .collect();
-        Ok(NvidiaSmi::with_loader(
-            program,
-            loader,
-            library_path.join(":"),
-        ))
+        let mut command = tokio::process::Command::new(loader);
+        command
+            .args(["--inhibit-cache", "--library-path", &library_path.join(":")])
+            .arg(program);
+        Ok(command)
     }
 }
 
@@ -149,6 +149,7 @@ impl std::fmt::Display for DriverRoot {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::nvidia_smi::NvidiaSmi;
     use std::{os::unix::fs::symlink, path::Path};
 
     fn scratch(name: &str) -> PathBuf {
@@ -195,13 +196,18 @@ mod tests {
         let driver = DriverRoot::new(root.clone());
         assert_eq!(driver.nvml_library(), Ok(libs.join(NVML_LIBRARY)));
         let smi = driver.nvidia_smi().expect("nvidia-smi");
+        let smi = smi.as_std();
+        assert_eq!(smi.get_program(), libs.join(LOADER));
+        let args: Vec<_> = smi.get_args().collect();
         assert_eq!(
-            smi.to_string(),
-            format!(
-                "{} (by {})",
-                root.join("usr/bin/nvidia-smi").display(),
-                libs.join(LOADER).display()
-            )
+            args.last().copied(),
+            Some(root.join("usr/bin/nvidia-smi").as_os_str())
+        );
+        // The root's own libraries first.
+        let library_path = args[2].to_string_lossy();
+        assert!(
+            library_path.starts_with(&format!("{}:", libs.display())),
+            "{args:?}"
         );
         let empty = scratch("driver-root-empty");
         let why = DriverRoot::new(empty.clone())
@@ -210,12 +216,36 @@ mod tests {
         assert!(why.contains(&empty.display().to_string()), "{why}");
     }
 
+    /// A root the driver container has not laid out yet: nvidia-smi does
+    /// not run, and says why; once it is there, it runs (looked up afresh).
+    #[tokio::test]
+    async fn a_root_laid_out_later_is_found_then() {
+        let root = scratch("driver-root-later");
+        let smi = NvidiaSmi::InDriverRoot(DriverRoot::new(root.clone()));
+        let why = smi.check().await.expect_err("nothing there yet");
+        assert!(
+            why.contains(&format!(
+                "no nvidia-smi in the driver root {}",
+                root.display()
+            )),
+            "{why}"
+        );
+        lay_out_runnable(&root);
+        assert_eq!(smi.check().await, Ok(()));
+    }
+
     /// This machine's own loader and C library, laid out as a driver root
     /// with `true` as its nvidia-smi: run the way the agent runs the
     /// driver's, it runs.
     #[tokio::test]
     async fn the_roots_nvidia_smi_runs_with_the_roots_own_loader() {
         let root = scratch("driver-root-run");
+        lay_out_runnable(&root);
+        let smi = NvidiaSmi::InDriverRoot(DriverRoot::new(root));
+        assert_eq!(smi.check().await, Ok(()));
+    }
+
+    fn lay_out_runnable(root: &Path) {
         let libs = root.join(LIBRARY_DIRS[0]);
         std::fs::create_dir_all(&libs).expect("libs");
         std::fs::create_dir_all(root.join("usr/bin")).expect("bin");
@@ -225,7 +255,5 @@ mod tests {
                 .unwrap_or_else(|e| panic!("copying this machine's {lib}: {e}"));
         }
         std::fs::copy("/bin/true", root.join("usr/bin/nvidia-smi")).expect("true");
-        let smi = DriverRoot::new(root).nvidia_smi().expect("nvidia-smi");
-        assert_eq!(smi.check().await, Ok(()));
     }
 }

@@ -26,7 +26,7 @@ use gpuhealth_agent::{
     metrics::AgentMetrics,
     node_agent::{CrashPoint, NodeAgent, Settings},
     nvidia_smi::NvidiaSmi,
-    nvml::{self, NVML_LIBRARY},
+    nvml::{self, NVML_LIBRARY, NvmlLibrary},
     nvml_backend::{KmsgBackend, NvmlBackend},
     nvml_thread::NvmlThread,
     operands::{DEFAULT_OPERANDS, Operands},
@@ -178,18 +178,22 @@ fn duration(s: &str) -> Result<Duration, String> {
         .map_err(|e| e.to_string())
 }
 
-/// Where NVML and nvidia-smi come from: a driver root, or the library path
-/// and PATH.
-fn driver(args: &Args) -> Result<(OsString, NvidiaSmi), String> {
+/// Where NVML and nvidia-smi come from: a driver root (looked in afresh
+/// each time, so that a root still being laid out is reported as
+/// unreadable and then read, never a crash), or the library path and PATH.
+fn driver(args: &Args) -> (NvmlLibrary, NvidiaSmi) {
     match &args.driver_root {
         Some(root) => {
             let root = DriverRoot::new(root.clone());
-            Ok((root.nvml_library()?.into_os_string(), root.nvidia_smi()?))
+            (
+                NvmlLibrary::InDriverRoot(root.clone()),
+                NvidiaSmi::InDriverRoot(root),
+            )
         }
-        None => Ok((
-            args.nvml_library.clone(),
-            NvidiaSmi::program(args.nvidia_smi.clone()),
-        )),
+        None => (
+            NvmlLibrary::Named(args.nvml_library.clone()),
+            NvidiaSmi::Program(args.nvidia_smi.clone()),
+        ),
     }
 }
 
@@ -205,15 +209,10 @@ fn main() -> ExitCode {
     let args = Args::parse();
     if args.once {
         return match args.backend {
-            Backend::Nvml => match driver(&args) {
-                Ok((library, smi)) => {
-                    once_nvml(&library, &smi, &reboot_method(&args), args.readings)
-                }
-                Err(e) => {
-                    eprintln!("gpuhealth-agent: {e}");
-                    ExitCode::FAILURE
-                }
-            },
+            Backend::Nvml => {
+                let (library, smi) = driver(&args);
+                once_nvml(&library, &smi, &reboot_method(&args), args.readings)
+            }
             Backend::Kmsg | Backend::Fake => {
                 eprintln!("gpuhealth-agent: --once reads NVML");
                 ExitCode::from(2)
@@ -313,7 +312,7 @@ async fn serve(args: Args) -> Result<(), String> {
             .await;
         }
         Backend::Nvml => {
-            let (nvml_library, nvidia_smi) = driver(&args)?;
+            let (nvml_library, nvidia_smi) = driver(&args);
             let feed = Feed::new(metrics.xids.clone());
             match feed.follow(args.kmsg_path.clone()) {
                 Ok(how) => info!(through = how, "following the kernel log"),
@@ -383,7 +382,7 @@ fn checked_capabilities(smi: &NvidiaSmi, reboot: &RebootMethod) -> Option<Capabi
 }
 
 fn once_nvml(
-    library: &OsString,
+    library: &NvmlLibrary,
     smi: &NvidiaSmi,
     reboot: &RebootMethod,
     readings: bool,

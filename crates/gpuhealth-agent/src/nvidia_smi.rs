@@ -5,53 +5,38 @@
 
 use std::{path::PathBuf, time::Duration};
 
+use crate::driver_root::DriverRoot;
+
 /// How long `nvidia-smi -h` gets to show that it runs at all.
 const CHECK_DEADLINE: Duration = Duration::from_secs(10);
 
 #[derive(Clone, Debug)]
-pub struct NvidiaSmi {
-    program: PathBuf,
-    /// A driver root's dynamic loader and its library directories.
-    loader: Option<(PathBuf, String)>,
+pub enum NvidiaSmi {
+    /// A program, found on `PATH` when it is a bare name.
+    Program(PathBuf),
+    /// A driver root's, found in it each time it runs: the driver
+    /// container may lay the root out after the agent starts.
+    InDriverRoot(DriverRoot),
 }
 
 impl NvidiaSmi {
-    /// `program`, found on `PATH` when it is a bare name.
-    pub fn program(program: PathBuf) -> NvidiaSmi {
-        NvidiaSmi {
-            program,
-            loader: None,
-        }
-    }
-
-    /// `program` run by `loader` with `library_path` (`:`-separated)
-    /// searched before anything else, and no `ld.so.cache` read.
-    pub fn with_loader(program: PathBuf, loader: PathBuf, library_path: String) -> NvidiaSmi {
-        NvidiaSmi {
-            program,
-            loader: Some((loader, library_path)),
-        }
-    }
-
-    /// A command that runs it with `args`.
-    pub fn command<'a>(&self, args: impl IntoIterator<Item = &'a str>) -> tokio::process::Command {
-        let mut command = match &self.loader {
-            None => tokio::process::Command::new(&self.program),
-            Some((loader, library_path)) => {
-                let mut c = tokio::process::Command::new(loader);
-                c.args(["--inhibit-cache", "--library-path", library_path])
-                    .arg(&self.program);
-                c
-            }
+    /// A command that runs it with `args`, or why there is none.
+    pub fn command<'a>(
+        &self,
+        args: impl IntoIterator<Item = &'a str>,
+    ) -> Result<tokio::process::Command, String> {
+        let mut command = match self {
+            NvidiaSmi::Program(program) => tokio::process::Command::new(program),
+            NvidiaSmi::InDriverRoot(root) => root.nvidia_smi()?,
         };
         command.args(args).kill_on_drop(true);
-        command
+        Ok(command)
     }
 
     /// Whether it runs here (`nvidia-smi -h`, which asks the driver
     /// nothing), or why not.
     pub async fn check(&self) -> Result<(), String> {
-        let run = self.command(["-h"]).output();
+        let run = self.command(["-h"])?.output();
         match tokio::time::timeout(CHECK_DEADLINE, run).await {
             Ok(Ok(out)) if out.status.success() => Ok(()),
             Ok(Ok(out)) => Err(format!(
@@ -69,9 +54,9 @@ impl NvidiaSmi {
 
 impl std::fmt::Display for NvidiaSmi {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match &self.loader {
-            None => write!(f, "{}", self.program.display()),
-            Some((loader, _)) => write!(f, "{} (by {})", self.program.display(), loader.display()),
+        match self {
+            NvidiaSmi::Program(program) => write!(f, "{}", program.display()),
+            NvidiaSmi::InDriverRoot(root) => write!(f, "nvidia-smi of the driver root {root}"),
         }
     }
 }
@@ -82,13 +67,13 @@ mod tests {
 
     #[tokio::test]
     async fn a_program_that_runs_passes_and_one_that_does_not_says_why() {
-        assert_eq!(NvidiaSmi::program("true".into()).check().await, Ok(()));
-        let why = NvidiaSmi::program("/no/such/nvidia-smi".into())
+        assert_eq!(NvidiaSmi::Program("true".into()).check().await, Ok(()));
+        let why = NvidiaSmi::Program("/no/such/nvidia-smi".into())
             .check()
             .await
             .expect_err("not there");
         assert!(why.contains("running /no/such/nvidia-smi"), "{why}");
-        let why = NvidiaSmi::program("false".into())
+        let why = NvidiaSmi::Program("false".into())
             .check()
             .await
             .expect_err("fails");

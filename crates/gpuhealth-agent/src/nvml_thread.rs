@@ -6,7 +6,6 @@
 //! while anything holds the GPU, the agent included.
 
 use std::{
-    ffi::OsString,
     sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TryRecvError, TrySendError},
     time::Duration,
 };
@@ -14,7 +13,7 @@ use std::{
 use nvml_wrapper::{EventSet, Nvml, bitmasks::event::EventTypes, enums::event::XidError};
 use tokio::sync::oneshot;
 
-use crate::nvml::{self, DeviceReading, NvmlUnavailable};
+use crate::nvml::{self, DeviceReading, NvmlLibrary, NvmlUnavailable};
 
 /// How long the thread waits for an event before looking for work again.
 const EVENT_WAIT_MS: u32 = 200;
@@ -48,7 +47,7 @@ impl NvmlThread {
     /// `on_xid(pci_bus_id, code)` for each. Each call waits `deadline` at
     /// most for an answer.
     pub fn start(
-        library: OsString,
+        library: NvmlLibrary,
         deadline: Duration,
         on_xid: impl Fn(&str, u32) + Send + 'static,
     ) -> NvmlThread {
@@ -116,7 +115,7 @@ impl Gpus for Recorded {
 
 /// The thread's life: hold NVML and answer calls, let go of it when asked,
 /// take it again when asked.
-fn serve(library: &OsString, jobs: &Receiver<Job>, on_xid: &dyn Fn(&str, u32)) {
+fn serve(library: &NvmlLibrary, jobs: &Receiver<Job>, on_xid: &dyn Fn(&str, u32)) {
     let mut retaking: Option<oneshot::Sender<Result<(), NvmlUnavailable>>> = None;
     loop {
         let nvml = match nvml::open(library) {
@@ -287,7 +286,11 @@ mod tests {
     #[tokio::test]
     async fn without_nvml_every_call_says_why_and_none_blocks() {
         let library = "/nonexistent/libnvidia-ml.so.1";
-        let nvml = NvmlThread::start(library.into(), Duration::from_secs(30), |_, _| {});
+        let nvml = NvmlThread::start(
+            NvmlLibrary::Named(library.into()),
+            Duration::from_secs(30),
+            |_, _| {},
+        );
         for _ in 0..2 {
             let e = nvml.read().await.expect_err("no NVML");
             assert!(matches!(e, NvmlUnavailable::Init(_)), "{e}");
@@ -303,7 +306,11 @@ mod tests {
     #[ignore = "needs NVIDIA's NVML and a GPU: docs/device/agent-image.sh runs it there"]
     async fn the_thread_reads_lets_go_of_every_gpu_and_takes_them_again() {
         let library = std::env::var_os("GPUHEALTH_NVML_LIBRARY").unwrap_or(NVML_LIBRARY.into());
-        let nvml = NvmlThread::start(library, Duration::from_secs(30), |_, _| {});
+        let nvml = NvmlThread::start(
+            NvmlLibrary::Named(library),
+            Duration::from_secs(30),
+            |_, _| {},
+        );
         let first = nvml.read().await.expect("NVML answers on a GPU node");
         assert!(!first.is_empty(), "NVML lists no GPU");
         assert!(!devices_held().is_empty(), "NVML holds no device node");

@@ -217,7 +217,11 @@ async fn run_resets(s: &ResetSettings, targets: &[DeviceReading]) -> Done {
 /// when it fails.
 async fn nvidia_smi(s: &ResetSettings, args: &[&str]) -> Result<(), String> {
     let what = format!("nvidia-smi {}", args.join(" "));
-    let run = s.nvidia_smi.command(args.iter().copied()).output();
+    let run = s
+        .nvidia_smi
+        .command(args.iter().copied())
+        .map_err(|e| format!("{what}: {e}"))?
+        .output();
     match tokio::time::timeout(s.timeout, run).await {
         Ok(Ok(o)) if o.status.success() => Ok(()),
         Ok(Ok(o)) => {
