@@ -303,7 +303,7 @@ mod tests {
     /// same against the NVML stand-in: a GPU the agent still held would be
     /// refused by its nvidia-smi.)
     #[tokio::test]
-    #[ignore = "needs NVIDIA's NVML and a GPU: docs/device/agent-image.sh runs it there"]
+    #[ignore = "needs NVIDIA's NVML and a GPU: cargo test -p gpuhealth-agent -- --ignored on one"]
     async fn the_thread_reads_lets_go_of_every_gpu_and_takes_them_again() {
         let library = std::env::var_os("GPUHEALTH_NVML_LIBRARY").unwrap_or(NVML_LIBRARY.into());
         let nvml = NvmlThread::start(
