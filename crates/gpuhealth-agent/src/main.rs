@@ -26,9 +26,9 @@ use gpuhealth_agent::{
     metrics::AgentMetrics,
     node_agent::{CrashPoint, NodeAgent, Settings},
     nvidia_smi::NvidiaSmi,
-    nvml::{self, NVML_LIBRARY, NvmlLibrary},
+    nvml::{self, NVML_LIBRARY},
     nvml_backend::{KmsgBackend, NvmlBackend},
-    nvml_thread::NvmlThread,
+    nvml_thread::{NvmlLibrary, NvmlThread},
     operands::{DEFAULT_OPERANDS, Operands},
     reboot::{RebootMethod, SYSTEM_BUS},
     recoveries::Recoveries,
@@ -387,7 +387,7 @@ fn once_nvml(
     reboot: &RebootMethod,
     readings: bool,
 ) -> ExitCode {
-    let observed = match nvml::open(library).and_then(|n| {
+    let observed = match library.open().and_then(|n| {
         if let Ok(v) = n.sys_driver_version() {
             eprintln!("gpuhealth-agent: NVIDIA driver {v}");
         }

@@ -7,7 +7,7 @@
 //! A reading recorded on real hardware is a test fixture. The agent makes
 //! its NVML calls on a thread of their own ([`crate::nvml_thread`]).
 
-use std::ffi::OsString;
+use std::ffi::OsStr;
 
 use gpuhealth_api::{
     GpuHealth,
@@ -22,7 +22,7 @@ use nvml_wrapper::{
 };
 use serde::{Deserialize, Serialize};
 
-use crate::{driver_root::DriverRoot, judgement};
+use crate::judgement;
 
 /// The library the NVIDIA Container Toolkit injects and a driver install
 /// provides (the unversioned `libnvidia-ml.so` comes only with development
@@ -154,28 +154,11 @@ pub enum NvmlUnavailable {
     Stopped,
 }
 
-/// Where NVML is loaded from.
-#[derive(Clone, Debug)]
-pub enum NvmlLibrary {
-    /// A file name, looked up on the library path as `dlopen` does, or a
-    /// path.
-    Named(OsString),
-    /// A driver root's, found in it on each try: the driver container may
-    /// lay the root out after the agent starts.
-    InDriverRoot(DriverRoot),
-}
-
-/// Loads and initialises NVML from `library`.
-pub fn open(library: &NvmlLibrary) -> Result<Nvml, NvmlUnavailable> {
-    let path = match library {
-        NvmlLibrary::Named(name) => name.clone(),
-        NvmlLibrary::InDriverRoot(root) => root
-            .nvml_library()
-            .map_err(NvmlUnavailable::Init)?
-            .into_os_string(),
-    };
+/// Loads and initialises NVML from `library` (a file name is looked up on
+/// the library path, as `dlopen` does).
+pub fn open(library: &OsStr) -> Result<Nvml, NvmlUnavailable> {
     Nvml::builder()
-        .lib_path(&path)
+        .lib_path(library)
         .init()
         .map_err(|e| NvmlUnavailable::Init(e.to_string()))
 }
@@ -425,23 +408,10 @@ mod tests {
     #[test]
     fn without_a_driver_the_error_says_what_is_missing() {
         let library = "/nonexistent/libnvidia-ml.so.1";
-        let e = open(&NvmlLibrary::Named(library.into())).expect_err("no such library");
+        let e = open(OsStr::new(library)).expect_err("no such library");
         assert!(e.to_string().contains(library), "{e}");
         assert!(
             e.to_string().contains("is the NVIDIA driver installed"),
-            "{e}"
-        );
-        // A driver root not laid out yet says so, and is looked in again.
-        let root =
-            std::env::temp_dir().join(format!("gpuhealth-empty-root-{}", std::process::id()));
-        std::fs::create_dir_all(&root).expect("an empty root");
-        let e = open(&NvmlLibrary::InDriverRoot(DriverRoot::new(root.clone())))
-            .expect_err("an empty root");
-        assert!(
-            e.to_string().contains(&format!(
-                "no {NVML_LIBRARY} in the driver root {}",
-                root.display()
-            )),
             "{e}"
         );
     }

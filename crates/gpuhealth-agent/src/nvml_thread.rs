@@ -6,6 +6,7 @@
 //! while anything holds the GPU, the agent included.
 
 use std::{
+    ffi::OsString,
     sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TryRecvError, TrySendError},
     time::Duration,
 };
@@ -13,7 +14,35 @@ use std::{
 use nvml_wrapper::{EventSet, Nvml, bitmasks::event::EventTypes, enums::event::XidError};
 use tokio::sync::oneshot;
 
-use crate::nvml::{self, DeviceReading, NvmlLibrary, NvmlUnavailable};
+use crate::{
+    driver_root::DriverRoot,
+    nvml::{self, DeviceReading, NvmlUnavailable},
+};
+
+/// Where NVML is loaded from.
+#[derive(Clone, Debug)]
+pub enum NvmlLibrary {
+    /// A file name, looked up on the library path as `dlopen` does, or a
+    /// path.
+    Named(OsString),
+    /// A driver root's, found in it on each try: the driver container may
+    /// lay the root out after the agent starts.
+    InDriverRoot(DriverRoot),
+}
+
+impl NvmlLibrary {
+    /// Loads and initialises NVML from here.
+    pub fn open(&self) -> Result<Nvml, NvmlUnavailable> {
+        match self {
+            NvmlLibrary::Named(name) => nvml::open(name),
+            NvmlLibrary::InDriverRoot(root) => nvml::open(
+                root.nvml_library()
+                    .map_err(NvmlUnavailable::Init)?
+                    .as_os_str(),
+            ),
+        }
+    }
+}
 
 /// How long the thread waits for an event before looking for work again.
 const EVENT_WAIT_MS: u32 = 200;
@@ -118,7 +147,7 @@ impl Gpus for Recorded {
 fn serve(library: &NvmlLibrary, jobs: &Receiver<Job>, on_xid: &dyn Fn(&str, u32)) {
     let mut retaking: Option<oneshot::Sender<Result<(), NvmlUnavailable>>> = None;
     loop {
-        let nvml = match nvml::open(library) {
+        let nvml = match library.open() {
             Ok(n) => n,
             Err(e) => {
                 if let Some(tx) = retaking.take() {
@@ -296,6 +325,27 @@ mod tests {
             assert!(matches!(e, NvmlUnavailable::Init(_)), "{e}");
             assert!(e.to_string().contains(library), "{e}");
         }
+    }
+
+    /// A driver root not laid out yet says so, and is looked in again.
+    #[tokio::test]
+    async fn a_driver_root_without_nvml_says_so() {
+        let root =
+            std::env::temp_dir().join(format!("gpuhealth-empty-root-{}", std::process::id()));
+        std::fs::create_dir_all(&root).expect("an empty root");
+        let nvml = NvmlThread::start(
+            NvmlLibrary::InDriverRoot(DriverRoot::new(root.clone())),
+            Duration::from_secs(30),
+            |_, _| {},
+        );
+        let e = nvml.read().await.expect_err("an empty root");
+        assert!(
+            e.to_string().contains(&format!(
+                "no {NVML_LIBRARY} in the driver root {}",
+                root.display()
+            )),
+            "{e}"
+        );
     }
 
     /// On a machine with GPUs: NVML and its events hold every GPU's device
