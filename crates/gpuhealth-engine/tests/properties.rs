@@ -114,6 +114,10 @@ enum Rule {
     /// No rung is started that the node's agent says it cannot carry out (a
     /// request already made is written again as it was).
     OnlyWhatTheAgentCanDo,
+    /// No reset or reboot is requested (first or again) while a pod the
+    /// drain may not pass over holds a GPU the request covers: holders are
+    /// a watched set, and a pod that comes after the drain is drained too.
+    NoRequestWhileHeld,
 }
 
 /// Applies a world event; returns the violations found by a reconcile.
@@ -216,7 +220,28 @@ fn reconcile_checked(w: &mut World) -> Vec<(Rule, String)> {
             .as_ref()
             .is_some_and(|x| &x.id == id && x.requested_at.is_some())
     };
+    let excluded = w.spec.drain.exclude_namespaces.clone();
+    let holder = |covers: &dyn Fn(&gpuhealth_engine::drain::PodView) -> bool| {
+        pods.iter()
+            .filter(|p| !p.daemon && !p.mirror && !p.finished)
+            .filter(|p| !excluded.contains(&p.namespace))
+            .find(|p| covers(p))
+            .map(|p| p.key().to_string())
+    };
     for a in &actions {
+        let held = match a {
+            Action::RequestReset { gpus, .. } => {
+                holder(&|p| p.gpus.iter().any(|g| gpus.contains(g)))
+            }
+            Action::RequestReboot { .. } => holder(&|p| p.requests_gpu),
+            _ => None,
+        };
+        if let Some(pod) = held {
+            bad.push((
+                Rule::NoRequestWhileHeld,
+                format!("{a:?} while {pod} holds a GPU it covers"),
+            ));
+        }
         let refused = match a {
             Action::RequestReset { id, .. } if !made_before(id) => can.is_some_and(|c| !c.reset),
             Action::RequestReboot { id, .. } if !made_before(id) => {
@@ -332,6 +357,11 @@ proptest! {
     #[test]
     fn requests_only_what_the_agent_can_carry_out(events in histories()) {
         holds(Rule::OnlyWhatTheAgentCanDo, &events)?;
+    }
+
+    #[test]
+    fn never_requests_while_a_pod_holds_a_covered_gpu(events in histories()) {
+        holds(Rule::NoRequestWhileHeld, &events)?;
     }
 
     #[test]

@@ -69,6 +69,10 @@ words! {
         AwaitingMaintenance,
         /// A reset or reboot has been requested from the node's agent.
         ActionRequested,
+        /// A pod came to hold a GPU of the action after its drain (a claim
+        /// allocated before the fence was up): it is drained, and the
+        /// request is not written again while it is there.
+        HolderArrived,
 
         // Verifying.
         /// The action is done; waiting for every signal to stay clear.

@@ -2,13 +2,18 @@
 
 use std::time::Duration;
 
-use gpuhealth_api::{RecoveryAction, node_health::Phase, vocabulary::Reason};
+use gpuhealth_api::{
+    RecoveryAction,
+    node_health::{ActionStatus, Phase},
+    vocabulary::Reason,
+};
 
 use crate::{diagnosis::after, windows};
 
 use crate::machine::{
-    POLL,
+    Action, DRAIN_POLL, POLL,
     core::{Stage, Stepper, Then},
+    validation_pod_name,
 };
 
 impl Stepper<'_> {
@@ -50,6 +55,73 @@ impl Stepper<'_> {
         }
         self.drain(plan, Reason::Draining);
         Then::Done
+    }
+
+    /// Holders are a watched set, not a snapshot: a pod that has come to
+    /// hold a GPU `action` covers since its drain finished (a claim
+    /// allocated before the fence was up, or while a rule someone deleted
+    /// was written again) is drained under the same rules, and the status
+    /// names it. Whether one still holds such a GPU.
+    pub(in crate::machine) fn drain_newcomers(&mut self, action: &ActionStatus) -> bool {
+        let mut plan = self.drain_plan(action.type_, &action.gpus);
+        // The attempt's own validation pod holds the GPU on purpose.
+        let validation = validation_pod_name(&self.input.node.name, &action.id);
+        plan.evict.retain(|p| p.name != validation);
+        plan.waiting.retain(|p| p.name != validation);
+        plan.blocked.retain(|(p, _)| p.name != validation);
+        if plan.is_done() {
+            if self.status.reason == Some(Reason::HolderArrived) {
+                let (phase, reason, message) = self.resumed(action);
+                self.enter(phase, reason, message);
+            }
+            return false;
+        }
+        for pod in &plan.evict {
+            self.note_evicted(pod);
+            self.actions.push(Action::Evict { pod: pod.clone() });
+        }
+        let holders: Vec<String> = plan
+            .evict
+            .iter()
+            .map(|p| format!("{p} (evicted)"))
+            .chain(plan.waiting.iter().map(|p| format!("{p} (leaving)")))
+            .chain(plan.blocked.iter().map(|(p, why)| format!("{p} ({why})")))
+            .collect();
+        let phase = self.status.phase;
+        self.enter(
+            phase,
+            Reason::HolderArrived,
+            format!(
+                "{:?} {} waits: pods came to hold its GPUs after the drain: {}",
+                action.type_,
+                action.id,
+                holders.join(", ")
+            ),
+        );
+        self.wait(DRAIN_POLL);
+        true
+    }
+
+    /// What the status said before a newcomer held up `action`.
+    fn resumed(&self, action: &ActionStatus) -> (Phase, Reason, String) {
+        match self.status.phase {
+            Phase::Verifying => (
+                Phase::Verifying,
+                Reason::Verifying,
+                format!(
+                    "{:?} done; waiting for every signal to stay clear",
+                    action.type_
+                ),
+            ),
+            phase => (
+                phase,
+                Reason::ActionRequested,
+                format!(
+                    "{:?} attempt {} requested ({})",
+                    action.type_, action.attempt, action.id
+                ),
+            ),
+        }
     }
 
     /// Holds the node cordoned until the cooldown after its last

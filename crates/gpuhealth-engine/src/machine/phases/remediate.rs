@@ -42,6 +42,7 @@ impl Stepper<'_> {
                 action.type_, action.attempt
             ));
         }
+        let held = self.drain_newcomers(&action);
         // Re-issue the same request if its annotation is not on the node
         // (an operator that crashed after recording intent). Same id and
         // time: the agent never carries it out twice, and a second write
@@ -54,7 +55,8 @@ impl Stepper<'_> {
         };
         let requested_at = action.requested_at.as_ref().map_or(self.now(), |t| t.0);
         let settled = after(requested_at, REISSUE_AFTER) <= self.now();
-        if on_node != Some(&action.id) && settled {
+        // Never written again while a pod holds a GPU it covers.
+        if on_node != Some(&action.id) && settled && !held {
             self.ask(&action, requested_at);
         } else if on_node != Some(&action.id) {
             self.wait(REISSUE_AFTER);

@@ -7,7 +7,10 @@ use gpuhealth_api::{
     node_health::{ActionStatus, Phase},
     vocabulary::{Attempt, AttemptAction, AttemptOutcome, IncidentOutcome, Reason},
 };
-use k8s_openapi::{apimachinery::pkg::apis::meta::v1::Time, jiff::Timestamp};
+use k8s_openapi::{
+    apimachinery::pkg::apis::meta::v1::Time,
+    jiff::{self, Timestamp},
+};
 
 use crate::{diagnosis::after, fence::gpu_name};
 
@@ -22,6 +25,9 @@ impl Stepper<'_> {
         let Some(action) = self.status.action.clone() else {
             return Then::Run(Stage::Quarantined);
         };
+        // The GPU stays fenced until verified: a pod that comes to hold it
+        // meanwhile leaves as the first holders did.
+        self.drain_newcomers(&action);
         let requested = action.requested_at.as_ref().map_or(self.now(), |t| t.0);
         // Only a report written after the action says anything about it:
         // after the request by the operator's clock, or after the answer by
@@ -36,7 +42,15 @@ impl Stepper<'_> {
         };
         let verification = &self.spec().verification;
         if fresh && self.diagnosis.is_clear() {
-            let since = self.status.clear_since.get_or_insert(Time(self.now())).0;
+            // Steps keep time to the second, as the status does: the
+            // moment it became clear is rounded up, never down, so that
+            // stableFor is never cut short.
+            let now = self.input.now;
+            let since = self
+                .status
+                .clear_since
+                .get_or_insert_with(|| Time(whole_second_after(now)))
+                .0;
             let stable = after(since, verification.stable_for.as_std());
             if self.now() >= stable {
                 return match &verification.validation_pod {
@@ -158,4 +172,12 @@ impl Stepper<'_> {
         self.status.boot_id_before_reboot = None;
         self.back_in_service();
     }
+}
+
+/// `t`, or the next whole second if it falls within one.
+fn whole_second_after(t: Timestamp) -> Timestamp {
+    let round = jiff::TimestampRound::new()
+        .smallest(jiff::Unit::Second)
+        .mode(jiff::RoundMode::Ceil);
+    t.round(round).unwrap_or(t)
 }
