@@ -23,7 +23,7 @@ use gpuhealth_e2e::{
 };
 use k8s_openapi::api::{
     core::v1::{Node, Pod},
-    rbac::v1::{ClusterRole, ClusterRoleBinding},
+    rbac::v1::ClusterRoleBinding,
     resource::v1beta2::DeviceTaintRule,
 };
 use kube::{
@@ -553,33 +553,9 @@ async fn only_the_operator_writes_or_lifts_its_device_fences() {
             .contains("only the gpuhealth operator may write a DeviceTaintRule"),
         "{e}"
     );
+    // The shipped break-glass role alone lifts it, as docs/security.md says.
     let (on_call, on_call_bindings) = on_call(&admin).await;
     let on_call_rules: Api<DeviceTaintRule> = Api::all(on_call);
-    // Break glass grants the admission check, not RBAC: give the on-call
-    // identity RBAC to delete rules, as its administrator would.
-    let deleter = format!("{}-rules", on_call_bindings[0]);
-    let cluster_roles: Api<ClusterRole> = Api::all(admin.clone());
-    cluster_roles
-        .create(
-            &PostParams::default(),
-            &ClusterRole {
-                metadata: kube::api::ObjectMeta {
-                    name: Some(deleter.clone()),
-                    ..Default::default()
-                },
-                rules: Some(vec![rule(
-                    "resource.k8s.io",
-                    &["devicetaintrules"],
-                    &["delete"],
-                )]),
-                ..Default::default()
-            },
-        )
-        .await
-        .expect("a role to delete rules");
-    bind(&admin, "default", &on_call_bindings[0], &deleter, &deleter)
-        .await
-        .expect("bound");
     let deadline = Instant::now() + WAIT;
     while let Err(e) = on_call_rules.delete(&fence, &DeleteParams::default()).await {
         assert!(Instant::now() < deadline, "break glass lifts a fence: {e}");
@@ -587,10 +563,7 @@ async fn only_the_operator_writes_or_lifts_its_device_fences() {
     }
 
     let bindings: Api<ClusterRoleBinding> = Api::all(admin.clone());
-    for b in on_call_bindings.iter().chain([&dra_admin_name, &deleter]) {
+    for b in on_call_bindings.iter().chain([&dra_admin_name]) {
         let _ = bindings.delete(b, &DeleteParams::default()).await;
     }
-    let _ = cluster_roles
-        .delete(&deleter, &DeleteParams::default())
-        .await;
 }
