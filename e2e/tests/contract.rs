@@ -16,6 +16,7 @@ use gpuhealth_api::{
     vocabulary::{Attempt, AttemptOutcome},
 };
 use gpuhealth_e2e::{
+    dra, reports,
     scenario::{Scenario, WAIT},
     sim::{SIM_GROUP_LABEL, is_cordoned},
     wait::{Background, applied, until},
@@ -27,7 +28,7 @@ use k8s_openapi::{
 };
 use kube::{
     Api, Client, ResourceExt,
-    api::{Patch, PatchParams},
+    api::{ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams},
     runtime::watcher,
 };
 use serde_json::{Value, json};
@@ -117,31 +118,45 @@ async fn annotate(client: &Client, node: &str, annotation: &str, value: &Value) 
 }
 
 /// The executor, from the docs: for each request id it has not carried out
-/// (on any node: the id alone is the key), a fresh report, then the result.
+/// (on any node: the id alone is the key), the check of step 3 of "A
+/// request's life" (the request in flight, fenced for its incident), then
+/// a fresh report, then the result. What it refused, and why, is kept.
 fn executor(client: Client, group: &str, well: Value, result: Value) -> (Background, Served) {
-    let served: Served = Arc::default();
+    let served = Served::default();
     let task = {
         let served = served.clone();
         let config = watcher::Config::default().labels(&format!("{SIM_GROUP_LABEL}={group}"));
         Background::spawn(async move {
+            let records: Api<DynamicObject> =
+                Api::all_with(client.clone(), &ApiResource::from_gvk(&gnh_kind()));
             let mut nodes = std::pin::pin!(applied(Api::<Node>::all(client.clone()), config));
             while let Some(node) = nodes.next().await {
-                let Some(id) = node
+                let Some(request) = node
                     .annotations()
                     .get(RESET_REQUEST_ANNOTATION)
                     .and_then(|v| serde_json::from_str::<Value>(v).ok())
-                    .and_then(|r| r["id"].as_str().map(str::to_owned))
                 else {
                     continue;
                 };
-                {
-                    let Ok(mut done) = served.lock() else { return };
-                    if done.contains(&id) {
-                        continue;
-                    }
-                    done.push(id.clone());
+                let Some(id) = request["id"].as_str().map(str::to_owned) else {
+                    continue;
+                };
+                if served.done(&id) {
+                    continue;
                 }
                 let name = node.name_any();
+                let record = records
+                    .get_opt(&name)
+                    .await
+                    .ok()
+                    .flatten()
+                    .and_then(|r| serde_json::to_value(r).ok())
+                    .unwrap_or_default();
+                if let Err(why) = in_flight_and_fenced(&record, &node, &request) {
+                    served.refused(&id, why);
+                    continue;
+                }
+                served.carried_out(&id);
                 annotate(
                     &client,
                     &name,
@@ -158,7 +173,93 @@ fn executor(client: Client, group: &str, well: Value, result: Value) -> (Backgro
     (task, served)
 }
 
-type Served = Arc<Mutex<Vec<String>>>;
+fn gnh_kind() -> GroupVersionKind {
+    GroupVersionKind::gvk("gpuhealth.io", "v1alpha1", "GpuNodeHealth")
+}
+
+/// Step 3 of "A request's life", as written: `request` is the one the
+/// node's `GpuNodeHealth` records in flight, and it is fenced for the
+/// incident, the node cordoned or each GPU it names fenced alone.
+fn in_flight_and_fenced(record: &Value, node: &Node, request: &Value) -> Result<(), String> {
+    let status = &record["status"];
+    let action = &status["action"];
+    if action["id"] != request["id"] || status["phase"] != "Remediating" {
+        return Err(format!(
+            "not in flight: {} in phase {}",
+            action["id"], status["phase"]
+        ));
+    }
+    if action["type"] != "GpuReset" || action["gpus"] != request["gpus"] {
+        return Err(format!("not as asked: {action}"));
+    }
+    let incident = &status["incident"];
+    let cordon_record = node
+        .annotations()
+        .get(CORDONED_BY_ANNOTATION)
+        .and_then(|v| serde_json::from_str::<Value>(v).ok());
+    let closed = |i: &Value| {
+        status["history"]
+            .as_array()
+            .is_some_and(|h| h.iter().any(|x| &x["id"] == i && !x["outcome"].is_null()))
+    };
+    let cordoned = node.spec.as_ref().and_then(|s| s.unschedulable) == Some(true)
+        && cordon_record.is_none_or(|r| &r["incident"] == incident || closed(&r["incident"]));
+    let quarantine = &status["quarantine"];
+    let fenced: Vec<&Value> = quarantine["gpus"]
+        .as_array()
+        .map(|g| g.iter().map(|g| &g["uuid"]).collect())
+        .unwrap_or_default();
+    let alone = quarantine["scope"] == "Gpu"
+        && quarantine["liftedAt"].is_null()
+        && &quarantine["incident"] == incident
+        && request["gpus"]
+            .as_array()
+            .is_some_and(|g| !g.is_empty() && g.iter().all(|g| fenced.contains(&g)));
+    if cordoned || alone {
+        Ok(())
+    } else {
+        Err(format!("not fenced: quarantine {quarantine}"))
+    }
+}
+
+/// The ids the executor carried out, and those it refused with why.
+#[derive(Clone, Default)]
+struct Served(Arc<Mutex<Ledger>>);
+
+#[derive(Default)]
+struct Ledger {
+    carried: Vec<String>,
+    /// Each refused id, with why.
+    refused: Vec<(String, String)>,
+}
+
+impl Served {
+    fn done(&self, id: &str) -> bool {
+        self.0
+            .lock()
+            .is_ok_and(|s| s.carried.iter().any(|d| d == id))
+    }
+
+    fn carried_out(&self, id: &str) {
+        if let Ok(mut s) = self.0.lock() {
+            s.carried.push(id.to_owned());
+        }
+    }
+
+    fn refused(&self, id: &str, why: String) {
+        if let Ok(mut s) = self.0.lock() {
+            s.refused.push((id.to_owned(), why));
+        }
+    }
+
+    fn carried(&self) -> Vec<String> {
+        self.0.lock().map(|s| s.carried.clone()).unwrap_or_default()
+    }
+
+    fn refusals(&self) -> Vec<(String, String)> {
+        self.0.lock().map(|s| s.refused.clone()).unwrap_or_default()
+    }
+}
 
 /// Every value the watched nodes' annotations took, in order, so that a
 /// value the operator wrote and then removed can be read after the fact.
@@ -321,7 +422,8 @@ async fn the_worked_example_plays_on_two_nodes_failing_in_the_same_second() {
             ids.push(reset_id);
         }
         assert_ne!(ids[0], ids[1], "one request id per node");
-        let served = served.lock().map(|v| v.clone()).unwrap_or_default();
+        assert_eq!(served.refusals(), [], "the docs' check passed");
+        let served = served.carried();
         for id in &ids {
             assert_eq!(
                 served.iter().filter(|s| *s == id).count(),
@@ -331,6 +433,49 @@ async fn the_worked_example_plays_on_two_nodes_failing_in_the_same_second() {
         }
         return;
     }
+}
+
+/// A reset on a DRA node, its bad GPU fenced alone and the node never
+/// cordoned: the executor's check from the docs lets it through on the
+/// quarantine record, and carries it out once.
+#[tokio::test]
+async fn a_reset_of_a_gpu_fenced_alone_passes_the_executors_check_from_the_docs() {
+    let steps = worked_example();
+    let result = steps[4].value.clone();
+    let mut s = Scenario::new_dra("contract-dra", 1, Scenario::quick_spec())
+        .await
+        .expect("scenario");
+    let node = s.nodes[0].clone();
+    dra::claiming_pod(&s.client, &s.namespace, &s.group, "holder-7", Some(7))
+        .await
+        .expect("a pod claiming GPU 7");
+    s.start_operator().await.expect("operator");
+    let well = serde_json::to_value(reports::healthy(&s.namespace, &[])).expect("a report");
+    let (_executor, served) = executor(s.client.clone(), &s.group, well, result);
+
+    let mut sick = reports::healthy(&s.namespace, &[]);
+    reports::xid_119_and_154(&mut sick, 7);
+    s.write_report(&node, sick).await.expect("report");
+    let status = s.wait_recovered(&node).await.expect("recovers");
+    assert_eq!(
+        status.history[0].attempts,
+        [Attempt::new(
+            RecoveryAction::GpuReset,
+            1,
+            AttemptOutcome::Succeeded
+        )],
+        "one reset, carried out by the executor"
+    );
+    let q = status.quarantine.expect("the quarantine's record");
+    assert_eq!(q.incident, status.history[0].id, "fenced for the incident");
+    let n = s.node(&node).await.expect("node");
+    assert!(!is_cordoned(&n), "fenced GPU by GPU, never cordoned");
+    assert!(!n.annotations().contains_key(CORDONED_BY_ANNOTATION));
+    assert_eq!(served.refusals(), [], "the docs' check passed");
+    assert_eq!(
+        served.carried(),
+        [format!("{}-reset-1", status.history[0].id)]
+    );
 }
 
 #[test]
