@@ -579,6 +579,20 @@ async fn a_malformed_gpu_report_is_an_event_not_an_action() {
     s.wait_event(&node, FindingKind::MalformedGpuReport.as_str())
         .await
         .expect("an Event");
+    // A second, different error is an Event of its own, not a repeat of
+    // the first in its series.
+    let other = json!({"metadata": {"annotations": {"gpuhealth.io/gpus": "{\"version\": 99, \"observedAt\": \"2026-01-01T00:00:00Z\", \"gpus\": []}"}}});
+    nodes
+        .patch(&node, &PatchParams::default(), &Patch::Merge(other))
+        .await
+        .expect("another malformed report");
+    s.wait_event_saying(
+        &node,
+        FindingKind::MalformedGpuReport.as_str(),
+        "version 99 is not supported",
+    )
+    .await
+    .expect("the second error's own Event");
     let n = s.node(&node).await.expect("node");
     assert!(!is_cordoned(&n), "no action");
     let metrics = s

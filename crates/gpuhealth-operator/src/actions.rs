@@ -21,7 +21,7 @@ use k8s_openapi::{
 use kube::{
     Api, Resource, ResourceExt,
     api::{DeleteParams, EvictParams, Patch, PatchParams, PostParams},
-    runtime::events::{Event, EventType as KubeEventType},
+    runtime::events::EventType as KubeEventType,
 };
 use serde_json::json;
 use tracing::{info, warn};
@@ -313,14 +313,11 @@ pub async fn publish(
     reason: &str,
     message: String,
 ) -> bool {
-    let event = Event {
-        type_,
-        reason: reason.into(),
-        note: Some(message.chars().take(1000).collect()),
-        action: "Remediate".into(),
-        secondary: None,
-    };
-    match ctx.recorder.publish(&event, about).await {
+    match ctx
+        .events
+        .publish(about, type_, reason, "Remediate", &message)
+        .await
+    {
         Ok(()) => true,
         Err(e) => {
             warn!(about = ?about.name, error = %e, "could not publish an Event");

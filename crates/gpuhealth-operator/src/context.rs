@@ -12,10 +12,7 @@ use k8s_openapi::{
 };
 use kube::{
     Client,
-    runtime::{
-        events::Recorder,
-        reflector::{Store, store::WriterDropped},
-    },
+    runtime::reflector::{Store, store::WriterDropped},
 };
 
 pub use crate::error::Error;
@@ -38,7 +35,7 @@ pub struct Context {
     /// The pods holding a device the kubelet calls unhealthy, from a
     /// watch of every pod.
     pub pod_health: Arc<crate::pod_health::PodHealth>,
-    pub recorder: Recorder,
+    pub events: crate::events::Events,
     /// Decisions that may start a remediation are made one at a time, each
     /// seeing the statuses the ones before it wrote: reconciles of different
     /// nodes run concurrently, and two nodes deciding at once on the same

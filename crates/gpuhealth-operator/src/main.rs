@@ -8,6 +8,7 @@ mod conditions;
 mod context;
 mod devices;
 mod error;
+mod events;
 mod failpoint;
 mod leader;
 mod locks;
@@ -35,7 +36,6 @@ use kube::{
     Api, Config, ResourceExt,
     runtime::{
         Controller, WatchStreamExt, controller,
-        events::{Recorder, Reporter},
         reflector::{self, ObjectRef},
         watcher,
     },
@@ -352,13 +352,7 @@ async fn run(args: Args) -> Result<(), Fatal> {
             namespace: args.validation_namespace,
             service_account: args.validation_service_account,
         },
-        recorder: Recorder::new(
-            client.clone(),
-            Reporter {
-                controller: "gpuhealth-operator".into(),
-                instance: Some(args.pod_name),
-            },
-        ),
+        events: events::Events::new(client.clone(), "gpuhealth-operator", &args.pod_name),
     });
     // A policy's spec may change any node's decision; a node-health change
     // only its own node's.

@@ -19,10 +19,7 @@ use kube::{
     Api, Resource, ResourceExt,
     api::{Patch, PatchParams},
     core::Selector,
-    runtime::{
-        controller::Action as Requeue,
-        events::{Event, EventType},
-    },
+    runtime::{controller::Action as Requeue, events::EventType},
 };
 use serde_json::json;
 use tracing::warn;
@@ -191,15 +188,13 @@ async fn reconcile_policy(policy: &GpuHealthPolicy, ctx: &Context) -> Result<Req
         events.push((EventType::Warning, "Conflict", conflict.message.clone()));
     }
     for (type_, reason, note) in events {
-        let event = Event {
-            type_,
-            reason: reason.into(),
-            // An Event's note is at most 1 kB; the condition has it all.
-            note: Some(note.chars().take(1000).collect()),
-            action: "Status".into(),
-            secondary: None,
-        };
-        if let Err(e) = ctx.recorder.publish(&event, &policy.object_ref(&())).await {
+        // An Event's note is at most 1 kB; the condition has it all.
+        let about = policy.object_ref(&());
+        if let Err(e) = ctx
+            .events
+            .publish(&about, type_, reason, "Status", &note)
+            .await
+        {
             warn!(policy = %name, error = %e, "could not publish an Event");
         }
     }
