@@ -519,3 +519,100 @@ async fn an_operator_killed_around_a_fence_leaves_no_rule_behind_and_no_gpu_fenc
         eprintln!("killed entering {phase:?}{moment}: no rule left, GPU {gpu} allocatable");
     }
 }
+
+/// A rule that goes missing mid-incident (deleted by an identity allowed
+/// to) leaves a gap before the operator writes it again, and the real
+/// scheduler gives the bad device to a pending pod inside it. That pod is
+/// drained like the first holder, while the reset is still in flight.
+#[tokio::test]
+async fn a_pod_given_the_fenced_gpu_while_its_rule_was_gone_is_drained() {
+    let mut s = Scenario::new_dra("dra-gap", 1, Scenario::quick_spec())
+        .await
+        .expect("scenario");
+    let node = s.nodes[0].clone();
+    for i in 0..8 {
+        dra::claiming_pod(
+            &s.client,
+            &s.namespace,
+            &s.group,
+            &format!("holder-{i}"),
+            Some(i),
+        )
+        .await
+        .expect("a pod claiming one GPU");
+    }
+    assert_eq!(device_of(&s, "holder-7").await, "gpu-7");
+    hold(&s.agent.reset);
+    s.start().await.expect("operator and agent");
+    let mut report = reports::healthy(&s.namespace, &[]);
+    reports::xid_119_and_154(&mut report, 7);
+    s.write_report(&node, report).await.expect("report");
+    s.wait_status(&node, "GPU 7 fenced and its reset asked for", |st| {
+        st.phase == Phase::Remediating && st.quarantine.as_ref().is_some_and(|q| q.per_gpu())
+    })
+    .await
+    .expect("fenced");
+    let pods: Api<Pod> = Api::namespaced(s.client.clone(), &s.namespace);
+    until_set(
+        pods.clone(),
+        watcher::Config::default(),
+        "GPU 7's holder gone",
+        WAIT,
+        |set| !set.contains_key("holder-7"),
+    )
+    .await
+    .expect("holder-7 evicted");
+
+    // The rule deleted (the test's identity may: it holds break glass).
+    // The operator writes it again within about 100 ms of seeing it gone,
+    // a gap the scheduler hits only by luck: here the operator is held
+    // (SIGSTOP, as a slow or cut-off one would be) while a pod that can
+    // only have GPU 7 arrives and the scheduler allocates it the device.
+    let pid = s
+        .operator
+        .as_ref()
+        .and_then(|o| o.pid())
+        .expect("the operator runs");
+    signal("STOP", pid).await;
+    let rules: Api<DeviceTaintRule> = Api::all(s.client.clone());
+    let by_node = ListParams::default().labels(&format!("{RULE_NODE_LABEL}={node}"));
+    let _ = rules
+        .delete_collection(&Default::default(), &by_node)
+        .await
+        .expect("the rule deleted");
+    dra::claiming_pod(&s.client, &s.namespace, &s.group, "newcomer", Some(7))
+        .await
+        .expect("a pod wanting GPU 7");
+    let given = device_of(&s, "newcomer").await;
+    signal("CONT", pid).await;
+    assert_eq!(given, "gpu-7");
+    // Drained while the reset is still held: no pod on GPU 7 when it runs.
+    until_set(
+        pods.clone(),
+        watcher::Config::default(),
+        "the newcomer on GPU 7 gone",
+        WAIT,
+        |set| !set.contains_key("newcomer"),
+    )
+    .await
+    .expect("the newcomer evicted before the reset");
+    assert!(
+        !rules_of(&s.client, &node).await.is_empty(),
+        "the rule written again"
+    );
+    s.agent
+        .release(&s.client, &node)
+        .await
+        .expect("the reset goes ahead");
+    s.wait_recovered(&node).await.expect("recovered");
+    fence_gone(&s, &node).await;
+}
+
+async fn signal(which: &str, pid: u32) {
+    let status = tokio::process::Command::new("kill")
+        .args([&format!("-{which}"), &pid.to_string()])
+        .status()
+        .await
+        .expect("kill");
+    assert!(status.success(), "kill -{which} {pid}");
+}
