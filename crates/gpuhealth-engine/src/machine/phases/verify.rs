@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use gpuhealth_api::{
     node_health::{ActionStatus, Phase},
+    quarantine::{Fenced, GpuFence},
     vocabulary::{Attempt, AttemptAction, AttemptOutcome, IncidentOutcome, Reason},
 };
 use k8s_openapi::{
@@ -25,9 +26,11 @@ impl Stepper<'_> {
         let Some(action) = self.status.action.clone() else {
             return Then::Run(Stage::Quarantined);
         };
-        // The GPU stays fenced until verified: a pod that comes to hold it
-        // meanwhile leaves as the first holders did.
-        self.drain_newcomers(&action);
+        // Where the fence stands until the GPU is verified, a pod that
+        // comes to hold it meanwhile leaves as the first holders did.
+        if self.fenced_until_verified(&action) {
+            self.drain_newcomers(&action);
+        }
         let requested = action.requested_at.as_ref().map_or(self.now(), |t| t.0);
         // Only a report written after the action says anything about it:
         // after the request by the operator's clock, or after the answer by
@@ -82,6 +85,23 @@ impl Stepper<'_> {
         }
         self.wait(POLL);
         Then::Done
+    }
+
+    /// Whether the fence over `action`'s GPUs stands while they are
+    /// verified: a cordon, or a `DeviceTaintRule` for each. A device plugin
+    /// offers a reset GPU again at once, and a pod placed on it then is
+    /// placed where the agent put the GPU back.
+    fn fenced_until_verified(&self, action: &ActionStatus) -> bool {
+        match &self.status.quarantine {
+            Some(q) if q.lifted_at.is_none() && q.scope == Fenced::Gpu => {
+                action.gpus.iter().all(|g| {
+                    q.gpus
+                        .iter()
+                        .any(|f| &f.uuid == g && f.fence == GpuFence::DeviceTaintRule)
+                })
+            }
+            _ => true,
+        }
     }
 
     /// Signals have stayed clear: the validation pod must succeed too.
