@@ -3,6 +3,9 @@
 //! ResourceClaims the real scheduler allocates, the operator binary and the
 //! fake agent. One broken GPU costs one GPU: the node keeps taking work,
 //! and the scheduler itself keeps new claims off the fenced device.
+//!
+//! Long because each test is one whole story of a fence, short on its own,
+//! and they share the helpers that read claims and rules.
 
 use std::sync::{
     Arc,
