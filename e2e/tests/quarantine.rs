@@ -76,6 +76,28 @@ async fn device_of(s: &Scenario, pod: &str) -> String {
     allocated_device(&claim).unwrap_or_default()
 }
 
+/// A pod `holder-<i>` claiming GPU `i`, for each of `gpus`, each allocated
+/// that GPU by the scheduler.
+async fn holders(s: &Scenario, gpus: &[u32]) {
+    for &i in gpus {
+        dra::claiming_pod(
+            &s.client,
+            &s.namespace,
+            &s.group,
+            &format!("holder-{i}"),
+            Some(i),
+        )
+        .await
+        .expect("a pod claiming one GPU");
+    }
+    for &i in gpus {
+        assert_eq!(
+            device_of(s, &format!("holder-{i}")).await,
+            dra::device_name(i)
+        );
+    }
+}
+
 /// Waits until no rule of gpuhealth's is left for `node`, then until its
 /// status has forgotten the fence: no rule outlives its incident.
 async fn fence_gone(s: &Scenario, node: &str) {
@@ -112,23 +134,7 @@ async fn a_bad_gpu_on_a_dra_node_costs_that_gpu_and_the_node_keeps_serving() {
     let node = s.nodes[0].clone();
     // Every GPU held but GPU 6; GPU 7's holder is the one to go.
     let held = [0, 1, 2, 3, 4, 5, 7];
-    for i in held {
-        dra::claiming_pod(
-            &s.client,
-            &s.namespace,
-            &s.group,
-            &format!("holder-{i}"),
-            Some(i),
-        )
-        .await
-        .expect("a pod claiming one GPU");
-    }
-    for i in held {
-        assert_eq!(
-            device_of(&s, &format!("holder-{i}")).await,
-            dra::device_name(i)
-        );
-    }
+    holders(&s, &held).await;
     hold(&s.agent.reset);
     s.start().await.expect("operator and agent");
     let (watch, ever_cordoned) = watch_cordon(&s.client, &node);
@@ -254,18 +260,7 @@ async fn a_gpu_the_kubelet_calls_unhealthy_in_a_pods_status_is_fenced_alone() {
         .await
         .expect("scenario");
     let node = s.nodes[0].clone();
-    for i in [2, 3] {
-        dra::claiming_pod(
-            &s.client,
-            &s.namespace,
-            &s.group,
-            &format!("holder-{i}"),
-            Some(i),
-        )
-        .await
-        .expect("a pod claiming one GPU");
-        device_of(&s, &format!("holder-{i}")).await;
-    }
+    holders(&s, &[2, 3]).await;
     hold(&s.agent.reset);
     s.start().await.expect("operator and agent");
     let (watch, ever_cordoned) = watch_cordon(&s.client, &node);
@@ -533,18 +528,7 @@ async fn a_pod_given_the_fenced_gpu_while_its_rule_was_gone_is_drained() {
         .await
         .expect("scenario");
     let node = s.nodes[0].clone();
-    for i in 0..8 {
-        dra::claiming_pod(
-            &s.client,
-            &s.namespace,
-            &s.group,
-            &format!("holder-{i}"),
-            Some(i),
-        )
-        .await
-        .expect("a pod claiming one GPU");
-    }
-    assert_eq!(device_of(&s, "holder-7").await, "gpu-7");
+    holders(&s, &[0, 1, 2, 3, 4, 5, 6, 7]).await;
     hold(&s.agent.reset);
     s.start().await.expect("operator and agent");
     let mut report = reports::healthy(&s.namespace, &[]);

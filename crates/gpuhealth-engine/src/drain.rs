@@ -107,6 +107,13 @@ impl DrainPlan {
     pub fn is_done(&self) -> bool {
         self.evict.is_empty() && self.waiting.is_empty() && self.blocked.is_empty()
     }
+
+    /// Leaves the pod named `name` out of the plan, whatever it holds.
+    pub fn pass_over(&mut self, name: &str) {
+        self.evict.retain(|p| p.name != name);
+        self.waiting.retain(|p| p.name != name);
+        self.blocked.retain(|(p, _)| p.name != name);
+    }
 }
 
 /// Plans a drain of `pods` for an action on `bad_gpus` (empty: the whole node).

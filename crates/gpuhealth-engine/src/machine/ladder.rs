@@ -248,10 +248,7 @@ impl Stepper<'_> {
                 return Then::Done;
             }
         }
-        let message = format!(
-            "{:?} attempt {} requested ({})",
-            action.type_, action.attempt, action.id
-        );
+        let message = requested(&action);
         self.status.action = Some(action);
         self.enter(Phase::Remediating, Reason::ActionRequested, message);
         self.wait(timeout.min(POLL));
@@ -266,14 +263,23 @@ impl Stepper<'_> {
             AttemptOutcome::Succeeded,
         ));
         self.status.clear_since = None;
-        self.enter(
-            Phase::Verifying,
-            Reason::Verifying,
-            format!(
-                "{:?} done; waiting for every signal to stay clear",
-                action.type_
-            ),
-        );
+        self.enter(Phase::Verifying, Reason::Verifying, verifying(action));
         Then::Run(Stage::Verifying)
     }
+}
+
+/// The status's words while `action` is in flight.
+pub(super) fn requested(action: &ActionStatus) -> String {
+    format!(
+        "{:?} attempt {} requested ({})",
+        action.type_, action.attempt, action.id
+    )
+}
+
+/// The status's words while `action`'s GPUs are verified.
+pub(super) fn verifying(action: &ActionStatus) -> String {
+    format!(
+        "{:?} done; waiting for every signal to stay clear",
+        action.type_
+    )
 }

@@ -13,6 +13,7 @@ use crate::{diagnosis::after, windows};
 use crate::machine::{
     Action, DRAIN_POLL, POLL,
     core::{Stage, Stepper, Then},
+    ladder::{requested, verifying},
     validation_pod_name,
 };
 
@@ -65,10 +66,7 @@ impl Stepper<'_> {
     pub(in crate::machine) fn drain_newcomers(&mut self, action: &ActionStatus) -> bool {
         let mut plan = self.drain_plan(action.type_, &action.gpus);
         // The attempt's own validation pod holds the GPU on purpose.
-        let validation = validation_pod_name(&self.input.node.name, &action.id);
-        plan.evict.retain(|p| p.name != validation);
-        plan.waiting.retain(|p| p.name != validation);
-        plan.blocked.retain(|(p, _)| p.name != validation);
+        plan.pass_over(&validation_pod_name(&self.input.node.name, &action.id));
         if plan.is_done() {
             if self.status.reason == Some(Reason::HolderArrived) {
                 let (phase, reason, message) = self.resumed(action);
@@ -105,22 +103,8 @@ impl Stepper<'_> {
     /// What the status said before a newcomer held up `action`.
     fn resumed(&self, action: &ActionStatus) -> (Phase, Reason, String) {
         match self.status.phase {
-            Phase::Verifying => (
-                Phase::Verifying,
-                Reason::Verifying,
-                format!(
-                    "{:?} done; waiting for every signal to stay clear",
-                    action.type_
-                ),
-            ),
-            phase => (
-                phase,
-                Reason::ActionRequested,
-                format!(
-                    "{:?} attempt {} requested ({})",
-                    action.type_, action.attempt, action.id
-                ),
-            ),
+            Phase::Verifying => (Phase::Verifying, Reason::Verifying, verifying(action)),
+            phase => (phase, Reason::ActionRequested, requested(action)),
         }
     }
 
