@@ -136,6 +136,29 @@ pub async fn claiming_pod(
     name: &str,
     index: Option<u32>,
 ) -> Result<()> {
+    claiming_pod_where(client, namespace, (SIM_GROUP_LABEL, group), name, index).await
+}
+
+/// Like [`claiming_pod`], on node `node` only.
+pub async fn claiming_pod_on(
+    client: &Client,
+    namespace: &str,
+    node: &str,
+    name: &str,
+    index: Option<u32>,
+) -> Result<()> {
+    let on = ("kubernetes.io/hostname", node);
+    claiming_pod_where(client, namespace, on, name, index).await
+}
+
+/// A claiming pod whose node carries `label`.
+async fn claiming_pod_where(
+    client: &Client,
+    namespace: &str,
+    label: (&str, &str),
+    name: &str,
+    index: Option<u32>,
+) -> Result<()> {
     let claim_name = format!("{name}-gpu");
     let claim = ResourceClaim {
         metadata: ObjectMeta {
@@ -179,10 +202,7 @@ pub async fn claiming_pod(
             ..Default::default()
         },
         spec: Some(PodSpec {
-            node_selector: Some(BTreeMap::from([(
-                SIM_GROUP_LABEL.to_owned(),
-                group.to_owned(),
-            )])),
+            node_selector: Some(BTreeMap::from([(label.0.to_owned(), label.1.to_owned())])),
             termination_grace_period_seconds: Some(1),
             resource_claims: Some(vec![PodResourceClaim {
                 name: "gpu".into(),

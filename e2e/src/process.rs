@@ -179,14 +179,35 @@ impl Process {
 
     /// Asks it to stop (SIGTERM), as a Deployment's rolling update does.
     pub async fn terminate(&self) -> Result<()> {
+        self.signal("TERM").await
+    }
+
+    /// Stops it where it is (SIGSTOP), as a replica starved of CPU or
+    /// stuck in a long pause would be, until [`Process::resume`].
+    pub async fn stall(&self) -> Result<()> {
+        self.signal("STOP").await
+    }
+
+    /// Lets a stalled process go on (SIGCONT).
+    pub async fn resume(&self) -> Result<()> {
+        self.signal("CONT").await
+    }
+
+    async fn signal(&self, which: &str) -> Result<()> {
         let Some(pid) = self.pid() else {
             return Ok(());
         };
-        tokio::process::Command::new("kill")
-            .args(["-TERM", &pid.to_string()])
+        let status = tokio::process::Command::new("kill")
+            .args([format!("-{which}"), pid.to_string()])
             .status()
             .await
             .map_err(io)?;
+        if !status.success() {
+            return Err(HarnessError::ClusterStart(format!(
+                "kill -{which} {pid} ({}): {status}",
+                self.name
+            )));
+        }
         Ok(())
     }
 

@@ -1,11 +1,15 @@
 //! The independent watcher of a chaos run: it records every change to a
 //! simulation group's Nodes, Pods, `GpuNodeHealth` objects and gpuhealth's
-//! `DeviceTaintRule`s for them, in the order
+//! `DeviceTaintRule`s for them, and the devices the pods' ResourceClaims
+//! were allocated, in the order
 //! the API server reports them, as [`Seen`] entries for
 //! [`crate::invariants::check`]. It reads only the cluster, never the
 //! operator, and keeps recording across API server restarts: a relist after
 //! a gap reports what changed meanwhile (a pod missing from the relist is
 //! gone).
+//!
+//! Long because it has one watch for each kind of object it records, each
+//! turning its changes into entries; they share the timeline they feed.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -24,13 +28,13 @@ use gpuhealth_api::{
 };
 use k8s_openapi::api::{
     core::v1::{Node, Pod},
-    resource::v1beta2::DeviceTaintRule,
+    resource::{v1::ResourceClaim, v1beta2::DeviceTaintRule},
 };
 use kube::{Api, Client, ResourceExt, runtime::watcher};
 use tokio::sync::{Notify, mpsc};
 
 use crate::{
-    Result,
+    Result, dra,
     invariants::{Seen, SimGpu, Target},
     node_agent::hardware,
     sim::{SIM_GROUP_LABEL, is_cordoned},
@@ -43,7 +47,7 @@ pub struct Recorder {
     /// Woken on every entry.
     grew: Arc<Notify>,
     listed: mpsc::Receiver<()>,
-    _watches: Vec<Background>,
+    watches: Vec<Background>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -238,6 +242,7 @@ impl Recorder {
             let config = watcher::Config::default()
                 .labels(&format!("{}={}", MANAGED_BY_LABEL.0, MANAGED_BY_LABEL.1));
             let prefix = format!("{group}-");
+            let (sink, tx) = (sink.clone(), tx.clone());
             Background::spawn(async move {
                 // Rule name -> its node, for the rules of this group's nodes.
                 let mut up: BTreeMap<String, String> = BTreeMap::new();
@@ -255,12 +260,18 @@ impl Recorder {
                             relisted.insert(r.name_any());
                             let Some(node) = node_of(&r) else { continue };
                             if up.insert(r.name_any(), node.clone()).is_none() {
+                                let device = r
+                                    .spec
+                                    .device_selector
+                                    .as_ref()
+                                    .and_then(|s| s.device.clone());
                                 sink.record(
                                     version(&r),
                                     [Seen::Fence {
                                         node,
                                         rule: r.name_any(),
                                         up: true,
+                                        device,
                                     }],
                                 );
                             }
@@ -280,6 +291,7 @@ impl Recorder {
                                             node,
                                             rule,
                                             up: false,
+                                            device: None,
                                         }],
                                     );
                                 }
@@ -294,6 +306,7 @@ impl Recorder {
                                         node,
                                         rule: r.name_any(),
                                         up: false,
+                                        device: None,
                                     }],
                                 );
                             }
@@ -302,11 +315,40 @@ impl Recorder {
                 }
             })
         };
+        let claims = {
+            let api: Api<ResourceClaim> = Api::namespaced(client.clone(), namespace);
+            let prefix = format!("{group}-");
+            Background::spawn(async move {
+                // What each claim was last seen allocated to whom.
+                let mut known: BTreeMap<String, Vec<Seen>> = BTreeMap::new();
+                let mut stream = std::pin::pin!(events(api, watcher::Config::default()));
+                while let Some(event) = stream.next().await {
+                    match event {
+                        watcher::Event::Apply(c) | watcher::Event::InitApply(c) => {
+                            let now = holders(&c, &prefix);
+                            let before = known.insert(c.name_any(), now.clone());
+                            let new: Vec<Seen> = now
+                                .into_iter()
+                                .filter(|s| !before.iter().flatten().any(|b| b == s))
+                                .collect();
+                            sink.record(version(&c), new);
+                        }
+                        watcher::Event::InitDone => {
+                            let _ = tx.try_send(());
+                        }
+                        watcher::Event::Delete(c) => {
+                            known.remove(&c.name_any());
+                        }
+                        watcher::Event::Init => {}
+                    }
+                }
+            })
+        };
         Recorder {
             timeline,
             grew,
             listed,
-            _watches: vec![nodes, health, pods, fences],
+            watches: vec![nodes, health, pods, fences, claims],
         }
     }
 
@@ -317,7 +359,7 @@ impl Recorder {
             "the recorder's first lists",
             Duration::from_secs(60),
             async {
-                for _ in 0..4 {
+                for _ in 0..self.watches.len() {
                     self.listed.recv().await;
                 }
                 Ok(())
@@ -366,6 +408,35 @@ impl Recorder {
             .map(<[Seen]>::to_vec)
             .unwrap_or_default()
     }
+}
+
+/// Who holds what by `claim`: each pod it is reserved for holds each device
+/// of the simulated driver it was allocated on a node whose name starts
+/// with `prefix` (the driver's pool is the node).
+fn holders(claim: &ResourceClaim, prefix: &str) -> Vec<Seen> {
+    let Some(status) = &claim.status else {
+        return Vec::new();
+    };
+    let namespace = claim.namespace().unwrap_or_default();
+    let pods = status
+        .reserved_for
+        .iter()
+        .flatten()
+        .filter(|r| r.resource == "pods");
+    let devices = status
+        .allocation
+        .iter()
+        .filter_map(|a| a.devices.as_ref())
+        .flat_map(|d| d.results.iter().flatten())
+        .filter(|r| r.driver == dra::DRIVER && r.pool.starts_with(prefix));
+    pods.flat_map(|p| {
+        devices.clone().map(|d| Seen::Claimed {
+            pod: format!("{namespace}/{}", p.name),
+            node: d.pool.clone(),
+            device: d.device.clone(),
+        })
+    })
+    .collect()
 }
 
 fn key(pod: &Pod) -> String {
@@ -435,6 +506,7 @@ impl NodeSeen {
             .flat_map(|h| &h.gpus)
             .map(|g| SimGpu {
                 uuid: g.uuid.clone(),
+                device: dra::device_name(g.index),
                 bad: g.health != GpuHealth::Healthy,
                 pods: g
                     .pods

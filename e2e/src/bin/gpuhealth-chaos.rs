@@ -39,6 +39,15 @@ struct Args {
     /// must hold (the breaker; maxConcurrent).
     #[arg(long, default_value_t = 5)]
     storm_trials: usize,
+    /// Trials in which a pod comes to hold a GPU after it was judged bad:
+    /// allocated before its rule existed, and while its rule was deleted
+    /// mid-incident, in turn.
+    #[arg(long, default_value_t = 6)]
+    newcomer_trials: usize,
+    /// The operator binary the newcomer trials run (by default this
+    /// build's): an older build shows what the checker catches.
+    #[arg(long)]
+    newcomer_operator: Option<PathBuf>,
     /// Trials upgrading the replicas from the previous release to this
     /// build mid-remediation.
     #[arg(long, default_value_t = 8)]
@@ -148,6 +157,19 @@ async fn main() -> ExitCode {
             &mut failed,
             "hostile input",
             chaos::hostile::run(args.hostile_trials, &mut rng).await,
+        );
+    }
+    if args.newcomer_trials > 0 {
+        collect(
+            &mut rows,
+            &mut failed,
+            "newcomers",
+            chaos::newcomers::run(
+                args.newcomer_trials,
+                args.newcomer_operator.as_deref(),
+                &mut rng,
+            )
+            .await,
         );
     }
     if args.upgrade_trials > 0 {

@@ -15,7 +15,7 @@ use crate::{
     Result,
     invariants::{
         Expectations, Seen, Target, Violation, carries_cordon_record, check_from, cordoned, ending,
-        fences_up, latest_phase,
+        fences_up, latest_phase, pod_up,
     },
     operator::{self, Options},
     process::Process,
@@ -316,6 +316,27 @@ impl Fleet {
         Ok(holder(&lease).unwrap_or_default())
     }
 
+    /// Stalls the leader where it is (SIGSTOP), as a replica starved of CPU
+    /// would be, and names it for [`Fleet::resume`]. Resumed within its
+    /// renew deadline, it goes on leading.
+    pub async fn stall_leader(&mut self) -> Result<String> {
+        self.replace_exited().await?;
+        let leader = self.live_leader().await?;
+        if let Some(replica) = self.replicas.iter().find(|r| r.name == leader) {
+            replica.stall().await?;
+            eprintln!("chaos: stalled the leader {leader}");
+        }
+        Ok(leader)
+    }
+
+    /// Lets replica `name`, stalled, go on.
+    pub async fn resume(&self, name: &str) -> Result<()> {
+        match self.replicas.iter().find(|r| r.name == name) {
+            Some(replica) => replica.resume().await,
+            None => Ok(()),
+        }
+    }
+
     /// SIGKILLs the leader and starts a replacement, as a Deployment would.
     pub async fn kill_leader(&mut self) -> Result<()> {
         self.replace_exited().await?;
@@ -435,14 +456,22 @@ impl Fleet {
         // record of its cordon, which the operator must remove: left, it
         // would claim the person's next cordon as gpuhealth's.
         // A node that never comes back is this trial's violation, reported
-        // with the others, not an error that would drop them.
+        // with the others, not an error that would drop them. The person's
+        // deletions must be recorded too: one the pods' watch reports late
+        // (it backs off after an API server restart) would otherwise fall
+        // into the next trial, where no deletion is the run's.
+        let deleted: Vec<String> = holders
+            .iter()
+            .filter(|(n, _)| handed_over.contains(n))
+            .map(|(_, h)| format!("{}/{h}", self.s.namespace))
+            .collect();
         if let Err(e) = self
             .settle(mark, "repaired nodes back in service", |t| {
                 handed_over.iter().all(|n| {
                     latest_phase(t, n) == Some(Phase::Healthy)
                         && fences_up(t, n) == 0
                         && carries_cordon_record(t, n) != Some(true)
-                })
+                }) && deleted.iter().all(|pod| !pod_up(t, pod))
             })
             .await
         {
@@ -453,10 +482,7 @@ impl Fleet {
         let mut later = self.expectations();
         // A person's repair uncordons the nodes handed over, foreign or not.
         later.foreign_cordons.retain(|n| !handed_over.contains(n));
-        later.deleted_by_run = holders
-            .iter()
-            .map(|(_, h)| format!("{}/{h}", self.s.namespace))
-            .collect();
+        later.deleted_by_run = deleted.into_iter().collect();
         violations.extend(check_from(&self.recorder.since(0), after, &later));
         Ok((expect, violations))
     }
@@ -470,7 +496,8 @@ fn seen_on(seen: &Seen, node: &str) -> bool {
         | Seen::Hardware { node: n, .. }
         | Seen::Executed { node: n, .. }
         | Seen::Request { node: n, .. }
-        | Seen::Fence { node: n, .. } => n == node,
+        | Seen::Fence { node: n, .. }
+        | Seen::Claimed { node: n, .. } => n == node,
         Seen::PodUp { .. } | Seen::PodGone { .. } => false,
     }
 }

@@ -9,6 +9,7 @@ pub mod fleet;
 pub mod hostile;
 pub mod kill;
 pub mod lag;
+pub mod newcomers;
 pub mod restarts;
 pub mod storm;
 pub mod upgrade;

@@ -2,7 +2,9 @@
 //! watcher saw during the run, in the order it saw it. It judges from the
 //! cluster's own objects: a node is disrupted while it carries gpuhealth's
 //! cordon or one of its `DeviceTaintRule`s, a GPU is bad while the
-//! simulated hardware says so, a pod is held while it exists. It imports
+//! simulated hardware says so, a pod holds a GPU while it exists and the
+//! hardware shows it there or a ResourceClaim reserved for it was allocated
+//! the GPU's device. It imports
 //! nothing of gpuhealth but the names of its annotations and labels, and
 //! trusts a `GpuNodeHealth` status only for what a status promises (how a
 //! sick node ends) and for a handover (a `Failed` node is a person's).
@@ -13,8 +15,11 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use gpuhealth_api::{node_health::Phase, vocabulary::Reason};
 
+mod queries;
 #[cfg(test)]
 mod tests;
+
+pub use queries::{carries_cordon_record, cordoned, ending, fences_up, latest_phase, pod_up};
 
 /// One change seen on a watch.
 #[derive(Clone, Debug, PartialEq)]
@@ -58,11 +63,20 @@ pub enum Seen {
         value: String,
         target: Target,
     },
-    /// One of gpuhealth's `DeviceTaintRule`s for `node`, up or gone.
+    /// One of gpuhealth's `DeviceTaintRule`s for `node`, up or gone, and
+    /// the device it taints (as its selector names it) when up.
     Fence {
         node: String,
         rule: String,
         up: bool,
+        device: Option<String>,
+    },
+    /// A ResourceClaim reserved for `pod` (`namespace/name`) was allocated
+    /// `device` of `node`: the pod holds that GPU for as long as it exists.
+    Claimed {
+        pod: String,
+        node: String,
+        device: String,
     },
 }
 
@@ -78,11 +92,13 @@ pub enum Target {
     Unreadable,
 }
 
-/// One simulated GPU: its UUID, whether it is bad (anything but healthy),
-/// and the pods (`namespace/name`) the hardware shows running on it.
+/// One simulated GPU: its UUID, the name of the DRA device a driver
+/// publishes it as, whether it is bad (anything but healthy), and the pods
+/// (`namespace/name`) the hardware shows running on it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SimGpu {
     pub uuid: String,
+    pub device: String,
     pub bad: bool,
     pub pods: Vec<String>,
 }
@@ -149,9 +165,18 @@ pub enum Violation {
         node: String,
         rule: String,
     },
-    /// A reset or reboot requested while a pod the hardware shows on one
-    /// of its GPUs still exists: the drain had not finished.
+    /// A reset or reboot requested while a pod holds one of its GPUs (the
+    /// hardware shows it there, or its claim was allocated the GPU's
+    /// device): the drain had not finished, or missed a newcomer.
     RequestWhileHeld {
+        node: String,
+        id: String,
+        pod: String,
+    },
+    /// A reset or reboot carried out (as the hardware recorded it) while a
+    /// pod held one of its GPUs: one that came to hold it after the
+    /// request was written, and was never drained.
+    CarriedOutWhileHeld {
         node: String,
         id: String,
         pod: String,
@@ -166,7 +191,7 @@ pub enum Violation {
         node: String,
     },
     /// A pod evicted from a node fenced only GPU by GPU, though it held no
-    /// bad GPU: outside the drain's scope.
+    /// GPU that was bad or fenced: outside the drain's scope.
     EvictedOutsideScope {
         pod: String,
         node: String,
@@ -188,8 +213,11 @@ struct NodeNow<'a> {
     unschedulable: bool,
     /// gpuhealth's cordon is on it.
     ours: bool,
-    rules: BTreeSet<&'a str>,
+    /// Its rules up, each with the device it taints.
+    rules: BTreeMap<&'a str, Option<&'a str>>,
     gpus: &'a [SimGpu],
+    /// Per device, the pods whose claims were allocated it.
+    claimed: BTreeMap<&'a str, BTreeSet<&'a str>>,
 }
 
 impl NodeNow<'_> {
@@ -207,6 +235,51 @@ impl NodeNow<'_> {
 
     fn bad(&self) -> bool {
         self.gpus.iter().any(|g| g.bad)
+    }
+
+    /// The pods that hold `gpu`, of those that exist.
+    fn holders<'p>(
+        &'p self,
+        gpu: &'p SimGpu,
+        pods: &'p BTreeMap<&str, Option<&str>>,
+    ) -> impl Iterator<Item = &'p str> {
+        let claimed = self.claimed.get(gpu.device.as_str()).into_iter().flatten();
+        gpu.pods
+            .iter()
+            .map(String::as_str)
+            .chain(claimed.copied())
+            .filter(|p| pods.contains_key(p))
+    }
+
+    /// A pod that holds a GPU `target` acts on, if one does.
+    fn held<'p>(
+        &'p self,
+        target: &Target,
+        pods: &'p BTreeMap<&str, Option<&str>>,
+    ) -> Option<&'p str> {
+        let acts_on = |g: &SimGpu| match target {
+            Target::Gpus(these) => these.contains(&g.uuid),
+            Target::Node => true,
+            Target::Unreadable => false,
+        };
+        self.gpus
+            .iter()
+            .filter(|g| acts_on(g))
+            .find_map(|g| self.holders(g, pods).next())
+    }
+
+    /// Whether `pod` holds `gpu`, whether or not it still exists.
+    fn holds(&self, gpu: &SimGpu, pod: &str) -> bool {
+        gpu.pods.iter().any(|p| p == pod)
+            || self
+                .claimed
+                .get(gpu.device.as_str())
+                .is_some_and(|c| c.contains(pod))
+    }
+
+    /// Whether `gpu` is bad or one of the node's rules taints its device.
+    fn out_of_service(&self, gpu: &SimGpu) -> bool {
+        gpu.bad || self.rules.values().any(|d| *d == Some(gpu.device.as_str()))
     }
 }
 
@@ -230,6 +303,7 @@ pub fn check_from(timeline: &[Seen], from: usize, expect: &Expectations) -> Vec<
         expect.foreign_cordons.iter().map(String::as_str).collect();
     let mut executed: BTreeSet<(&str, &str)> = BTreeSet::new();
     let mut requests: BTreeMap<(&str, &str), &str> = BTreeMap::new();
+    let mut targets: BTreeMap<(&str, &str), &Target> = BTreeMap::new();
     // Pods that exist, with their node.
     let mut pods: BTreeMap<&str, Option<&str>> = BTreeMap::new();
     // Each policy's worst moment, reported once.
@@ -291,6 +365,18 @@ pub fn check_from(timeline: &[Seen], from: usize, expect: &Expectations) -> Vec<
                 if *never && !expect.deleted_by_run.contains(pod) {
                     violations.push(Violation::NeverPodEvicted { pod: pod.clone() });
                 }
+                let held_in_scope = node.and_then(|n| nodes.get(n)).is_some_and(|now| {
+                    now.gpus
+                        .iter()
+                        .any(|g| now.out_of_service(g) && now.holds(g, pod))
+                });
+                // Its claims go with it: a pod of the same name later is
+                // another pod.
+                for now in nodes.values_mut() {
+                    for holders in now.claimed.values_mut() {
+                        holders.remove(pod.as_str());
+                    }
+                }
                 let (true, Some(node)) = (*evicted, node) else {
                     continue;
                 };
@@ -302,12 +388,7 @@ pub fn check_from(timeline: &[Seen], from: usize, expect: &Expectations) -> Vec<
                             what: format!("{pod} evicted"),
                         });
                     }
-                } else if !now.unschedulable
-                    && !now
-                        .gpus
-                        .iter()
-                        .any(|g| g.bad && g.pods.iter().any(|p| p == pod))
-                {
+                } else if !now.unschedulable && !held_in_scope {
                     violations.push(Violation::EvictedOutsideScope {
                         pod: pod.clone(),
                         node: node.to_owned(),
@@ -319,6 +400,17 @@ pub fn check_from(timeline: &[Seen], from: usize, expect: &Expectations) -> Vec<
                     violations.push(Violation::ExecutedTwice {
                         node: node.clone(),
                         id: id.clone(),
+                    });
+                }
+                let now = nodes.entry(node).or_default();
+                let held = targets
+                    .get(&(node.as_str(), id.as_str()))
+                    .and_then(|t| now.held(t, &pods));
+                if let Some(pod) = held {
+                    violations.push(Violation::CarriedOutWhileHeld {
+                        node: node.clone(),
+                        id: id.clone(),
+                        pod: pod.to_owned(),
                     });
                 }
             }
@@ -338,14 +430,10 @@ pub fn check_from(timeline: &[Seen], from: usize, expect: &Expectations) -> Vec<
                     }
                     continue;
                 }
-                let acts_on = |g: &SimGpu| match target {
-                    Target::Gpus(these) => these.contains(&g.uuid),
-                    Target::Node => true,
-                    Target::Unreadable => false,
-                };
                 if *target == Target::Unreadable {
                     continue;
                 }
+                targets.insert((node, id), target);
                 let now = nodes.entry(node).or_default();
                 if !now.fenced() && unfenced.insert(node) {
                     violations.push(Violation::Unfenced {
@@ -353,27 +441,35 @@ pub fn check_from(timeline: &[Seen], from: usize, expect: &Expectations) -> Vec<
                         what: format!("request {id}"),
                     });
                 }
-                let held = now
-                    .gpus
-                    .iter()
-                    .filter(|g| acts_on(g))
-                    .flat_map(|g| &g.pods)
-                    .find(|p| pods.contains_key(p.as_str()));
-                if let Some(pod) = held {
+                if let Some(pod) = now.held(target, &pods) {
                     violations.push(Violation::RequestWhileHeld {
                         node: node.clone(),
                         id: id.clone(),
-                        pod: pod.clone(),
+                        pod: pod.to_owned(),
                     });
                 }
             }
-            Seen::Fence { node, rule, up } => {
+            Seen::Fence {
+                node,
+                rule,
+                up,
+                device,
+            } => {
                 let rules = &mut nodes.entry(node).or_default().rules;
                 if *up {
-                    rules.insert(rule);
+                    rules.insert(rule, device.as_deref());
                 } else {
                     rules.remove(rule.as_str());
                 }
+            }
+            Seen::Claimed { pod, node, device } => {
+                nodes
+                    .entry(node)
+                    .or_default()
+                    .claimed
+                    .entry(device)
+                    .or_default()
+                    .insert(pod);
             }
         }
         if let Some(policy) = raised_fence(seen, &nodes) {
@@ -399,7 +495,7 @@ pub fn check_from(timeline: &[Seen], from: usize, expect: &Expectations) -> Vec<
     for (node, now) in &nodes {
         let healthy = matches!(now.health, Some((_, Phase::Healthy, _)));
         if healthy {
-            for rule in &now.rules {
+            for rule in now.rules.keys() {
                 violations.push(Violation::RuleOutlivedIncident {
                     node: (*node).to_owned(),
                     rule: (*rule).to_owned(),
@@ -464,73 +560,4 @@ fn raised_fence<'a>(seen: &Seen, nodes: &BTreeMap<&str, NodeNow<'a>>) -> Option<
 /// The policy a node's status names (which policy selects it).
 fn policy_of<'a>(now: &NodeNow<'a>) -> Option<&'a str> {
     now.health.and_then(|(p, _, _)| p.as_deref())
-}
-
-/// How many of gpuhealth's rules for `node` are up at the end of
-/// `timeline` (counting only those it saw go up).
-pub fn fences_up(timeline: &[Seen], node: &str) -> usize {
-    let mut up = BTreeSet::new();
-    for seen in timeline {
-        if let Seen::Fence {
-            node: n,
-            rule,
-            up: is_up,
-        } = seen
-            && n == node
-        {
-            if *is_up {
-                up.insert(rule);
-            } else {
-                up.remove(rule);
-            }
-        }
-    }
-    up.len()
-}
-
-/// Whether `node` was last seen unschedulable in `timeline`, if it was
-/// seen at all.
-pub fn cordoned(timeline: &[Seen], node: &str) -> Option<bool> {
-    timeline.iter().rev().find_map(|s| match s {
-        Seen::Cordon {
-            node: n,
-            unschedulable,
-            ..
-        } if n == node => Some(*unschedulable),
-        _ => None,
-    })
-}
-
-/// Whether `node` carries gpuhealth's record of a cordon, by the latest
-/// observation in `timeline`.
-pub fn carries_cordon_record(timeline: &[Seen], node: &str) -> Option<bool> {
-    timeline.iter().rev().find_map(|s| match s {
-        Seen::Cordon { node: n, ours, .. } if n == node => Some(*ours),
-        _ => None,
-    })
-}
-
-/// `node`'s latest phase in `timeline`, if it is there.
-pub fn latest_phase(timeline: &[Seen], node: &str) -> Option<Phase> {
-    timeline.iter().rev().find_map(|s| match s {
-        Seen::Health { node: n, phase, .. } if n == node => Some(*phase),
-        _ => None,
-    })
-}
-
-/// How `node` ended in `timeline`: `Healthy` or `Failed` once it has been
-/// anything else in it; `None` while it is still on its way (or was never
-/// sick).
-pub fn ending(timeline: &[Seen], node: &str) -> Option<Phase> {
-    let mut sick = false;
-    let mut last = None;
-    for seen in timeline {
-        if let Seen::Health { node: n, phase, .. } = seen
-            && n == node
-        {
-            sick |= *phase != Phase::Healthy;
-            last = Some(*phase);
-        }
-    }
-    last.filter(|p| sick && matches!(p, Phase::Healthy | Phase::Failed))
 }

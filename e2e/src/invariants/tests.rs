@@ -1,3 +1,6 @@
+//! Long because each violation the checker must catch has a test of its
+//! own, each with the hand-made timeline that shows it.
+
 use super::*;
 
 fn health(node: &str, phase: Phase) -> Seen {
@@ -36,6 +39,7 @@ fn hardware(node: &str, gpus: &[(usize, bool, &[&str])]) -> Seen {
             .iter()
             .map(|(i, bad, pods)| SimGpu {
                 uuid: format!("{node}-{i}"),
+                device: format!("gpu-{i}"),
                 bad: *bad,
                 pods: pods.iter().map(|p| (*p).to_owned()).collect(),
             })
@@ -72,6 +76,26 @@ fn fence(node: &str, rule: &str, up: bool) -> Seen {
         node: node.into(),
         rule: rule.into(),
         up,
+        device: None,
+    }
+}
+
+/// gpuhealth's rule `rule` up on `node`, tainting GPU `gpu`'s device.
+fn rule_on(node: &str, rule: &str, gpu: usize) -> Seen {
+    Seen::Fence {
+        node: node.into(),
+        rule: rule.into(),
+        up: true,
+        device: Some(format!("gpu-{gpu}")),
+    }
+}
+
+/// `pod`'s claim allocated GPU `gpu`'s device on `node`.
+fn claimed(pod: &str, node: &str, gpu: usize) -> Seen {
+    Seen::Claimed {
+        pod: pod.into(),
+        node: node.into(),
+        device: format!("gpu-{gpu}"),
     }
 }
 
@@ -486,4 +510,119 @@ fn a_trial_is_judged_on_the_cluster_as_it_stood_when_it_began() {
             }
         ]
     );
+}
+
+#[test]
+fn a_request_while_a_pod_claims_a_gpu_it_covers_is_caught() {
+    // GPU 0 fenced alone, its first holder gone; then the scheduler gives
+    // its device to a newcomer (a claim allocated before the rule, or
+    // while it was gone), still there when the reset is written.
+    let before = vec![
+        hardware("a", &[(0, true, &[]), (1, false, &[])]),
+        rule_on("a", "r0", 0),
+        Seen::PodUp {
+            pod: "ns/newcomer".into(),
+            node: None,
+        },
+        claimed("ns/newcomer", "a", 0),
+        pod_up("ns/newcomer", "a"),
+    ];
+    let mut held = before.clone();
+    held.push(reset("a", 0, "inc-1-reset-1"));
+    assert_eq!(
+        check(&held, &Expectations::default()),
+        [Violation::RequestWhileHeld {
+            node: "a".into(),
+            id: "inc-1-reset-1".into(),
+            pod: "ns/newcomer".into(),
+        }]
+    );
+    // Drained first: no violation, and its eviction is in the drain's
+    // scope (it held the fenced GPU).
+    let mut drained = before.clone();
+    drained.extend([evicted("ns/newcomer"), reset("a", 0, "inc-1-reset-1")]);
+    assert_eq!(check(&drained, &Expectations::default()), []);
+    // A claim on another GPU holds nothing the reset covers.
+    let mut elsewhere = before[..3].to_vec();
+    elsewhere.extend([
+        claimed("ns/newcomer", "a", 1),
+        reset("a", 0, "inc-1-reset-1"),
+    ]);
+    assert_eq!(check(&elsewhere, &Expectations::default()), []);
+}
+
+#[test]
+fn a_newcomer_on_a_gpu_fenced_for_verification_may_be_evicted_one_elsewhere_not() {
+    // GPU 0 reset and healthy again, its rule still up while it is
+    // verified: a pod the scheduler gave it while the rule was gone is
+    // drained in scope; one on GPU 1, never fenced, is not.
+    let timeline = vec![
+        hardware("a", &[(0, false, &[]), (1, false, &[])]),
+        rule_on("a", "r0", 0),
+        pod_up("ns/newcomer", "a"),
+        claimed("ns/newcomer", "a", 0),
+        pod_up("ns/other", "a"),
+        claimed("ns/other", "a", 1),
+        evicted("ns/newcomer"),
+        evicted("ns/other"),
+    ];
+    assert_eq!(
+        check(&timeline, &Expectations::default()),
+        [Violation::EvictedOutsideScope {
+            pod: "ns/other".into(),
+            node: "a".into(),
+        }]
+    );
+}
+
+#[test]
+fn a_pods_claims_go_with_it() {
+    // A pod of the same name made later holds nothing until its own claim
+    // is allocated.
+    let timeline = vec![
+        hardware("a", &[(0, true, &[])]),
+        rule_on("a", "r0", 0),
+        pod_up("ns/web", "a"),
+        claimed("ns/web", "a", 0),
+        Seen::PodGone {
+            pod: "ns/web".into(),
+            never: false,
+            evicted: false,
+        },
+        pod_up("ns/web", "a"),
+        reset("a", 0, "inc-1-reset-1"),
+    ];
+    assert_eq!(check(&timeline, &Expectations::default()), []);
+}
+
+#[test]
+fn a_reset_carried_out_while_a_newcomer_holds_its_gpu_is_caught() {
+    // The request is written with GPU 0 free; while it runs, the scheduler
+    // gives the device to a pod (its rule deleted meanwhile).
+    let before = vec![
+        hardware("a", &[(0, true, &[])]),
+        rule_on("a", "r0", 0),
+        reset("a", 0, "inc-1-reset-1"),
+        fence("a", "r0", false),
+        pod_up("ns/newcomer", "a"),
+        claimed("ns/newcomer", "a", 0),
+        rule_on("a", "r0", 0),
+    ];
+    let executed = Seen::Executed {
+        node: "a".into(),
+        id: "inc-1-reset-1".into(),
+    };
+    let mut kept = before.clone();
+    kept.push(executed.clone());
+    assert_eq!(
+        check(&kept, &Expectations::default()),
+        [Violation::CarriedOutWhileHeld {
+            node: "a".into(),
+            id: "inc-1-reset-1".into(),
+            pod: "ns/newcomer".into(),
+        }]
+    );
+    let mut drained = before;
+    drained.extend([evicted("ns/newcomer"), executed]);
+    assert_eq!(check(&drained, &Expectations::default()), []);
 }
