@@ -12,10 +12,12 @@ if [[ -n "${GPUHEALTH_E2E_KUBECONFIG:-}" ]]; then
 fi
 
 # The first lane: about half of the whole, by the seconds each file took on
-# two cores (remediation 225, install 125, diagnosis 49, agent 44, access
-# 21, gpu_cluster 17, contract 13). Every other file, new ones included,
-# and the library's and binaries' own tests run in the second.
-first=(remediation install diagnosis agent access gpu_cluster contract)
+# two cores (remediation 232, install 138, diagnosis 50, agent 44,
+# newcomers 44, nvml_node 28, contract 22, access 21, gpu_cluster 12; the
+# second lane took 609 s with nvml_node in it, the first 564). Every other
+# file, new ones included, and the library's and binaries' own tests run in
+# the second.
+first=(remediation install diagnosis newcomers agent access gpu_cluster contract nvml_node)
 first_args=() second_args=(--lib --bins) second=()
 for file in e2e/tests/*.rs; do
   name=$(basename "$file" .rs)

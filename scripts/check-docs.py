@@ -10,7 +10,8 @@ Fails, naming file and line, when:
     http or https address: name the thing in words instead);
 (d) README.md or a page under docs/ names, in a code span, a repository
     path that does not exist, or a test (`path/to/file.rs::test_name`)
-    that is not in that file.
+    that is not a test (`#[test]`, `#[tokio::test]`) in that file;
+(e) a row of docs/security.md's table of promises names no test.
 
 "The repository" is what git tracks, and the files git would add (not
 ignored), so that the check runs the same before a commit as after it.
@@ -246,13 +247,48 @@ def check_named_paths(pages, files, folders, problems):
                 body = text_of(source) if source in files else None
                 if body is None:
                     problems.append(f"{path}:{n}: `{span}`: no {source} in the repository")
-                elif not re.search(rf"\bfn\s+{re.escape(name)}\b", body):
+                elif not re.search(
+                    rf"#\[(?:tokio::)?test\b[^\]]*\]\s*(?:#\[[^\]]*\]\s*)*(?:async\s+)?fn\s+{re.escape(name)}\b",
+                    body,
+                ):
                     problems.append(f"{path}:{n}: `{span}`: no test {name} in {source}")
                 continue
             if PATH_SPAN.match(span):
                 named = os.path.normpath(span)
                 if named not in files and named not in folders:
                     problems.append(f"{path}:{n}: `{span}`: no such path in the repository")
+
+
+# (e) The promises docs/security.md makes, each held by a test it names.
+PROMISES_PAGE = "docs/security.md"
+PROMISES_HEADING = "## How each promise is tested"
+
+
+def check_promises(problems):
+    text = text_of(PROMISES_PAGE) or ""
+    lines = text.splitlines()
+    start = next((i for i, l in enumerate(lines) if l.strip() == PROMISES_HEADING), None)
+    if start is None:
+        problems.append(f"{PROMISES_PAGE}: no section {PROMISES_HEADING!r}")
+        return
+    rows = 0
+    for n in range(start + 1, len(lines)):
+        line = lines[n]
+        if line.startswith("## "):
+            break
+        if not line.startswith("|") or set(line) <= set("|- "):
+            continue
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if cells[0] == "Promise":
+            continue
+        rows += 1
+        tests = [s for _, s in code_spans(cells[-1]) if TEST_SPAN.match(s)]
+        if not tests:
+            problems.append(
+                f"{PROMISES_PAGE}:{n + 1}: the promise names no test (`path/to/file.rs::test_name`)"
+            )
+    if rows == 0:
+        problems.append(f"{PROMISES_PAGE}: the table under {PROMISES_HEADING!r} has no promise")
 
 
 def main():
@@ -265,6 +301,7 @@ def main():
     check_links(markdown, file_set, folders, problems)
     check_addresses(pages, problems)
     check_named_paths(pages, file_set, folders, problems)
+    check_promises(problems)
     for p in problems:
         print(p, file=sys.stderr)
     if problems:

@@ -241,6 +241,7 @@ async fn quiet(
             gpus: reports::healthy(fleet::NAMESPACE, &pods).gpus,
             reset: SimOutcome::Succeed,
             reboot: SimOutcome::Succeed,
+            reset_takes: None,
             executed: Vec::new(),
             capabilities: None,
         };

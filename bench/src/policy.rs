@@ -2,7 +2,7 @@
 
 use gpuhealth_api::{
     GpuHealthPolicy, GpuHealthPolicySpec,
-    policy::{ConditionRule, ConditionStatus, Mode},
+    policy::{ConditionRule, ConditionStatus, ConditionWriter, Mode},
     types::SignalAction,
 };
 use gpuhealth_e2e::sim::SIM_GROUP_LABEL;
@@ -51,6 +51,8 @@ pub fn policy(group: &str, max_concurrent: &str) -> GpuHealthPolicy {
         status: ConditionStatus::False,
         for_: gpuhealth_api::Duration::from_secs(0),
         action: SignalAction::GpuReset,
+        // The bench writes the condition as the cluster's administrator.
+        writers: vec![ConditionWriter::group("system:masters")],
     }];
     // Each policy is named after the simulation group it selects.
     GpuHealthPolicy::new(group, spec)

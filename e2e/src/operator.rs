@@ -35,6 +35,14 @@ pub struct Options {
     /// Another release's binary to run instead of this build (the chaos
     /// run's upgrade scenario).
     pub binary: Option<std::path::PathBuf>,
+    /// Check the admission protection (every this often) rather than act
+    /// without it: the harness runs operators as cluster-admin on clusters
+    /// without the install's admission policies, where it would find none.
+    pub admission_check: Option<Duration>,
+    /// The shipped guardrails, with these flags over them; None: no bound
+    /// (the tests' fleets share one cluster, and the bench's policy is
+    /// fleet-wide by design).
+    pub guardrails: Option<Vec<String>>,
 }
 
 /// Starts `gpuhealth-operator` as replica `name` (`make e2e` builds it first).
@@ -67,6 +75,28 @@ pub async fn start_with(name: &str, options: Options) -> Result<Process> {
         }
         if let Some(phase) = &options.crash_after {
             command.env("GPUHEALTH_TEST_CRASH_AFTER", phase);
+        }
+        match options.admission_check {
+            Some(every) => {
+                command.args(["--admission-check-interval", &secs(every)]);
+            }
+            // An environment variable, not the flag: the chaos run's
+            // previous release knows no such flag.
+            None => {
+                command.env("GPUHEALTH_SKIP_ADMISSION_CHECK", "true");
+            }
+        }
+        match &options.guardrails {
+            Some(flags) => {
+                command.args(flags);
+            }
+            // By environment, as above.
+            None => {
+                command
+                    .env("GPUHEALTH_MAX_DISRUPTED_NODES", "100%")
+                    .env("GPUHEALTH_FLEET_WIDE_NODES", "0")
+                    .env("GPUHEALTH_CONDITION_TYPES", "*");
+            }
         }
         if let Some(path) = &options.kubeconfig {
             command.env("KUBECONFIG", path);

@@ -238,6 +238,7 @@ impl Scenario {
                 gpus: reports::healthy(&self.namespace, &pods).gpus,
                 reset: SimOutcome::Succeed,
                 reboot: SimOutcome::Succeed,
+                reset_takes: None,
                 executed: Vec::new(),
                 capabilities: None,
             };
@@ -302,6 +303,17 @@ impl Scenario {
     /// A PodDisruptionBudget over the scenario's vLLM pods, once the
     /// disruption controller has computed what it allows.
     pub async fn add_pdb(&self, name: &str, max_unavailable: i32) -> Result<()> {
+        self.add_pdb_selecting(name, "vllm", max_unavailable).await
+    }
+
+    /// A PodDisruptionBudget over the pods labelled `app: <app>`, once the
+    /// disruption controller has counted it.
+    pub async fn add_pdb_selecting(
+        &self,
+        name: &str,
+        app: &str,
+        max_unavailable: i32,
+    ) -> Result<()> {
         let pdb = PodDisruptionBudget {
             metadata: ObjectMeta {
                 name: Some(name.into()),
@@ -310,7 +322,7 @@ impl Scenario {
             spec: Some(PodDisruptionBudgetSpec {
                 max_unavailable: Some(IntOrString::Int(max_unavailable)),
                 selector: Some(LabelSelector {
-                    match_labels: Some([("app".into(), "vllm".into())].into()),
+                    match_labels: Some([("app".into(), app.into())].into()),
                     ..Default::default()
                 }),
                 ..Default::default()

@@ -3,28 +3,37 @@
 //! patch Nodes (as many controllers may) cannot ask for a reset or reboot,
 //! touch gpuhealth's cordon record, or write a node's report; the operator
 //! can write its keys and not the agent's; break glass only removes, and
-//! says so. And all of it still holds when kustomize moves the install to
-//! another namespace and renames it; gpuhealth's device fences likewise.
+//! says so; a broad role over Nodes passes as none of gpuhealth's
+//! identities; a condition a policy acts on is its writers' alone. And all of it still holds when kustomize moves the install
+//! to another namespace and renames it; gpuhealth's device fences likewise.
 //!
 //! Long because each test applies the shipped install and plays several
 //! identities against it, and they share its helpers.
 
 use std::time::{Duration, Instant};
 
+use gpuhealth_api::{
+    GpuHealthPolicy,
+    policy::{ConditionRule, ConditionStatus, ConditionWriter},
+    types::SignalAction,
+};
 use gpuhealth_e2e::{
     client,
     cluster::client_with_token,
     identities::{account_with, bind, rule, token},
     kubectl, overlay,
-    scenario::WAIT,
+    scenario::{Scenario, WAIT},
     sim::{GpuNodeSpec, gpu_node, node_is_ready, remove_node},
     unique,
     wait::{until, until_set},
 };
-use k8s_openapi::api::{
-    core::v1::{Node, Pod},
-    rbac::v1::ClusterRoleBinding,
-    resource::v1beta2::DeviceTaintRule,
+use k8s_openapi::{
+    api::{
+        core::v1::{Node, Pod},
+        rbac::v1::ClusterRoleBinding,
+        resource::v1beta2::DeviceTaintRule,
+    },
+    apimachinery::pkg::apis::meta::v1::LabelSelector,
 };
 use kube::{
     Api, Client,
@@ -256,6 +265,304 @@ async fn only_the_operator_asks_and_only_an_agent_reports_whoever_may_patch_node
 
     let bindings: Api<ClusterRoleBinding> = Api::all(admin.clone());
     for b in on_call_bindings.iter().chain([&patcher_name]) {
+        let _ = bindings.delete(b, &DeleteParams::default()).await;
+    }
+    remove_node(&admin, &node).await;
+}
+
+/// The identities are not what a broad role grants by accident: one account
+/// holding a node manager's wildcard role (every verb on Nodes, in every
+/// group), every verb on all of gpuhealth.io and every ordinary verb on
+/// everything passes neither as the operator nor as an agent, a notifier
+/// or break glass.
+#[tokio::test]
+async fn broad_roles_pass_as_no_identity_of_gpuhealth() {
+    let admin = client().await.expect("client");
+    let node = unique("broad");
+    ready_node(&admin, &node, &[]).await;
+    for dir in ["namespace", "rbac", "admission"] {
+        apply(dir).await;
+    }
+    let name = unique("node-manager");
+    let ordinary = [
+        "get",
+        "list",
+        "watch",
+        "create",
+        "update",
+        "patch",
+        "delete",
+        "deletecollection",
+    ];
+    let manager = account_with(
+        &admin,
+        "default",
+        &name,
+        vec![
+            rule("*", &["nodes", "nodes/status"], &["*"]),
+            rule("gpuhealth.io", &["*"], &["*"]),
+            rule("*", &["*"], &ordinary),
+        ],
+    )
+    .await
+    .expect("a node manager");
+
+    let e = refused_once_in_force(&manager, &node, "gpuhealth.io/reset-request").await;
+    assert!(e.contains("only the gpuhealth operator may write"), "{e}");
+    let e = patch(
+        &manager,
+        &node,
+        annotate("gpuhealth.io/cordoned-by", Some("{}")),
+    )
+    .await
+    .expect_err("the cordon record");
+    assert!(e.contains("only the gpuhealth operator may write"), "{e}");
+    let e = patch(&manager, &node, annotate("gpuhealth.io/gpus", Some("{}")))
+        .await
+        .expect_err("a report");
+    assert!(e.contains("only a node's gpuhealth agent"), "{e}");
+    let e = patch_status(&manager, &node, gpu_healthy())
+        .await
+        .expect_err("the GpuHealthy condition");
+    assert!(e.contains("may write the GpuHealthy condition"), "{e}");
+    let e = patch(
+        &manager,
+        &node,
+        annotate("gpuhealth.io/maintenance", Some("{}")),
+    )
+    .await
+    .expect_err("a maintenance notice");
+    assert!(e.contains("only a maintenance notifier"), "{e}");
+    let e = patch(
+        &manager,
+        &node,
+        annotate("gpuhealth.io/break-glass", Some("why")),
+    )
+    .await
+    .expect_err("break glass");
+    assert!(e.contains("may write gpuhealth.io/break-glass"), "{e}");
+    let rules: Api<DeviceTaintRule> = Api::all(manager.clone());
+    let e = rules
+        .create(
+            &PostParams::default(),
+            &device_rule(&unique("forged"), &node, true),
+        )
+        .await
+        .expect_err("a fence of gpuhealth's");
+    assert!(
+        e.to_string()
+            .contains("only the gpuhealth operator may write a DeviceTaintRule"),
+        "{e}"
+    );
+    // What the role is for still works.
+    patch(
+        &manager,
+        &node,
+        json!({"metadata": {"labels": {"team": "ml"}}}),
+    )
+    .await
+    .expect("it manages Nodes");
+
+    let bindings: Api<ClusterRoleBinding> = Api::all(admin.clone());
+    let _ = bindings.delete(&name, &DeleteParams::default()).await;
+    remove_node(&admin, &node).await;
+}
+
+/// A condition a policy acts on is written only by the writers it names:
+/// another identity that may patch Nodes' status is refused it (and so
+/// changes nothing), as it is a change or removal of the writer's; a
+/// condition no policy acts on is anyone's to write.
+#[tokio::test]
+async fn a_condition_a_policy_acts_on_is_written_only_by_its_writers() {
+    let admin = client().await.expect("client");
+    gpuhealth_e2e::crds::install(&admin).await.expect("CRDs");
+    let node = unique("trusted");
+    ready_node(&admin, &node, &[]).await;
+    for dir in ["namespace", "rbac", "admission"] {
+        apply(dir).await;
+    }
+    // A type of this test's own: every policy in the cluster is a
+    // parameter of the admission policy.
+    let type_ = format!("E2eXid{}", unique("t").replace('-', ""));
+    let status_writer = vec![rule("", &["nodes", "nodes/status"], &["get", "patch"])];
+    let detector_name = unique("detector");
+    let detector = account_with(&admin, "default", &detector_name, status_writer.clone())
+        .await
+        .expect("the detector");
+    let other_name = unique("status-patcher");
+    let other = account_with(&admin, "default", &other_name, status_writer)
+        .await
+        .expect("another status writer");
+    let policy = unique("trusted");
+    let mut spec = Scenario::quick_spec();
+    spec.node_selector = LabelSelector {
+        match_labels: Some([("e2e.gpuhealth.io/none".to_owned(), policy.clone())].into()),
+        ..Default::default()
+    };
+    spec.detection.node_conditions = vec![ConditionRule {
+        type_: type_.clone(),
+        status: ConditionStatus::True,
+        for_: gpuhealth_api::Duration::from_secs(0),
+        action: SignalAction::GpuReset,
+        writers: vec![ConditionWriter::service_account("default", &detector_name)],
+    }];
+    let policies: Api<GpuHealthPolicy> = Api::all(admin.clone());
+    policies
+        .create(&PostParams::default(), &GpuHealthPolicy::new(&policy, spec))
+        .await
+        .expect("a policy acting on the condition");
+    let condition = |status: &str, message: &str| {
+        json!({"status": {"conditions": [{
+            "type": type_, "status": status, "reason": "XidSeen", "message": message,
+            "lastHeartbeatTime": "2026-12-04T00:00:00Z", "lastTransitionTime": "2026-12-04T00:00:00Z",
+        }]}})
+    };
+
+    // In force once the API server has the policy as a parameter. Each try
+    // writes something new: a write that changes nothing is let through.
+    let deadline = Instant::now() + WAIT;
+    let e = loop {
+        let forged = format!("forged at {:?}", Instant::now());
+        match patch_status(&other, &node, condition("True", &forged)).await {
+            Err(e) => break e,
+            Ok(()) => {
+                assert!(
+                    Instant::now() < deadline,
+                    "the admission policy never took effect"
+                );
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+        }
+    };
+    assert!(
+        e.contains(&format!(
+            "only the writers GpuHealthPolicy {policy} names may write the {type_} condition"
+        )),
+        "{e}"
+    );
+    patch_status(
+        &detector,
+        &node,
+        condition("True", "Xid 79 in the kernel log"),
+    )
+    .await
+    .expect("its detector writes it");
+    let e = patch_status(&other, &node, condition("False", "cleared by someone else"))
+        .await
+        .expect_err("another identity changing it");
+    assert!(e.contains("only the writers"), "{e}");
+    let written = Api::<Node>::all(admin.clone())
+        .get(&node)
+        .await
+        .expect("node");
+    let kept = written
+        .status
+        .and_then(|s| s.conditions)
+        .unwrap_or_default()
+        .into_iter()
+        .find(|c| c.type_ == type_)
+        .expect("the condition");
+    assert_eq!(
+        (kept.status.as_str(), kept.message.as_deref()),
+        ("True", Some("Xid 79 in the kernel log"))
+    );
+    // A condition no policy acts on is anyone's.
+    patch_status(
+        &other,
+        &node,
+        json!({"status": {"conditions": [{"type": "E2eUnwatched", "status": "True",
+            "lastHeartbeatTime": "2026-12-04T00:00:00Z", "lastTransitionTime": "2026-12-04T00:00:00Z"}]}}),
+    )
+    .await
+    .expect("a condition no policy acts on");
+
+    let _ = policies.delete(&policy, &DeleteParams::default()).await;
+    let bindings: Api<ClusterRoleBinding> = Api::all(admin.clone());
+    for b in [&detector_name, &other_name] {
+        let _ = bindings.delete(b, &DeleteParams::default()).await;
+    }
+    remove_node(&admin, &node).await;
+}
+
+/// The maintenance notice drains a whole node: an identity that may patch
+/// Nodes, and the operator itself, are refused it; the shipped notifier
+/// role, once someone binds it, writes and removes it.
+#[tokio::test]
+async fn only_a_bound_notifier_writes_a_maintenance_notice() {
+    let admin = client().await.expect("client");
+    let node = unique("notice");
+    ready_node(&admin, &node, &[]).await;
+    for dir in ["namespace", "rbac", "admission"] {
+        apply(dir).await;
+    }
+    let notice_key = "gpuhealth.io/maintenance";
+    let patcher_name = unique("node-patcher");
+    let patcher = account_with(
+        &admin,
+        "default",
+        &patcher_name,
+        vec![rule("", &["nodes"], &["get", "patch"])],
+    )
+    .await
+    .expect("a node patcher");
+    let e = refused_once_in_force(&patcher, &node, notice_key).await;
+    assert!(e.contains("only a maintenance notifier"), "{e}");
+    let operator = account_client(&admin, "gpuhealth-system", "gpuhealth-operator").await;
+    let notice = json!({"deadline": "2026-12-05T08:00:00Z", "source": "cloud-provider",
+        "reason": "hardware maintenance"})
+    .to_string();
+    let e = patch(&operator, &node, annotate(notice_key, Some(&notice)))
+        .await
+        .expect_err("the operator writing a notice");
+    assert!(e.contains("only a maintenance notifier"), "{e}");
+    let current = Api::<Node>::all(admin.clone())
+        .get(&node)
+        .await
+        .expect("node");
+    assert_ne!(
+        current
+            .metadata
+            .annotations
+            .unwrap_or_default()
+            .get(notice_key),
+        Some(&notice),
+        "the operator's notice did not land"
+    );
+
+    // The shipped role, bound to a provider's notifier.
+    let notifier_name = unique("notifier");
+    let notifier = account_with(&admin, "default", &notifier_name, vec![])
+        .await
+        .expect("a notifier identity");
+    let binding = format!("{notifier_name}-notifier");
+    bind(
+        &admin,
+        "default",
+        &notifier_name,
+        "gpuhealth-maintenance-notifier",
+        &binding,
+    )
+    .await
+    .expect("the notifier role bound");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while let Err(e) = patch(&notifier, &node, annotate(notice_key, Some(&notice))).await {
+        assert!(Instant::now() < deadline, "the notifier refused: {e}");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    patch(&notifier, &node, annotate(notice_key, None))
+        .await
+        .expect("the notifier withdraws its notice");
+    let e = patch(
+        &notifier,
+        &node,
+        annotate("gpuhealth.io/reset-request", Some("{}")),
+    )
+    .await
+    .expect_err("the notifier writing a request");
+    assert!(e.contains("only the gpuhealth operator"), "{e}");
+
+    let bindings: Api<ClusterRoleBinding> = Api::all(admin.clone());
+    for b in [&patcher_name, &notifier_name, &binding] {
         let _ = bindings.delete(b, &DeleteParams::default()).await;
     }
     remove_node(&admin, &node).await;

@@ -82,6 +82,7 @@ fn healthy() -> SimHardware {
         gpus: reports::healthy("serving", &[]).gpus,
         reset: SimOutcome::Succeed,
         reboot: SimOutcome::Succeed,
+        reset_takes: None,
         executed: Vec::new(),
         capabilities: None,
     }

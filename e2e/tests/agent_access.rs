@@ -1,7 +1,8 @@
 //! What the agent's ServiceAccount may do, with a real token bound to the
 //! agent's pod on one node: `config/agent/container-toolkit` (the default)
 //! applied to the real API server,
-//! its RBAC and its ValidatingAdmissionPolicy in force.
+//! its RBAC and its ValidatingAdmissionPolicies in force. Its Events are
+//! about its own Node only.
 
 use std::time::Duration;
 
@@ -17,6 +18,7 @@ use gpuhealth_e2e::{
 use k8s_openapi::api::{
     apps::v1::{DaemonSet, Deployment},
     core::v1::{Node, Pod, Secret},
+    events::v1 as events,
 };
 use kube::{
     Api, ResourceExt,
@@ -143,11 +145,18 @@ async fn the_agent_may_change_only_its_own_nodes_report() {
     patch(&as_agent, &own, deploy("true"))
         .await
         .expect("restoring the device plugin");
+    // The driver's own deploy label is no operand the agent pauses: off,
+    // it would unload the driver under every GPU of the node.
+    let driver = |v: &str| json!({"metadata": {"labels": {"nvidia.com/gpu.deploy.driver": v}}});
+    patch(&nodes, &own, driver("true"))
+        .await
+        .expect("the GPU Operator's driver label");
     for (what, body) in [
+        ("pausing the driver", driver("paused-for-gpuhealth-reset")),
         ("switching an operand off", deploy("false")),
         (
             "adding an operand",
-            json!({"metadata": {"labels": {"nvidia.com/gpu.deploy.driver": "paused-for-gpuhealth-reset"}}}),
+            json!({"metadata": {"labels": {"nvidia.com/gpu.deploy.sandbox-validator": "paused-for-gpuhealth-reset"}}}),
         ),
     ] {
         let e = patch(&as_agent, &own, body).await.expect_err(what);
@@ -214,6 +223,13 @@ async fn the_agent_may_change_only_its_own_nodes_report() {
         .await
         .expect_err("the capacity");
     assert!(e.contains("addresses, endpoints"), "{e}");
+    // The features the kubelet declares, which the scheduler matches pods
+    // against (a field the policy's first list of status fields missed).
+    let declared = json!({"status": {"declaredFeatures": ["NodeSwap"]}});
+    let e = patch_status(&as_agent, &own, declared)
+        .await
+        .expect_err("the declared features");
+    assert!(e.contains("addresses, endpoints"), "{e}");
 
     // And by RBAC, what it was never given.
     let forbidden = |r: kube::Result<()>| matches!(r, Err(kube::Error::Api(s)) if s.code == 403);
@@ -236,6 +252,34 @@ async fn the_agent_may_change_only_its_own_nodes_report() {
         forbidden(deployments.list(&ListParams::default()).await.map(|_| ())),
         "list Deployments"
     );
+    // Events about its own Node, and about nothing else.
+    let event = |kind: &str, name: &str| -> events::Event {
+        serde_json::from_value(json!({
+            "metadata": {"name": unique("agent-event"), "namespace": "default"},
+            "eventTime": "2026-12-04T00:00:00.000000Z",
+            "type": "Warning", "reason": "RequestRefused", "action": "CarryOutRequest",
+            "reportingController": "gpuhealth.io/agent", "reportingInstance": own,
+            "regarding": {"kind": kind, "apiVersion": "v1", "name": name},
+            "note": "from the agent's token",
+        }))
+        .expect("an Event")
+    };
+    let events_api = Api::<events::Event>::namespaced(agent.clone(), "default");
+    events_api
+        .create(&PostParams::default(), &event("Node", &own))
+        .await
+        .expect("an Event about its own Node");
+    for (kind, name) in [("Node", other.as_str()), ("Pod", "vllm-0")] {
+        let e = events_api
+            .create(&PostParams::default(), &event(kind, name))
+            .await
+            .expect_err("an Event about something else");
+        assert!(
+            e.to_string()
+                .contains("may publish Events only about the Node it runs on"),
+            "{kind} {name}: {e}"
+        );
+    }
     let evict: Api<Pod> = Api::namespaced(agent, NAMESPACE);
     assert!(
         forbidden(

@@ -261,6 +261,27 @@ fn invalid_policies() -> Vec<(&'static str, Value, &'static str)> {
             "verification.validationPod.template.spec.automountServiceAccountToken",
         ),
         (
+            "validation pod with a projected token",
+            with(
+                json!({"verification": {"validationPod": {"template": {"spec": {"volumes": [{"name": "t", "projected": {"sources": [{"serviceAccountToken": {"path": "token"}}]}}], "containers": [{"name": "c"}]}}}}}),
+            ),
+            "verification.validationPod.template.spec.volumes[0].projected.sources[0].serviceAccountToken",
+        ),
+        (
+            "validation pod under the NVIDIA runtime",
+            with(
+                json!({"verification": {"validationPod": {"template": {"spec": {"runtimeClassName": "nvidia", "containers": [{"name": "c"}]}}}}}),
+            ),
+            "verification.validationPod.template.spec.runtimeClassName",
+        ),
+        (
+            "validation pod asking for every GPU",
+            with(
+                json!({"verification": {"validationPod": {"template": {"spec": {"containers": [{"name": "c", "env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]}]}}}}}),
+            ),
+            "verification.validationPod.template.spec.containers[0].env[0].name",
+        ),
+        (
             "validation pod mounting the host",
             with(
                 json!({"verification": {"validationPod": {"template": {"spec": {"volumes": [{"name": "root", "hostPath": {"path": "/"}}], "containers": [{"name": "c"}]}}}}}),
@@ -318,6 +339,21 @@ fn invalid_policies() -> Vec<(&'static str, Value, &'static str)> {
             "no unhealthy states",
             with(json!({"detection": {"gpuReport": {"unhealthyStates": []}}})),
             "detection.gpuReport.unhealthyStates",
+        ),
+        (
+            "a condition rule naming no writer",
+            with(
+                json!({"detection": {"nodeConditions": [{"type": "SysLogsXIDError", "status": "True"}]}}),
+            ),
+            "detection.nodeConditions[].writers must name who may write the condition",
+        ),
+        (
+            "a writer both user and group",
+            with(
+                json!({"detection": {"nodeConditions": [{"type": "SysLogsXIDError", "status": "True",
+                "writers": [{"user": "system:serviceaccount:npd:npd", "group": "system:nodes"}]}]}}),
+            ),
+            "a writer is exactly one of user and group",
         ),
         (
             "malformed condition type",

@@ -72,8 +72,8 @@ fn plain_pod(namespace: &str, group: &str) -> Pod {
 #[tokio::test]
 async fn a_gated_pod_leaves_traffic_while_its_gpu_is_bad_and_returns_after_recovery() {
     let mut spec = Scenario::quick_spec();
-    // Both pods on the bad GPUs stay through the reset (as a pod that
-    // survives one would), so the gate is seen coming back.
+    // Both pods on the bad GPUs are excluded from the drain: never
+    // evicted, they hold the reset back while they hold the GPUs.
     spec.drain.exclude_pod_selector = Some(LabelSelector {
         match_expressions: Some(vec![LabelSelectorRequirement {
             key: "app".into(),
@@ -142,7 +142,27 @@ async fn a_gated_pod_leaves_traffic_while_its_gpu_is_bad_and_returns_after_recov
         "a pod on a healthy GPU keeps serving"
     );
 
-    // The reset of GPUs 0 and 7, verification, uncordon: the gate comes back.
+    // The reset waits on them, and says so.
+    s.wait_status(&node, "the reset held back by the excluded pods", |st| {
+        st.phase == Phase::Draining
+            && st
+                .message
+                .as_deref()
+                .is_some_and(|m| m.contains("excludePodSelector"))
+    })
+    .await
+    .expect("held back");
+    // Both pods let go of their GPUs (the report names them on none), as
+    // pods whose processes exit would: no pod holds a GPU the reset acts
+    // on, and it runs without evicting them. The reset of GPUs 0 and 7,
+    // verification, uncordon: the gate comes back.
+    let mut report = reports::healthy(&s.namespace, &holders);
+    reports::xid_119_and_154(&mut report, 0);
+    reports::xid_119_and_154(&mut report, 7);
+    for gpu in [0, 7] {
+        report.gpus[gpu].pods.clear();
+    }
+    s.write_report(&node, report).await.expect("report");
     let status = s.wait_recovered(&node).await.expect("recovered");
     assert!(
         status

@@ -3,9 +3,14 @@
 //! and KWOK runs them; the agent DaemonSet's pod lands on the GPU node); the
 //! operator binary, run as a process with its ServiceAccount's own token,
 //! takes a node through the incident with everything it needs allowed (its
-//! log has no refusal in it) and what it must never do refused; then
-//! `kubectl delete -k config/default` leaves nothing of it behind.
+//! log has no refusal in it) and what it must never do refused; it checks
+//! its admission protection, and enforces nothing while a binding is
+//! missing; then `kubectl delete -k config/default` leaves nothing of it
+//! behind.
 
+use std::time::Duration;
+
+use gpuhealth_api::{GpuHealthPolicy, node_health::Phase, vocabulary::Reason};
 use gpuhealth_e2e::{
     client,
     cluster::{client_with_token, kubeconfig_with_token},
@@ -21,7 +26,7 @@ use k8s_openapi::api::{
     coordination::v1::Lease,
     core::v1::{Namespace, Node, Pod, PodTemplateSpec, Secret, ServiceAccount},
 };
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, ObjectMeta};
 use kube::{
     Api, Client, ResourceExt,
     api::{DeleteParams, ListParams, Patch, PatchParams, PostParams},
@@ -33,6 +38,32 @@ const NAMESPACE: &str = "gpuhealth-system";
 const ACCOUNT: &str = "gpuhealth-operator";
 
 const DEFAULT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../config/default");
+const ADMISSION: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../config/admission");
+
+/// How often the operator checks its admission protection here.
+const PROTECTION_CHECKED_EVERY: Duration = Duration::from_secs(2);
+
+/// Waits until `policy`'s `Ready` condition has `reason`, and returns it.
+async fn policy_ready(admin: &Client, policy: &str, reason: &str) -> Condition {
+    let found = wait::until(
+        Api::<GpuHealthPolicy>::all(admin.clone()),
+        policy,
+        WAIT,
+        |p| ready_of(p).is_some_and(|c| c.reason == reason),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("policy {policy} Ready with reason {reason}: {e}"));
+    ready_of(&found).cloned().expect("Ready")
+}
+
+fn ready_of(policy: &GpuHealthPolicy) -> Option<&Condition> {
+    policy
+        .status
+        .as_ref()?
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Ready")
+}
 
 /// The operator's pods meet the `restricted` Pod Security Standard: its
 /// template is admitted (a server-side dry run) in a namespace that enforces
@@ -112,9 +143,10 @@ fn refused<T: std::fmt::Debug>(what: &str, result: Result<T, kube::Error>) {
 #[tokio::test]
 async fn install_run_the_incident_on_the_operators_own_rights_and_uninstall() {
     let admin = client().await.expect("client");
-    let mut s = Scenario::new("install", 1, Scenario::quick_spec())
-        .await
-        .expect("scenario");
+    // A second incident follows the first below: no cooldown between them.
+    let mut spec = Scenario::quick_spec();
+    spec.remediation_limits.cooldown = gpuhealth_api::Duration::from_secs(0);
+    let mut s = Scenario::new("install", 1, spec).await.expect("scenario");
     let node = s.nodes[0].clone();
     // Where the operator's pods may go: they never run on GPU nodes.
     let nodes: Api<Node> = Api::all(admin.clone());
@@ -194,6 +226,9 @@ async fn install_run_the_incident_on_the_operators_own_rights_and_uninstall() {
         Options {
             kubeconfig: Some(kubeconfig),
             namespace: Some(NAMESPACE.into()),
+            admission_check: Some(PROTECTION_CHECKED_EVERY),
+            // The install's defaults.
+            guardrails: Some(Vec::new()),
             ..Default::default()
         },
     )
@@ -201,6 +236,7 @@ async fn install_run_the_incident_on_the_operators_own_rights_and_uninstall() {
     .expect("operator");
     s.operator = Some(operator);
     s.wait_taken_in().await.expect("taken in");
+    policy_ready(&admin, &s.policy, "Managing").await;
 
     // The incident, end to end: watch, cordon, evict behind a PDB, request,
     // verify, uncordon, Events, statuses, the Lease, the workload check.
@@ -209,6 +245,44 @@ async fn install_run_the_incident_on_the_operators_own_rights_and_uninstall() {
         .await
         .expect("recovered as the ServiceAccount");
     s.wait_workloads_judged(&node).await.expect("judged");
+
+    // Protection checked, not assumed: with the agent keys' binding gone,
+    // anyone who may patch Nodes could forge a report. The policy says so
+    // within the check's interval, and a report of a bad GPU changes
+    // nothing; bound again, the incident goes ahead.
+    kubectl(&[
+        "delete",
+        "validatingadmissionpolicybinding",
+        "gpuhealth-agent-keys",
+    ])
+    .await
+    .expect("the binding deleted");
+    let ready = policy_ready(&admin, &s.policy, Reason::Unprotected.as_str()).await;
+    assert!(ready.message.contains("agent-keys"), "{}", ready.message);
+    s.break_gpu(&node, 7).await.expect("break");
+    let held = s
+        .wait_status(&node, "held: nothing enforced", |st| {
+            st.reason == Some(Reason::Unprotected)
+        })
+        .await
+        .expect("held");
+    assert_eq!(held.phase, Phase::Suspect, "{held:?}");
+    assert_ne!(
+        s.node(&node)
+            .await
+            .expect("node")
+            .spec
+            .and_then(|s| s.unschedulable),
+        Some(true),
+        "never cordoned while unprotected"
+    );
+    kubectl(&["apply", "--server-side", "-k", ADMISSION])
+        .await
+        .expect("the binding back");
+    policy_ready(&admin, &s.policy, "Managing").await;
+    s.wait_recovered(&node)
+        .await
+        .expect("the incident, once protected again");
     let log = s
         .operator
         .as_ref()

@@ -324,3 +324,69 @@ async fn the_default_install_holds_the_policies_and_a_restricted_place_for_valid
         "{args}"
     );
 }
+
+/// The agent's admission policy, as shipped.
+fn agent_policy() -> String {
+    let path = format!(
+        "{}/../config/agent/base/admission-policy.yaml",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"))
+}
+
+/// The policy keeps every field of a Node's status but its conditions as it
+/// was. CEL cannot compare a typed status less one field, so the policy
+/// names each: a field the API's NodeStatus gains (a new Kubernetes minor)
+/// fails this test until the policy names it too. The literal below names
+/// every field with no `..`, so that such a field fails its build first.
+#[test]
+fn the_agent_policy_keeps_every_status_field_but_its_condition() {
+    use k8s_openapi::api::core::v1::NodeStatus;
+    let every = NodeStatus {
+        addresses: Some(Vec::new()),
+        allocatable: Some(Default::default()),
+        capacity: Some(Default::default()),
+        conditions: Some(Vec::new()),
+        config: Some(Default::default()),
+        daemon_endpoints: Some(Default::default()),
+        declared_features: Some(Vec::new()),
+        features: Some(Default::default()),
+        images: Some(Vec::new()),
+        node_info: Some(Default::default()),
+        phase: Some(String::new()),
+        runtime_handlers: Some(Vec::new()),
+        volumes_attached: Some(Vec::new()),
+        volumes_in_use: Some(Vec::new()),
+    };
+    let fields = serde_json::to_value(&every).expect("JSON");
+    let policy = agent_policy();
+    let missing: Vec<&String> = fields
+        .as_object()
+        .expect("an object")
+        .keys()
+        .filter(|f| *f != "conditions")
+        .filter(|f| !policy.contains(&format!("object.status.{f} == oldObject.status.{f}")))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "the agent's policy lets it change status fields {missing:?}"
+    );
+}
+
+/// The labels the agent may flip are exactly those it pauses by default:
+/// never the driver's.
+#[test]
+fn the_agent_may_flip_only_the_operand_labels_it_pauses() {
+    let policy = agent_policy();
+    let start = policy
+        .find("- name: operands")
+        .expect("an operands variable");
+    let listed = &policy[start..];
+    let listed = &listed[listed.find('[').expect("[")..=listed.find(']').expect("]")];
+    let labels: Vec<&str> = listed
+        .split('\'')
+        .filter(|s| s.starts_with("nvidia.com/"))
+        .collect();
+    assert_eq!(labels, gpuhealth_agent::operands::DEFAULT_OPERANDS);
+    assert!(!labels.iter().any(|l| l.ends_with(".driver")));
+}

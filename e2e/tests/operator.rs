@@ -1,6 +1,10 @@
 //! The operator process itself on the real API server: crashes at the worst
-//! moments, two replicas behind one Lease, overlapping policies, and
-//! policies it cannot honour as written.
+//! moments, two replicas behind one Lease, overlapping policies, policies
+//! it cannot honour as written, and the cluster's guardrails over them.
+//!
+//! Long because each test is one story of the operator process, and they
+//! share the helpers that read its Lease, its policy's conditions and its
+//! Events.
 
 use std::time::{Duration, Instant};
 
@@ -8,10 +12,11 @@ use gpuhealth_api::{
     GpuHealthPolicy, RecoveryAction,
     contract::{AnnotationValue, ResetRequest},
     node_health::Phase,
-    policy::{MaintenanceWindow, SignalSource},
-    vocabulary::{Attempt, AttemptOutcome},
+    policy::{DrainScope, MaintenanceWindow, SignalSource},
+    vocabulary::{Attempt, AttemptOutcome, Reason},
 };
 use gpuhealth_e2e::{
+    agent::Answer,
     cluster::{self, kubeconfig_with_token},
     identities,
     operator::{self, LEASE_DURATION, Options, RETRY_PERIOD},
@@ -22,10 +27,10 @@ use gpuhealth_e2e::{
 };
 use k8s_openapi::api::{
     coordination::v1::Lease,
-    core::v1::Event,
+    core::v1::{Event, Namespace, Node, Pod},
     rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule},
 };
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use k8s_openapi::apimachinery::pkg::{apis::meta::v1::Condition, util::intstr::IntOrString};
 use kube::{
     Api,
     api::{ListParams, Patch, PatchParams, PostParams},
@@ -476,6 +481,143 @@ async fn a_policy_with_an_unknown_time_zone_says_it_cannot_be_honoured() {
     let (type_, message, seen) = &warnings[0];
     assert_eq!((type_.as_str(), *seen), ("Warning", 1), "{warnings:?}");
     assert!(message.starts_with(field), "{message}");
+}
+
+/// The cluster's guardrails bound a policy whatever it says. Selecting more
+/// nodes than the fleet-wide bound, it enforces nothing until it says
+/// acknowledgeFleetWide; then no more nodes are disrupted at once than the
+/// cluster allows across policies, though the policy's own maxConcurrent
+/// would allow all; an all-pods drain leaves a namespace the cluster never
+/// drains; and a condition type the cluster does not allow is named.
+#[tokio::test]
+async fn the_clusters_guardrails_bound_every_policy() {
+    let mut spec = Scenario::quick_spec();
+    spec.drain.scope = DrainScope::AllPods;
+    spec.max_concurrent = IntOrString::String("100%".into());
+    spec.max_unhealthy = IntOrString::String("100%".into());
+    let mut s = Scenario::new("guardrails", 3, spec)
+        .await
+        .expect("scenario");
+    let (first, second) = (s.nodes[0].clone(), s.nodes[1].clone());
+    let infra = format!("{}-infra", s.group);
+    Api::<Namespace>::all(s.client.clone())
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": infra}})).expect("namespace"),
+        )
+        .await
+        .expect("a namespace the cluster never drains");
+    let pods: Api<Pod> = Api::namespaced(s.client.clone(), &infra);
+    pods.create(
+        &PostParams::default(),
+        &serde_json::from_value(json!({
+            "metadata": {"name": "node-exporter"},
+            "spec": {"nodeName": first, "containers": [{"name": "c", "image": "exporter"}],
+                     "tolerations": [{"operator": "Exists"}]},
+        }))
+        .expect("pod"),
+    )
+    .await
+    .expect("a pod of the infra namespace on the first node");
+    // The bound across policies counts every node of the cluster: the
+    // nodes earlier tests of this file left (some mid-incident, their
+    // operators gone) are removed, so that this test's are the fleet.
+    let nodes: Api<Node> = Api::all(s.client.clone());
+    for n in nodes
+        .list(&ListParams::default())
+        .await
+        .expect("nodes")
+        .items
+    {
+        let name = n.metadata.name.unwrap_or_default();
+        if !s.nodes.contains(&name) {
+            let _ = nodes.delete(&name, &Default::default()).await;
+        }
+    }
+    s.operator_options.guardrails = Some(vec![
+        "--fleet-wide-nodes=2".into(),
+        "--max-disrupted-nodes=1".into(),
+        format!("--never-drain-namespaces={infra}"),
+    ]);
+    // The first reset waits until the second node has been seen waiting.
+    *s.agent.reset.lock().expect("answer") = Answer::Hold;
+    s.start().await.expect("start");
+
+    // Three nodes, more than two: nothing is enforced.
+    let past = ready_is(&s, "False", Reason::PastGuardrail.as_str()).await;
+    assert!(
+        past.message.contains("spec.acknowledgeFleetWide")
+            && past.message.contains("selects 3 nodes"),
+        "{}",
+        past.message
+    );
+    s.break_gpu(&first, 7).await.expect("break");
+    let held = s
+        .wait_status(&first, "held past the guardrail", |st| {
+            st.reason == Some(Reason::PastGuardrail)
+        })
+        .await
+        .expect("held");
+    assert_eq!(held.phase, Phase::Suspect);
+    assert!(!is_cordoned(&s.node(&first).await.expect("node")));
+
+    // Said: enforced, but one node disrupted at a time across policies.
+    let policies: Api<GpuHealthPolicy> = Api::all(s.client.clone());
+    policies
+        .patch(
+            &s.policy,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"acknowledgeFleetWide": true}})),
+        )
+        .await
+        .expect("acknowledged");
+    ready_is(&s, "True", "Managing").await;
+    s.wait_status(&first, "the first node's reset asked for", |st| {
+        st.phase == Phase::Remediating
+    })
+    .await
+    .expect("acted on");
+    s.break_gpu(&second, 3).await.expect("break the second");
+    let waiting = s
+        .wait_status(&second, "the second waits for the cluster's bound", |st| {
+            st.reason == Some(Reason::WaitingForBudget)
+        })
+        .await
+        .expect("waiting");
+    let message = waiting.message.unwrap_or_default();
+    assert!(message.contains("--max-disrupted-nodes"), "{message}");
+    s.agent
+        .release(&s.client, &first)
+        .await
+        .expect("the first reset goes ahead");
+    s.wait_recovered(&first).await.expect("the first recovered");
+    s.wait_recovered(&second).await.expect("then the second");
+    // The all-pods drain left the infra namespace's pod where it was.
+    let kept = pods.get("node-exporter").await.expect("still there");
+    assert!(kept.metadata.deletion_timestamp.is_none(), "never evicted");
+
+    // A condition type the cluster does not allow (none, by default).
+    policies
+        .patch(
+            &s.policy,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"detection": {"nodeConditions": [{
+                "type": "E2eDetectorSaysBad", "status": "True",
+                "writers": [{"group": "system:masters"}]}]}}})),
+        )
+        .await
+        .expect("a condition rule");
+    let past = ready_is(&s, "False", Reason::PastGuardrail.as_str()).await;
+    assert!(
+        past.message
+            .contains("spec.detection.nodeConditions[0].type")
+            && past.message.contains("E2eDetectorSaysBad"),
+        "{}",
+        past.message
+    );
+    let _ = Api::<Namespace>::all(s.client.clone())
+        .delete(&infra, &Default::default())
+        .await;
 }
 
 /// Every rule the shipped RBAC (config/rbac/operator.yaml) gives the

@@ -2,7 +2,8 @@
 //! simulated DRA driver publishes in ResourceSlices, pods whose
 //! ResourceClaims the real scheduler allocates, the operator binary and the
 //! fake agent. One broken GPU costs one GPU: the node keeps taking work,
-//! and the scheduler itself keeps new claims off the fenced device.
+//! and the scheduler itself keeps new claims off the fenced device. A Node
+//! deleted mid-reset leaves its incident Failed, its fence down.
 //!
 //! Long because each test is one whole story of a fence, short on its own,
 //! and they share the helpers that read claims and rules.
@@ -17,7 +18,7 @@ use gpuhealth_api::{
     GpuHealth, RecoveryAction,
     node_health::Phase,
     quarantine::{DEVICE_TAINT_KEY, Fenced, GpuFence, RULE_NODE_LABEL},
-    vocabulary::{IncidentOutcome, QuarantineWhy, Reason},
+    vocabulary::{FindingKind, IncidentOutcome, QuarantineWhy, Reason},
 };
 use gpuhealth_e2e::{
     agent::Answer,
@@ -555,12 +556,8 @@ async fn a_pod_given_the_fenced_gpu_while_its_rule_was_gone_is_drained() {
     // a gap the scheduler hits only by luck: here the operator is held
     // (SIGSTOP, as a slow or cut-off one would be) while a pod that can
     // only have GPU 7 arrives and the scheduler allocates it the device.
-    let pid = s
-        .operator
-        .as_ref()
-        .and_then(|o| o.pid())
-        .expect("the operator runs");
-    signal("STOP", pid).await;
+    let operator = s.operator.as_ref().expect("the operator runs");
+    operator.stall().await.expect("the operator stalled");
     let rules: Api<DeviceTaintRule> = Api::all(s.client.clone());
     let by_node = ListParams::default().labels(&format!("{RULE_NODE_LABEL}={node}"));
     let _ = rules
@@ -571,7 +568,7 @@ async fn a_pod_given_the_fenced_gpu_while_its_rule_was_gone_is_drained() {
         .await
         .expect("a pod wanting GPU 7");
     let given = device_of(&s, "newcomer").await;
-    signal("CONT", pid).await;
+    operator.resume().await.expect("the operator going on");
     assert_eq!(given, "gpu-7");
     // Drained while the reset is still held: no pod on GPU 7 when it runs.
     until_set(
@@ -595,11 +592,103 @@ async fn a_pod_given_the_fenced_gpu_while_its_rule_was_gone_is_drained() {
     fence_gone(&s, &node).await;
 }
 
-async fn signal(which: &str, pid: u32) {
-    let status = tokio::process::Command::new("kill")
-        .args([&format!("-{which}"), &pid.to_string()])
-        .status()
+/// Deleting a Node takes its requests with it. With a reset in flight the
+/// incident is not silently done: its record stays `Failed` with reason
+/// `NodeDeleted` and a finding, the attempt abandoned, and gpuhealth's
+/// fence on the gone GPU comes down. A node with nothing under way just
+/// goes, record and all.
+#[tokio::test]
+async fn a_node_deleted_mid_reset_leaves_its_incident_failed_and_said() {
+    let mut s = Scenario::new_dra("dra-deleted", 2, Scenario::quick_spec())
         .await
-        .expect("kill");
-    assert!(status.success(), "kill -{which} {pid}");
+        .expect("scenario");
+    let (node, quiet) = (s.nodes[0].clone(), s.nodes[1].clone());
+    hold(&s.agent.reset);
+    s.start().await.expect("operator and agent");
+    let mut report = reports::healthy(&s.namespace, &[]);
+    reports::xid_119_and_154(&mut report, 7);
+    s.write_report(&node, report).await.expect("report");
+    let status = s
+        .wait_status(&node, "GPU 7 fenced and its reset asked for", |st| {
+            st.phase == Phase::Remediating
+                && st.action.as_ref().is_some_and(|a| a.requested_at.is_some())
+        })
+        .await
+        .expect("reset requested");
+    let attempt = status.action.expect("the attempt");
+    assert_eq!(rules_of(&s.client, &node).await.len(), 1);
+    s.wait_status(&quiet, "the quiet node recorded", |st| {
+        st.phase == Phase::Healthy
+    })
+    .await
+    .expect("a record for the quiet node");
+
+    let nodes: Api<Node> = Api::all(s.client.clone());
+    for n in [&node, &quiet] {
+        nodes
+            .delete(n, &Default::default())
+            .await
+            .expect("the Node deleted");
+    }
+
+    let failed = s
+        .wait_status(&node, "Failed with its node", |st| {
+            st.phase == Phase::Failed && st.reason == Some(Reason::NodeDeleted)
+        })
+        .await
+        .expect("the incident fails with its node");
+    let finding = failed
+        .findings
+        .iter()
+        .find(|f| f.type_ == FindingKind::NodeDeleted)
+        .expect("a NodeDeleted finding");
+    assert!(
+        finding.message.contains(attempt.id.as_str()) && finding.message.contains("abandoned"),
+        "{}",
+        finding.message
+    );
+    assert_eq!(
+        failed.history[0].outcome,
+        Some(IncidentOutcome::Failed),
+        "{:?}",
+        failed.history[0]
+    );
+    s.wait_event_saying(
+        &node,
+        FindingKind::NodeDeleted.as_str(),
+        attempt.id.as_str(),
+    )
+    .await
+    .expect("said in an Event about the Node");
+    until_set(
+        Api::<DeviceTaintRule>::all(s.client.clone()),
+        watcher::Config::default().labels(&format!("{RULE_NODE_LABEL}={node}")),
+        "the gone GPU's fence down",
+        WAIT,
+        |set| set.is_empty(),
+    )
+    .await
+    .expect("no fence left for a Node of the name registered later");
+    s.wait_status(&node, "the fence forgotten", |st| st.quarantine.is_none())
+        .await
+        .expect("forgotten");
+
+    until_set(
+        Api::<gpuhealth_api::GpuNodeHealth>::all(s.client.clone()),
+        watcher::Config::default().fields(&format!("metadata.name={quiet}")),
+        "the quiet node's record gone",
+        WAIT,
+        |set| set.is_empty(),
+    )
+    .await
+    .expect("a record with nothing under way goes with its node");
+    // Still there, and still saying why.
+    let kept = Api::<gpuhealth_api::GpuNodeHealth>::all(s.client.clone())
+        .get(&node)
+        .await
+        .expect("the failed incident's record stays");
+    assert_eq!(
+        kept.status.and_then(|st| st.reason),
+        Some(Reason::NodeDeleted)
+    );
 }

@@ -36,6 +36,11 @@ pub struct SimHardware {
     pub reset: SimOutcome,
     #[serde(default)]
     pub reboot: SimOutcome,
+    /// How long a reset runs before it ends as `reset` says (a real one
+    /// takes seconds); none: at once. A test judges who held the GPU
+    /// meanwhile.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reset_takes: Option<gpuhealth_api::Duration>,
     /// Every request id the simulated hardware carried out, in order: what
     /// a test counts to prove none ran twice.
     #[serde(default)]
@@ -153,6 +158,9 @@ impl Backend for FakeBackend {
     }
 
     async fn reset(&mut self, node: &Node, id: &str, gpus: &[String]) -> Done {
+        if let Some(takes) = Self::hardware(node).ok().and_then(|h| h.reset_takes) {
+            tokio::time::sleep(takes.as_std()).await;
+        }
         match self
             .carry_out(node, id, |hw| hw.reset, |g| gpus.contains(&g.uuid))
             .await

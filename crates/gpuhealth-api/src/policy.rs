@@ -80,6 +80,13 @@ pub struct GpuHealthPolicySpec {
     #[serde(default)]
     pub mode: Mode,
 
+    /// Says that a policy selecting more nodes than the cluster's
+    /// fleet-wide bound (the operator's `--fleet-wide-nodes`, 100 by
+    /// default) is meant to act on them in `Enforce`: without it, such a
+    /// policy enforces nothing and its `Ready` condition says why.
+    #[serde(default)]
+    pub acknowledge_fleet_wide: bool,
+
     /// When selectors of several policies match a node, the highest priority
     /// wins (then the name, alphabetically); the others report `Conflict`.
     #[serde(default)]
@@ -484,6 +491,12 @@ impl Default for GpuReportDetection {
 /// A node condition that marks the node unhealthy.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
+// On the rule, not on `writers`: the API server checks a field's own rules
+// against its default (none), and would refuse the CRD.
+#[schemars(extend("x-kubernetes-validations" = [{
+    "rule": "size(self.writers) > 0",
+    "message": "detection.nodeConditions[].writers must name who may write the condition (its detector's identity)"
+}]))]
 pub struct ConditionRule {
     /// The condition type, e.g. `SysLogsXIDError`.
     #[schemars(length(min = 1, max = 316))]
@@ -506,6 +519,52 @@ pub struct ConditionRule {
     /// so `GpuReset` resets every GPU of the node.
     #[serde(default = "default_condition_action")]
     pub action: SignalAction,
+
+    /// Who may write this condition: its detector's identity. Whoever may
+    /// patch a Node's status could otherwise write it and get a real reset.
+    /// The install's `gpuhealth-trusted-conditions` admission policy refuses
+    /// it to anyone else; a rule that names no writer is not acted on.
+    #[serde(default)]
+    #[schemars(length(max = 16))]
+    pub writers: Vec<ConditionWriter>,
+}
+
+/// An identity that may write a node condition, as the API server
+/// authenticates it: exactly one of `user` and `group`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-validations" = [{
+    "rule": "has(self.user) != has(self.group)",
+    "message": "a writer is exactly one of user and group"
+}]))]
+pub struct ConditionWriter {
+    /// A user name: a ServiceAccount's is
+    /// `system:serviceaccount:NAMESPACE:NAME` (node-problem-detector's, say).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 512))]
+    pub user: Option<String>,
+    /// A group: `system:nodes` for the kubelets.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 512))]
+    pub group: Option<String>,
+}
+
+impl ConditionWriter {
+    /// A ServiceAccount, by its user name.
+    pub fn service_account(namespace: &str, name: &str) -> Self {
+        ConditionWriter {
+            user: Some(format!("system:serviceaccount:{namespace}:{name}")),
+            group: None,
+        }
+    }
+
+    /// Every member of `group`.
+    pub fn group(group: &str) -> Self {
+        ConditionWriter {
+            user: None,
+            group: Some(group.into()),
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
@@ -604,13 +663,15 @@ pub struct Drain {
     #[serde(default)]
     pub on_timeout: DrainTimeoutAction,
 
-    /// Namespaces whose pods are never evicted.
+    /// Namespaces whose pods are never evicted; one that holds a GPU the
+    /// step acts on holds the step back.
     #[serde(default)]
     #[schemars(length(max = 64))]
     #[schemars(extend("x-kubernetes-list-type" = "set"))]
     pub exclude_namespaces: Vec<String>,
 
-    /// Pods matching this selector are never evicted.
+    /// Pods matching this selector are never evicted; one that holds a GPU
+    /// the step acts on holds the step back.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub exclude_pod_selector: Option<LabelSelector>,
 }
@@ -728,9 +789,11 @@ fn max_unhealthy_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
 /// A loose schema for the validation pod template: embedding the full PodSpec
 /// schema would make the CRD hundreds of kilobytes; the API server still
 /// checks the shape we rely on. What would give the pod the node (host
-/// namespaces, host paths, privilege, added capabilities, host ports) or
-/// another identity (a ServiceAccount, a token, a namespace) is refused
-/// here, by field; the operator checks again before it creates the pod.
+/// namespaces, host paths, privilege, added capabilities, host ports), GPUs
+/// it was not allocated (a runtime class, `NVIDIA_VISIBLE_DEVICES`) or
+/// another identity (a ServiceAccount, a token mounted or projected, a
+/// namespace) is refused here, by field; the operator checks again before
+/// it creates the pod.
 fn pod_template_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
     let open_object =
         serde_json::json!({"type": "object", "x-kubernetes-preserve-unknown-fields": true});
@@ -762,8 +825,32 @@ fn pod_template_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
                     "x-kubernetes-preserve-unknown-fields": true,
                     "properties": {"hostPort": {"type": "integer", "enum": [0]}}
                 }
+            },
+            "env": {
+                "type": "array",
+                "maxItems": 128,
+                "items": {
+                    "type": "object",
+                    "x-kubernetes-preserve-unknown-fields": true,
+                    "properties": {"name": {"type": "string", "maxLength": 256}},
+                    "x-kubernetes-validations": [{
+                        "rule": "!has(self.name) || self.name != 'NVIDIA_VISIBLE_DEVICES'",
+                        "fieldPath": ".name",
+                        "message": "may not be NVIDIA_VISIBLE_DEVICES: a validation pod sees only the GPUs it is allocated"
+                    }]
+                }
             }
         }
+    });
+    let token_source = serde_json::json!({
+        "type": "object",
+        "x-kubernetes-preserve-unknown-fields": true,
+        "properties": {"serviceAccountToken": open_object},
+        "x-kubernetes-validations": [{
+            "rule": "!has(self.serviceAccountToken)",
+            "fieldPath": ".serviceAccountToken",
+            "message": "may not be set: validation pods run with no token"
+        }]
     });
     schemars::json_schema!({
         "type": "object",
@@ -791,10 +878,15 @@ fn pod_template_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
                     "rule": "!has(self.serviceAccount)",
                     "fieldPath": ".serviceAccount",
                     "message": "may not be set: validation pods run as gpuhealth's validation ServiceAccount, with no token"
+                }, {
+                    "rule": "!has(self.runtimeClassName)",
+                    "fieldPath": ".runtimeClassName",
+                    "message": "may not be set: a GPU runtime class can hand a validation pod every GPU of the node; it gets the GPUs it requests"
                 }],
                 "properties": {
                     "serviceAccountName": {"type": "string"},
                     "serviceAccount": {"type": "string"},
+                    "runtimeClassName": {"type": "string"},
                     "hostNetwork": never_true,
                     "hostPID": never_true,
                     "hostIPC": never_true,
@@ -805,7 +897,16 @@ fn pod_template_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
                         "items": {
                             "type": "object",
                             "x-kubernetes-preserve-unknown-fields": true,
-                            "properties": {"hostPath": open_object},
+                            "properties": {
+                                "hostPath": open_object,
+                                "projected": {
+                                    "type": "object",
+                                    "x-kubernetes-preserve-unknown-fields": true,
+                                    "properties": {
+                                        "sources": {"type": "array", "maxItems": 64, "items": token_source}
+                                    }
+                                }
+                            },
                             "x-kubernetes-validations": [{
                                 "rule": "!has(self.hostPath)",
                                 "fieldPath": ".hostPath",
@@ -976,6 +1077,7 @@ impl GpuHealthPolicySpec {
         GpuHealthPolicySpec {
             node_selector,
             mode: Mode::default(),
+            acknowledge_fleet_wide: false,
             priority: 0,
             detection: Detection::default(),
             escalation: default_escalation(),

@@ -112,6 +112,9 @@ pub struct Budget {
     /// Other nodes of the policy that other tools are disrupting now (and
     /// gpuhealth is not): they take capacity out just the same.
     pub disrupted_by_others: usize,
+    /// Across every policy, the nodes in a disruptive phase now (this one
+    /// apart) and the most the cluster's guardrail allows; None: unbounded.
+    pub across_policies: Option<(usize, usize)>,
 }
 
 /// Why a remediation may not start now.
@@ -121,12 +124,15 @@ pub enum Hold {
     Concurrency,
     /// More nodes are unhealthy than `maxUnhealthy` allows.
     CircuitOpen,
+    /// As many nodes as the cluster's guardrail allows are disrupted, across
+    /// all policies.
+    Guardrail,
 }
 
 impl Hold {
     pub fn reason(self) -> Reason {
         match self {
-            Hold::Concurrency => Reason::WaitingForBudget,
+            Hold::Concurrency | Hold::Guardrail => Reason::WaitingForBudget,
             Hold::CircuitOpen => Reason::CircuitOpen,
         }
     }
@@ -148,6 +154,16 @@ impl Budget {
             disruptive_elsewhere,
             unhealthy,
             disrupted_by_others: 0,
+            across_policies: None,
+        }
+    }
+
+    /// The same budget under the cluster's bound across policies:
+    /// `disrupted` nodes of every policy disrupted now, at most `max`.
+    pub fn across_policies(self, disrupted: usize, max: usize) -> Self {
+        Budget {
+            across_policies: Some((disrupted, max)),
+            ..self
         }
     }
 
@@ -169,10 +185,20 @@ impl Budget {
             Err(Hold::CircuitOpen)
         } else if self.disruptive_elsewhere + self.disrupted_by_others >= self.max_concurrent {
             Err(Hold::Concurrency)
+        } else if self
+            .across_policies
+            .is_some_and(|(disrupted, max)| disrupted >= max)
+        {
+            Err(Hold::Guardrail)
         } else {
             Ok(())
         }
     }
+}
+
+/// `value` of `total`, a percentage rounding down.
+pub fn resolve_down(value: &IntOrString, total: usize) -> usize {
+    resolve(value, total, Rounding::Down)
 }
 
 #[derive(Clone, Copy)]

@@ -117,7 +117,15 @@ impl DrainPlan {
 }
 
 /// Plans a drain of `pods` for an action on `bad_gpus` (empty: the whole node).
-pub fn plan(drain: &Drain, scope: DrainScope, bad_gpus: &[String], pods: &[PodView]) -> DrainPlan {
+/// Pods in `never` (the cluster's guardrail) are left as the policy's
+/// excluded pods are.
+pub fn plan(
+    drain: &Drain,
+    never: &[String],
+    scope: DrainScope,
+    bad_gpus: &[String],
+    pods: &[PodView],
+) -> DrainPlan {
     // The API server validated the selector; one that still fails to parse
     // excludes nothing rather than everything.
     let excluded_by_selector: Option<Selector> = drain
@@ -139,10 +147,24 @@ pub fn plan(drain: &Drain, scope: DrainScope, bad_gpus: &[String], pods: &[PodVi
             continue;
         }
         if drain.exclude_namespaces.contains(&pod.namespace)
+            || never.contains(&pod.namespace)
             || excluded_by_selector
                 .as_ref()
                 .is_some_and(|s| s.matches(&pod.labels))
         {
+            // Never evicted; but a reset or reboot under a pod holding a
+            // GPU it acts on would take the GPU from it mid-use: such a
+            // pod holds the step back, as a `never` pod does.
+            let holds = match bad_gpus {
+                [] => !pod.gpus.is_empty() || pod.requests_gpu,
+                bad => pod.gpus.iter().any(|g| bad.contains(g)),
+            };
+            if holds && !pod.terminating {
+                plan.blocked.push((
+                    pod.key(),
+                    "the drain excludes it (the policy's excludeNamespaces or excludePodSelector, or a namespace the cluster never drains) and it holds a GPU the step acts on".into(),
+                ));
+            }
             continue;
         }
         if pod.terminating {
@@ -199,11 +221,17 @@ mod tests {
             pod("vllm-1", &["GPU-1"]),
             pod("web", &[]),
         ];
-        let p = plan(&drain(), DrainScope::AffectedPods, &["GPU-7".into()], &pods);
+        let p = plan(
+            &drain(),
+            &[],
+            DrainScope::AffectedPods,
+            &["GPU-7".into()],
+            &pods,
+        );
         assert_eq!(p.evict, ["ml/vllm-0"]);
-        let all = plan(&drain(), DrainScope::AllPods, &["GPU-7".into()], &pods);
+        let all = plan(&drain(), &[], DrainScope::AllPods, &["GPU-7".into()], &pods);
         assert_eq!(all.evict.len(), 3);
-        let gpu = plan(&drain(), DrainScope::GpuPods, &["GPU-7".into()], &pods);
+        let gpu = plan(&drain(), &[], DrainScope::GpuPods, &["GPU-7".into()], &pods);
         assert_eq!(gpu.evict, ["ml/vllm-0", "ml/vllm-1"]);
     }
 
@@ -215,7 +243,7 @@ mod tests {
         mirror.mirror = true;
         let mut done = pod("job", &[]);
         done.finished = true;
-        let p = plan(&drain(), DrainScope::AllPods, &[], &[ds, mirror, done]);
+        let p = plan(&drain(), &[], DrainScope::AllPods, &[], &[ds, mirror, done]);
         assert!(p.is_done(), "{p:?}");
     }
 
@@ -231,6 +259,7 @@ mod tests {
         leaving.terminating = true;
         let p = plan(
             &drain(),
+            &[],
             DrainScope::AffectedPods,
             &["GPU-7".into()],
             &[never, wait, bad, leaving],
@@ -260,6 +289,7 @@ mod tests {
         kept.labels.insert("keep".into(), "yes".into());
         let p = plan(
             &d,
+            &[],
             DrainScope::AllPods,
             &[],
             &[sys, kept, pod("other", &[])],
@@ -269,13 +299,53 @@ mod tests {
     }
 
     #[test]
+    fn a_namespace_the_cluster_never_drains_is_left_whatever_the_policy_says() {
+        // AllPods, and no exclusion of the policy's own.
+        let mut sys = pod("coredns", &[]);
+        sys.namespace = "kube-system".into();
+        let p = plan(
+            &drain(),
+            &["kube-system".into()],
+            DrainScope::AllPods,
+            &[],
+            &[sys, pod("other", &[])],
+        );
+        assert_eq!(p.evict, ["ml/other"]);
+    }
+
+    #[test]
+    fn an_excluded_pod_on_a_gpu_the_step_acts_on_holds_it_back_untouched() {
+        let mut d = drain();
+        d.exclude_namespaces = vec!["infra".into()];
+        let mut on_bad = pod("exporter", &["GPU-7"]);
+        on_bad.namespace = "infra".into();
+        let mut on_good = pod("other-exporter", &["GPU-1"]);
+        on_good.namespace = "infra".into();
+        let pods = [on_bad, on_good, pod("vllm-7", &["GPU-7"])];
+        let reset = plan(&d, &[], DrainScope::AffectedPods, &["GPU-7".into()], &pods);
+        assert_eq!(reset.evict, ["ml/vllm-7"]);
+        assert_eq!(
+            reset.blocked.iter().map(|(k, _)| k).collect::<Vec<_>>(),
+            ["infra/exporter"],
+            "never evicted, never passed over"
+        );
+        assert!(reset.blocked[0].1.contains("excludeNamespaces"));
+        // A reboot acts on every GPU.
+        let reboot = plan(&d, &[], DrainScope::AffectedPods, &[], &pods);
+        assert_eq!(
+            reboot.blocked.iter().map(|(k, _)| k).collect::<Vec<_>>(),
+            ["infra/exporter", "infra/other-exporter"]
+        );
+    }
+
+    #[test]
     fn a_signal_without_a_gpu_drains_every_gpu_pod() {
         let pods = [
             pod("vllm-0", &["GPU-7"]),
             pod("vllm-1", &["GPU-1"]),
             pod("web", &[]),
         ];
-        let p = plan(&drain(), DrainScope::AffectedPods, &[], &pods);
+        let p = plan(&drain(), &[], DrainScope::AffectedPods, &[], &pods);
         assert_eq!(p.evict, ["ml/vllm-0", "ml/vllm-1"]);
     }
 }

@@ -44,6 +44,8 @@ pub struct RuleView {
     pub name: String,
     /// The incident its label names.
     pub incident: String,
+    /// When the API server made it (to the second).
+    pub created: Option<Timestamp>,
 }
 
 /// The node's DRA devices and gpuhealth's rules over them; present only

@@ -19,7 +19,26 @@ pub const REASON: &str = "CannotHonour";
 pub fn problems(spec: &GpuHealthPolicySpec) -> Vec<Problem> {
     let mut out = windows::problems(&spec.maintenance_windows);
     out.extend(other_actors(&spec.other_actors));
+    out.extend(unwritten_conditions(spec));
     out
+}
+
+/// Condition rules stored before a writer was required name none: not
+/// acted on, since anyone who may patch a Node's status could write them.
+fn unwritten_conditions(spec: &GpuHealthPolicySpec) -> Vec<Problem> {
+    let rules = spec.detection.node_conditions.iter().enumerate();
+    rules
+        .filter(|(_, r)| r.writers.is_empty())
+        .map(|(i, r)| {
+            Problem::new(
+                format!("spec.detection.nodeConditions[{i}].writers"),
+                format!(
+                    "{} names no writer, so it is not acted on: name its detector's identity",
+                    r.type_
+                ),
+            )
+        })
+        .collect()
 }
 
 /// `otherActors` fields the engine cannot use for their actor's source.
@@ -124,6 +143,37 @@ mod tests {
     #[test]
     fn the_defaults_can_be_honoured() {
         assert!(problems(&spec()).is_empty());
+    }
+
+    #[test]
+    fn a_condition_rule_that_names_no_writer_is_named() {
+        use gpuhealth_api::{
+            policy::{ConditionRule, ConditionStatus, ConditionWriter},
+            types::SignalAction,
+        };
+        let rule = |writers| ConditionRule {
+            type_: "SysLogsXIDError".into(),
+            status: ConditionStatus::True,
+            for_: gpuhealth_api::Duration::from_secs(0),
+            action: SignalAction::GpuReset,
+            writers,
+        };
+        let mut spec = spec();
+        spec.detection.node_conditions = vec![
+            rule(vec![ConditionWriter::group("system:nodes")]),
+            rule(Vec::new()),
+        ];
+        let found = problems(&spec);
+        assert_eq!(
+            fields(&spec),
+            ["spec.detection.nodeConditions[1].writers"],
+            "{found:?}"
+        );
+        assert!(
+            found[0].to_string().contains("not acted on"),
+            "{}",
+            found[0]
+        );
     }
 
     #[test]

@@ -122,3 +122,48 @@ fn a_pod_on_another_gpu_is_no_holder() {
         w.evicted()
     );
 }
+
+#[test]
+fn the_reset_waits_until_its_rule_has_stood_long_enough_for_a_late_allocation_to_be_seen() {
+    // GPU 7 held by nobody: its drain ends at once. A scheduler that had
+    // not yet seen the rule may still give the device out a moment after
+    // it is written; the reset waits until the rule has stood
+    // FENCE_SETTLE, and a pod given it meanwhile is drained first.
+    let mut w = World::incident().with_dra();
+    w.pods.retain(|p| !p.gpus.iter().any(|g| g == BAD_GPU));
+    for _ in 0..3 {
+        let actions = w.reconcile();
+        assert_eq!(requests(&actions), 0, "{actions:?}");
+    }
+    assert_eq!(w.state.phase, Phase::Draining);
+    let message = w.state.message.clone().unwrap_or_default();
+    assert!(message.contains("have stood 2 s"), "{message}");
+    w.pods.push(gpu_pod("late", BAD_GPU));
+    w.advance(gpuhealth_engine::machine::FENCE_SETTLE);
+    let actions = w.reconcile();
+    assert_eq!(requests(&actions), 0, "{actions:?}");
+    assert_eq!(w.evicted(), ["ml-serving/late"]);
+    w.run_until(|w| w.state.phase == Phase::Remediating, HOUR);
+    assert_eq!(w.reset_requests().len(), 1);
+
+    // A rule written again (someone deleted it) settles again.
+    let mut w = World::incident().with_dra();
+    w.pods.retain(|p| !p.gpus.iter().any(|g| g == BAD_GPU));
+    w.reconcile();
+    w.advance(Duration::from_secs(1));
+    w.node.dra.as_mut().expect("dra").rules.clear();
+    let actions = w.reconcile();
+    assert!(
+        actions
+            .iter()
+            .any(|a| matches!(a, Action::TaintDevice { .. })),
+        "written again: {actions:?}"
+    );
+    w.advance(Duration::from_millis(1500));
+    for _ in 0..2 {
+        assert_eq!(requests(&w.reconcile()), 0, "the new rule has not settled");
+    }
+    w.advance(Duration::from_secs(1));
+    w.reconcile();
+    assert_eq!(w.reset_requests().len(), 1, "asked for once it has");
+}

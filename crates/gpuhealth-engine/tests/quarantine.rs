@@ -223,6 +223,7 @@ fn rules_end_as_the_status_records_them_wherever_the_operator_stopped() {
     w.node.dra.as_mut().expect("dra").rules.push(RuleView {
         name: "gpuhealth-inc-1-ab-gpu-7".into(),
         incident: "inc-1-ab".into(),
+        created: None,
     });
     let actions = w.reconcile();
     assert_eq!(

@@ -13,7 +13,9 @@ use gpuhealth_api::{
     GpuHealth,
     contract::{DisruptionTolerance, RequestId, XidEvent},
     node_health::Phase,
-    policy::{ConditionRule, ConditionStatus, EscalationStep, Mode, ValidationPod},
+    policy::{
+        ConditionRule, ConditionStatus, ConditionWriter, EscalationStep, Mode, ValidationPod,
+    },
     types::{RecoveryAction, SignalAction},
     vocabulary::{
         Attempt, AttemptAction, AttemptOutcome, FindingKind, IncidentOutcome, PodKey, Reason,
@@ -124,6 +126,7 @@ fn a_condition_resets_every_gpu_and_without_a_report_reboots() {
             status: ConditionStatus::True,
             for_: "0s".parse().expect("duration"),
             action: SignalAction::GpuReset,
+            writers: vec![ConditionWriter::group("system:nodes")],
         });
         w.node.conditions.push(ObservedCondition {
             type_: "GpuFailed".into(),

@@ -7,11 +7,8 @@ use gpuhealth_api::{
     vocabulary::{FindingKind, IncidentOutcome, PodKey, Reason},
 };
 use gpuhealth_engine::{happening::Happening, machine::NodeView};
-use k8s_openapi::{
-    api::core::v1::{Node, ObjectReference},
-    jiff::Timestamp,
-};
-use kube::{Resource, runtime::events::EventType};
+use k8s_openapi::{api::core::v1::ObjectReference, jiff::Timestamp};
+use kube::runtime::events::EventType;
 
 use crate::{
     actions::publish,
@@ -88,14 +85,14 @@ pub fn count(ctx: &Context, policy: &str, view: &NodeView, happenings: &[Happeni
 /// Tells the happenings that a person should see as Events on the node (or
 /// the pod concerned), after the decision's actions: an Event informs and
 /// must never delay one. Best effort, each counted as the action `event`.
-pub async fn tell(ctx: &Context, node: &Node, happenings: &[Happening]) {
+pub async fn tell(ctx: &Context, node: &ObjectReference, happenings: &[Happening]) {
     for happening in happenings {
         let Some(event) = event_of(happening) else {
             continue;
         };
         let about = match event.pod {
             Some(key) => pod_ref(key),
-            None => node.object_ref(&()),
+            None => node.clone(),
         };
         let told = publish(ctx, &about, event.type_, event.reason, event.message.into()).await;
         ctx.metrics

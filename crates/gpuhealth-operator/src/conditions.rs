@@ -1,5 +1,6 @@
 //! Status conditions of a policy: `Ready`, `CircuitOpen` and `Conflict`.
 
+use gpuhealth_api::vocabulary::Reason;
 use gpuhealth_engine::{
     budget::Budget,
     honour::{self, Problem},
@@ -39,12 +40,38 @@ fn condition(
 /// (`problems`, each named by its field; the rest of the policy applies).
 pub fn ready(
     previous: &[Condition],
+    unprotected: Option<String>,
+    past_guardrails: &[Problem],
     selector_error: Option<String>,
     problems: &[Problem],
     managed: usize,
     generation: Option<i64>,
 ) -> Condition {
     let unhonoured = honour::message(problems);
+    if let Some(why) = unprotected {
+        return condition(
+            previous,
+            "Ready",
+            false,
+            // The word the nodes it holds give too.
+            Reason::Unprotected.as_str(),
+            format!("gpuhealth enforces nothing until its admission protection is in force: {why}"),
+            generation,
+        );
+    }
+    if let Some(past) = honour::message(past_guardrails) {
+        return condition(
+            previous,
+            "Ready",
+            false,
+            // The word the nodes it holds give too.
+            Reason::PastGuardrail.as_str(),
+            format!(
+                "the policy enforces nothing while it is past the cluster's guardrails: {past}"
+            ),
+            generation,
+        );
+    }
     match (selector_error, unhonoured) {
         (Some(e), unhonoured) => condition(
             previous,
@@ -144,7 +171,15 @@ mod tests {
             "unknown time zone \"Mars/Base\"",
         );
         let lock = Problem::new("spec.otherActors[1].object", "cannot be read");
-        let c = ready(&[], None, &[zone.clone(), lock.clone()], 3, Some(2));
+        let c = ready(
+            &[],
+            None,
+            &[],
+            None,
+            &[zone.clone(), lock.clone()],
+            3,
+            Some(2),
+        );
         assert_eq!(
             (c.status.as_str(), c.reason.as_str()),
             ("False", "CannotHonour")
@@ -155,7 +190,15 @@ mod tests {
         );
         assert_eq!(c.observed_generation, Some(2));
 
-        let c = ready(&[], Some("bad operator".into()), &[zone], 0, None);
+        let c = ready(
+            &[],
+            None,
+            &[],
+            Some("bad operator".into()),
+            &[zone],
+            0,
+            None,
+        );
         assert_eq!(
             (c.status.as_str(), c.reason.as_str()),
             ("False", "InvalidSelector")
@@ -168,7 +211,51 @@ mod tests {
             c.message
         );
 
-        let fixed = ready(std::slice::from_ref(&c), None, &[], 3, None);
+        // Without protection, that is what it says first.
+        let unprotected = ready(
+            &[],
+            Some("no binding".into()),
+            &[],
+            Some("bad operator".into()),
+            &[],
+            3,
+            None,
+        );
+        assert_eq!(
+            (unprotected.status.as_str(), unprotected.reason.as_str()),
+            ("False", Reason::Unprotected.as_str())
+        );
+        assert!(
+            unprotected.message.ends_with(": no binding"),
+            "{}",
+            unprotected.message
+        );
+
+        // Past a guardrail: named before what cannot be honoured.
+        let past = ready(
+            &[],
+            None,
+            &[Problem::new(
+                "spec.acknowledgeFleetWide",
+                "selects 101 nodes",
+            )],
+            None,
+            &[],
+            101,
+            None,
+        );
+        assert_eq!(
+            (past.status.as_str(), past.reason.as_str()),
+            ("False", Reason::PastGuardrail.as_str())
+        );
+        assert!(
+            past.message
+                .ends_with("spec.acknowledgeFleetWide: selects 101 nodes"),
+            "{}",
+            past.message
+        );
+
+        let fixed = ready(std::slice::from_ref(&c), None, &[], None, &[], 3, None);
         assert_eq!(
             (fixed.status.as_str(), fixed.reason.as_str()),
             ("True", "Managing")

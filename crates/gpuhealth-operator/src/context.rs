@@ -45,6 +45,11 @@ pub struct Context {
     /// benchmark saw 0.4 s mean waits for 0.7 ms decisions).
     pub decisions: Mutex<HashMap<String, GpuNodeHealthStatus>>,
     pub metrics: Arc<Metrics>,
+    /// Whether the install's admission protection is in force
+    /// (`protection`): nothing is enforced while it is not.
+    pub protection: Arc<crate::protection::Protection>,
+    /// The cluster administrator's bounds on every policy (the flags).
+    pub guardrails: gpuhealth_engine::guardrails::Guardrails,
     /// Per node, what its last reconcile saw of the pods holding its GPUs:
     /// when that changes, the node's pods are listed once, to set a new
     /// holder's readiness gate.

@@ -171,7 +171,8 @@ fn slim_claim(claim: &mut ResourceClaim) {
     claim.metadata.annotations = None;
     claim.spec = Default::default();
     if let Some(status) = claim.status.as_mut() {
-        status.reserved_for = None;
+        // Kept: whom a claim is reserved for names a holder before the
+        // scheduler has bound it to the node.
         status.devices = None;
         if let Some(devices) = status.allocation.as_mut().and_then(|a| {
             a.node_selector = None;
@@ -220,6 +221,7 @@ pub fn rules_of(store: &Store<DeviceTaintRule>, node: &str) -> Vec<RuleView> {
         .filter(|r| node_of(r).as_deref() == Some(node))
         .map(|r| RuleView {
             name: r.name_any(),
+            created: r.metadata.creation_timestamp.as_ref().map(|t| t.0),
             incident: r
                 .labels()
                 .get(RULE_INCIDENT_LABEL)
@@ -290,6 +292,33 @@ pub fn claimed_gpus(
         }
     }
     held
+}
+
+/// The pods (`namespace`, `name`) that claims allocated one of `devices`
+/// are reserved for: each holds its device from the allocation on,
+/// although the scheduler binds it to the node a moment later.
+pub fn reserved_on(claims: &Store<ResourceClaim>, devices: &[DeviceView]) -> Vec<(String, String)> {
+    let ids: BTreeSet<String> = devices.iter().map(DeviceView::id).collect();
+    if ids.is_empty() {
+        return Vec::new();
+    }
+    let mut pods = BTreeSet::new();
+    for claim in claims.state() {
+        if !allocated(&claim).any(|id| ids.contains(&id)) {
+            continue;
+        }
+        let namespace = claim.namespace().unwrap_or_default();
+        let reserved = claim
+            .status
+            .iter()
+            .flat_map(|s| s.reserved_for.iter().flatten());
+        for consumer in reserved.filter(|r| {
+            r.resource == "pods" && r.api_group.as_deref().unwrap_or_default().is_empty()
+        }) {
+            pods.insert((namespace.clone(), consumer.name.clone()));
+        }
+    }
+    pods.into_iter().collect()
 }
 
 /// The ResourceClaims a pod uses: those it names, and those made for it
@@ -423,15 +452,7 @@ mod tests {
              "spec": {"containers": [], "resourceClaims": [{"name": "gpu", "resourceClaimName": "direct"}]}},
         ]))
         .expect("pods");
-        let devices: Vec<DeviceView> = (0..8)
-            .map(|i| DeviceView {
-                driver: "gpu.nvidia.com".into(),
-                pool: "node-a".into(),
-                name: format!("gpu-{i}"),
-                uuid: Some(format!("GPU-{i}")),
-                taints: Vec::new(),
-            })
-            .collect();
+        let devices = eight_gpus("node-a");
         let held = claimed_gpus(&claims, &pods, &devices);
         assert_eq!(
             held,
@@ -441,6 +462,60 @@ mod tests {
             ]
             .into(),
             "a claim of another namespace is not the pod's"
+        );
+    }
+
+    /// GPUs 0-7 of `pool`, as the DRA driver publishes them.
+    fn eight_gpus(pool: &str) -> Vec<DeviceView> {
+        (0..8)
+            .map(|i| DeviceView {
+                driver: "gpu.nvidia.com".into(),
+                pool: pool.into(),
+                name: format!("gpu-{i}"),
+                uuid: Some(format!("GPU-{i}")),
+                taints: Vec::new(),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_claim_allocated_a_device_of_the_node_names_its_pod_before_it_is_bound() {
+        let claim = |name: &str, pool: &str, reserved: serde_json::Value| -> ResourceClaim {
+            let mut c: ResourceClaim = serde_json::from_value(serde_json::json!({
+                "metadata": {"name": name, "namespace": "ml"},
+                "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}]}},
+                "status": {
+                    "allocation": {"devices": {"results": [
+                        {"request": "gpu", "driver": "gpu.nvidia.com", "pool": pool, "device": "gpu-7"},
+                    ]}},
+                    "reservedFor": reserved,
+                },
+            }))
+            .expect("a claim");
+            slim_claim(&mut c);
+            c
+        };
+        let (claims, mut writer) = reflector::store::<ResourceClaim>();
+        for c in [
+            claim(
+                "newcomer-gpu",
+                "node-a",
+                serde_json::json!([{"resource": "pods", "name": "newcomer", "uid": "u"}]),
+            ),
+            claim(
+                "elsewhere-gpu",
+                "node-b",
+                serde_json::json!([{"resource": "pods", "name": "elsewhere", "uid": "v"}]),
+            ),
+            claim("unreserved-gpu", "node-a", serde_json::json!([])),
+        ] {
+            writer.apply_watcher_event(&watcher::Event::Apply(c));
+        }
+        let devices = eight_gpus("node-a");
+        assert_eq!(
+            reserved_on(&claims, &devices),
+            [("ml".to_owned(), "newcomer".to_owned())],
+            "the slim claim keeps whom it is reserved for; another node's pool is not this node's"
         );
     }
 

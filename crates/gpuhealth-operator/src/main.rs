@@ -10,12 +10,14 @@ mod devices;
 mod error;
 mod events;
 mod failpoint;
+mod gone;
 mod leader;
 mod locks;
 mod metrics;
 mod observe;
 mod pod_health;
 mod policy_status;
+mod protection;
 mod reconcile;
 mod retry;
 mod selection;
@@ -30,8 +32,12 @@ use clap::{Parser, ValueEnum};
 
 use futures::{FutureExt, StreamExt};
 use gpuhealth_api::{GpuHealthPolicy, GpuNodeHealth};
+use gpuhealth_engine::guardrails::{ConditionTypes, Guardrails};
 use gpuhealth_http::api_requests::CountRequests;
-use k8s_openapi::api::{core::v1::Node, policy::v1::PodDisruptionBudget};
+use k8s_openapi::{
+    api::{core::v1::Node, policy::v1::PodDisruptionBudget},
+    apimachinery::pkg::util::intstr::IntOrString,
+};
 use kube::{
     Api, Config, ResourceExt,
     runtime::{
@@ -95,6 +101,37 @@ struct Args {
     /// How often to renew, or to try to take the lease.
     #[arg(long, default_value = "2s", value_parser = duration)]
     retry_period: Duration,
+    /// How often the admission protection is checked (see
+    /// docs/security.md): until a check finds it in force, nothing is
+    /// enforced.
+    #[arg(long, default_value = "2m", value_parser = duration)]
+    admission_check_interval: Duration,
+    /// Act without checking the admission protection: for a development
+    /// cluster without the install's admission policies, never for one
+    /// where anyone else may patch Nodes.
+    #[arg(long, env = "GPUHEALTH_SKIP_ADMISSION_CHECK")]
+    skip_admission_check: bool,
+    /// Guardrail: namespaces no drain evicts from, whatever a policy says
+    /// (the operator's own and the validation pods' always are).
+    #[arg(
+        long,
+        env = "GPUHEALTH_NEVER_DRAIN_NAMESPACES",
+        value_delimiter = ',',
+        default_value = "kube-system"
+    )]
+    never_drain_namespaces: Vec<String>,
+    /// Guardrail: the most nodes disrupted at once across all policies, a
+    /// count or a percentage of every node a policy manages (never below one).
+    #[arg(long, env = "GPUHEALTH_MAX_DISRUPTED_NODES", default_value = "10%", value_parser = int_or_percent)]
+    max_disrupted_nodes: IntOrString,
+    /// Guardrail: the most nodes a policy may select in Enforce before it
+    /// must say acknowledgeFleetWide; 0: no bound.
+    #[arg(long, env = "GPUHEALTH_FLEET_WIDE_NODES", default_value_t = 100)]
+    fleet_wide_nodes: usize,
+    /// Guardrail: the node condition types policies may act on
+    /// (detection.nodeConditions); `*`: any. None by default.
+    #[arg(long, env = "GPUHEALTH_CONDITION_TYPES", value_delimiter = ',')]
+    condition_types: Vec<String>,
 }
 
 /// Node reconciles in flight at most. Unbounded, a start on a fleet ran one
@@ -113,6 +150,54 @@ fn fleet_watch() -> watcher::Config {
 
 /// How long the stores a step reads may take to list before the wait says so.
 const CACHES_LATE: Duration = Duration::from_secs(30);
+
+fn int_or_percent(s: &str) -> Result<IntOrString, String> {
+    match s.strip_suffix('%') {
+        Some(p) => p
+            .parse::<u8>()
+            .ok()
+            .filter(|p| *p <= 100)
+            .map(|_| IntOrString::String(s.to_owned()))
+            .ok_or_else(|| format!("{s:?} is not a percentage from 0% to 100%")),
+        None => s
+            .parse::<i32>()
+            .ok()
+            .filter(|n| *n >= 1)
+            .map(IntOrString::Int)
+            .ok_or_else(|| format!("{s:?} is neither a count of at least 1 nor a percentage")),
+    }
+}
+
+/// The guardrails the flags set.
+fn guardrails(args: &Args) -> Guardrails {
+    let mut never_drain: Vec<String> = args
+        .never_drain_namespaces
+        .iter()
+        .filter(|n| !n.is_empty())
+        .cloned()
+        .collect();
+    for own in [&args.namespace, &args.validation_namespace] {
+        if !never_drain.contains(own) {
+            never_drain.push(own.clone());
+        }
+    }
+    let types: Vec<String> = args
+        .condition_types
+        .iter()
+        .filter(|t| !t.is_empty())
+        .cloned()
+        .collect();
+    Guardrails {
+        never_drain,
+        max_disrupted: args.max_disrupted_nodes.clone(),
+        fleet_wide: (args.fleet_wide_nodes > 0).then_some(args.fleet_wide_nodes),
+        condition_types: if types.iter().any(|t| t == "*") {
+            ConditionTypes::Any
+        } else {
+            ConditionTypes::Only(types)
+        },
+    }
+}
 
 fn duration(s: &str) -> Result<Duration, String> {
     s.parse::<gpuhealth_api::Duration>()
@@ -160,6 +245,7 @@ async fn main() -> ExitCode {
 }
 
 async fn run(args: Args) -> Result<(), Fatal> {
+    let guardrails = guardrails(&args);
     if !(args.retry_period < args.renew_deadline && args.renew_deadline < args.lease_duration) {
         return Err(Fatal::Flags(format!(
             "need --retry-period ({:?}) < --renew-deadline ({:?}) < --lease-duration ({:?})",
@@ -277,6 +363,18 @@ async fn run(args: Args) -> Result<(), Fatal> {
     // When a lock becomes unreadable or readable again, every policy's
     // `Ready` condition is looked at again.
     let (unreadable_changed, unreadable_changes) = futures::channel::mpsc::unbounded();
+    // When the admission protection comes or goes, every node and policy
+    // is looked at again.
+    let protection = Arc::new(protection::Protection::new(!args.skip_admission_check));
+    let (unprotected_nodes, protection_node_changes) = futures::channel::mpsc::unbounded();
+    let (unprotected_policies, protection_policy_changes) = futures::channel::mpsc::unbounded();
+    tokio::spawn(protection::watch(
+        client.clone(),
+        protection.clone(),
+        metrics.clone(),
+        args.admission_check_interval,
+        vec![unprotected_nodes, unprotected_policies],
+    ));
     tokio::spawn(locks::poll(
         client.clone(),
         policies.clone(),
@@ -288,11 +386,14 @@ async fn run(args: Args) -> Result<(), Fatal> {
     // change of labels also looks at every policy's selection again.
     let (nodes, node_writer) = reflector::store::<Node>();
     let (relabelled, label_changes) = futures::channel::mpsc::unbounded();
+    let (deleted, deletions) = futures::channel::mpsc::unbounded();
     let node_changes = watcher(Api::<Node>::all(client.clone()), fleet_watch())
         .default_backoff()
         .modify(slim::node)
         .inspect(triggers::label_changes(nodes.clone(), relabelled))
         .reflect(node_writer)
+        // After the store has let the node go: the sweep reads it.
+        .inspect(triggers::deletions(deleted))
         .applied_objects()
         .predicate_filter(slim::node_inputs, Default::default());
     let node_controller = Controller::for_stream(node_changes, nodes.clone())
@@ -345,6 +446,8 @@ async fn run(args: Args) -> Result<(), Fatal> {
         report_seen: Default::default(),
         honour_announced: Default::default(),
         locks: locks.clone(),
+        protection,
+        guardrails,
         metrics: metrics.clone(),
         leadership,
         crash_after,
@@ -361,6 +464,7 @@ async fn run(args: Args) -> Result<(), Fatal> {
         .reconcile_on(health_changed.nodes)
         .reconcile_on(budget_changes)
         .reconcile_on(device_changes)
+        .reconcile_all_on(protection_node_changes)
         .shutdown_on_signal()
         .run(reconcile::reconcile, reconcile::error_policy, ctx.clone());
     // No decision before every store it reads has listed; waited for here,
@@ -372,11 +476,15 @@ async fn run(args: Args) -> Result<(), Fatal> {
         }
         Ok::<(), Fatal>(())
     };
+    // The records of deleted nodes, beside the nodes' reconciles.
+    let swept = ctx.clone();
+    tokio::spawn(async move { gone::watch(&swept, deletions).await });
     // A policy's status follows its nodes' statuses, which nodes it selects,
     // and whether the locks it names can be read.
     let policy_loop = Controller::new(policy_api, watcher::Config::default())
         .reconcile_all_on(unreadable_changes)
         .reconcile_all_on(label_changes)
+        .reconcile_all_on(protection_policy_changes)
         .reconcile_on(health_changed.policies)
         .shutdown_on_signal()
         .run(policy_status::reconcile, policy_status::error_policy, ctx)

@@ -106,6 +106,8 @@ pub struct Metrics {
     /// would have taken out of service.
     pub gpu_seconds_kept: Family<PolicyLabels, Counter<f64, std::sync::atomic::AtomicU64>>,
     pub leader: Gauge,
+    /// 1 while the last check found the admission protection in force.
+    pub protected: Gauge,
     /// Requests to the Kubernetes API, by verb, resource and code.
     pub api_requests: gpuhealth_http::api_requests::ApiRequests,
     /// Caches synced and leadership settled (held, or waiting for it).
@@ -139,6 +141,7 @@ impl Default for Metrics {
             gpus_fenced: Family::default(),
             gpu_seconds_kept: Family::default(),
             leader: Gauge::default(),
+            protected: Gauge::default(),
             api_requests: Default::default(),
             ready: AtomicBool::new(false),
         };
@@ -237,6 +240,11 @@ impl Default for Metrics {
             "api_requests",
             "Requests to the Kubernetes API, by verb, resource and HTTP status code",
             m.api_requests.clone(),
+        );
+        r.register(
+            "protected",
+            "1 while the last check found gpuhealth's admission policies in force (bound, and refusing a forbidden dry run); 0: nothing is enforced",
+            m.protected.clone(),
         );
         r.register(
             "leader",

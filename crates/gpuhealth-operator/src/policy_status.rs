@@ -127,6 +127,8 @@ async fn reconcile_policy(policy: &GpuHealthPolicy, ctx: &Context) -> Result<Req
         conditions: vec![
             conditions::ready(
                 &previous.conditions,
+                ctx.protection.missing(),
+                &ctx.guardrails.exceeded(&policy.spec, nodes),
                 selector_error,
                 &problems,
                 nodes,

@@ -73,6 +73,16 @@ pub fn label_changes(
     }
 }
 
+/// Says when a node was deleted, or the watch relisted (which may have
+/// missed a deletion): the records of deleted nodes are looked at then.
+pub fn deletions(deleted: UnboundedSender<()>) -> impl FnMut(&Watched<Node>) + Send + 'static {
+    move |event| {
+        if matches!(event, Ok(Event::Delete(_) | Event::InitDone)) {
+            let _ = deleted.unbounded_send(());
+        }
+    }
+}
+
 /// Where a change to a health record is sent once this replica leads: its
 /// node, and the policy it counts towards. Nowhere before: a standby
 /// reconciles nothing, and a new leader looks at every node and policy

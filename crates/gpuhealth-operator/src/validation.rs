@@ -19,7 +19,8 @@ pub struct Target {
 }
 
 /// What a template may not ask for, by field: the pod would run as root
-/// on the node, or as someone other than the validation ServiceAccount.
+/// on the node, see GPUs it was not allocated, or run as someone other
+/// than the validation ServiceAccount (or with a token of its).
 /// The CRD refuses these too; this covers policies stored before it did.
 pub fn refused_fields(template: &Value) -> Vec<String> {
     let mut refused = Vec::new();
@@ -36,7 +37,7 @@ pub fn refused_fields(template: &Value) -> Vec<String> {
             refused.push(format!("spec.{field}"));
         }
     }
-    for field in ["serviceAccountName", "serviceAccount"] {
+    for field in ["serviceAccountName", "serviceAccount", "runtimeClassName"] {
         if set(spec.get(field)) {
             refused.push(format!("spec.{field}"));
         }
@@ -53,6 +54,16 @@ pub fn refused_fields(template: &Value) -> Vec<String> {
     for (i, volume) in items("volumes").iter().enumerate() {
         if set(volume.get("hostPath")) {
             refused.push(format!("spec.volumes[{i}].hostPath"));
+        }
+        let sources = volume
+            .pointer("/projected/sources")
+            .and_then(Value::as_array);
+        for (j, source) in sources.into_iter().flatten().enumerate() {
+            if set(source.get("serviceAccountToken")) {
+                refused.push(format!(
+                    "spec.volumes[{i}].projected.sources[{j}].serviceAccountToken"
+                ));
+            }
         }
     }
     for list in ["initContainers", "containers", "ephemeralContainers"] {
@@ -72,6 +83,12 @@ pub fn refused_fields(template: &Value) -> Vec<String> {
                 .is_some_and(|a| !a.is_empty())
             {
                 refused.push(format!("{at}.securityContext.capabilities.add"));
+            }
+            let env = c.get("env").and_then(Value::as_array);
+            for (j, var) in env.into_iter().flatten().enumerate() {
+                if var.get("name").and_then(Value::as_str) == Some("NVIDIA_VISIBLE_DEVICES") {
+                    refused.push(format!("{at}.env[{j}].name"));
+                }
             }
             let ports = c.get("ports").and_then(Value::as_array);
             for (j, port) in ports.into_iter().flatten().enumerate() {
@@ -297,11 +314,20 @@ mod tests {
             "spec": {
                 "hostNetwork": true, "hostPID": true, "hostIPC": true,
                 "serviceAccountName": "gpuhealth-agent", "automountServiceAccountToken": true,
-                "volumes": [{"name": "ok", "emptyDir": {}}, {"name": "root", "hostPath": {"path": "/"}}],
+                "runtimeClassName": "nvidia",
+                "volumes": [
+                    {"name": "ok", "emptyDir": {}},
+                    {"name": "root", "hostPath": {"path": "/"}},
+                    {"name": "token", "projected": {"sources": [
+                        {"configMap": {"name": "ca"}},
+                        {"serviceAccountToken": {"path": "token"}},
+                    ]}},
+                ],
                 "initContainers": [{"name": "i", "securityContext": {"capabilities": {"add": ["SYS_ADMIN"]}}}],
                 "containers": [{
                     "name": "c",
                     "securityContext": {"privileged": true, "allowPrivilegeEscalation": true},
+                    "env": [{"name": "MODEL", "value": "x"}, {"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}],
                     "ports": [{"containerPort": 80, "hostPort": 80}],
                 }],
             },
@@ -317,11 +343,14 @@ mod tests {
                 "spec.hostPID",
                 "spec.hostIPC",
                 "spec.serviceAccountName",
+                "spec.runtimeClassName",
                 "spec.automountServiceAccountToken",
                 "spec.volumes[1].hostPath",
+                "spec.volumes[2].projected.sources[1].serviceAccountToken",
                 "spec.initContainers[0].securityContext.capabilities.add",
                 "spec.containers[0].securityContext.privileged",
                 "spec.containers[0].securityContext.allowPrivilegeEscalation",
+                "spec.containers[0].env[1].name",
                 "spec.containers[0].ports[0].hostPort",
             ]
         );

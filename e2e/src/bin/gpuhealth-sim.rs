@@ -168,6 +168,7 @@ async fn run(command: Command) -> Result<(), Box<dyn std::error::Error>> {
                 gpus: report.gpus,
                 reset: SimOutcome::Succeed,
                 reboot: SimOutcome::Succeed,
+                reset_takes: None,
                 executed: Vec::new(),
                 capabilities: None,
             };

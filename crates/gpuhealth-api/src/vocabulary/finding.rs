@@ -28,6 +28,8 @@ words! {
         MaintenanceOverdue,
         /// An administrator cleared a request or the cordon record by hand.
         BreakGlass,
+        /// The Node was deleted while gpuhealth was remediating it.
+        NodeDeleted,
         /// The policy asked for per-GPU quarantine and the node was cordoned
         /// instead (`status.quarantine.why` says why).
         NodeQuarantinedInstead,

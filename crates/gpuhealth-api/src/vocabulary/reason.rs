@@ -20,6 +20,14 @@ words! {
         CircuitOpen,
         /// The policy left `Enforce` mid-remediation: held where it was.
         Held,
+        /// The install's admission protection is not in force (a policy or
+        /// binding missing, or a forbidden write let through): gpuhealth
+        /// acts on nothing until it is.
+        Unprotected,
+        /// The policy is past a bound the cluster's administrator set
+        /// (the operator's guardrails): it enforces nothing until it is
+        /// within them, and its `Ready` condition names the bound.
+        PastGuardrail,
 
         // Quarantined for a signal: the strongest one names it.
         /// An Xid asks for an action.
@@ -91,13 +99,17 @@ words! {
         ReplacementRequested,
         /// An administrator cleared a request or the cordon record by hand.
         BreakGlass,
+        /// The Node was deleted mid-incident: whatever was in flight is
+        /// abandoned with it.
+        NodeDeleted,
     }
 }
 
 impl Reason {
     /// Whether a node held for this reason counts as unhealthy for the
     /// circuit breaker: a signal not yet firm says nothing about the fleet.
+    /// A deleted node is no longer one of the fleet's.
     pub fn counts_as_unhealthy(self) -> bool {
-        self != Reason::SignalPending
+        !matches!(self, Reason::SignalPending | Reason::NodeDeleted)
     }
 }

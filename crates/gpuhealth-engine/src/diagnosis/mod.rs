@@ -105,6 +105,11 @@ pub struct Evidence<'a> {
 pub fn diagnose(now: Timestamp, detection: &Detection, evidence: &Evidence<'_>) -> Diagnosis {
     let mut d = Diagnosis::default();
     for rule in &detection.node_conditions {
+        // Anyone who may patch a Node's status could have written it
+        // (`honour` says so in the policy's Ready condition).
+        if rule.writers.is_empty() {
+            continue;
+        }
         let Some(action) = rule.action.recovery_action() else {
             continue;
         };
@@ -285,7 +290,7 @@ mod tests {
     use gpuhealth_api::{
         Duration,
         contract::{AnnotationValue, XidEvent},
-        policy::{ConditionRule, GpuHealthPolicySpec},
+        policy::{ConditionRule, ConditionWriter, GpuHealthPolicySpec},
     };
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
@@ -397,12 +402,17 @@ mod tests {
     #[test]
     fn conditions_wait_for_their_for_duration() {
         let mut det = detection();
-        det.node_conditions.push(ConditionRule {
+        let rule = ConditionRule {
             type_: "SysLogsXIDError".into(),
             status: ConditionStatus::True,
             for_: Duration::from_secs(60),
             action: SignalAction::NodeReboot,
-        });
+            writers: vec![ConditionWriter::service_account(
+                "npd",
+                "node-problem-detector",
+            )],
+        };
+        det.node_conditions.push(rule.clone());
         let conditions = [ObservedCondition {
             type_: "SysLogsXIDError".into(),
             status: "True".into(),
@@ -422,6 +432,15 @@ mod tests {
         let late = diagnose(ts("2026-05-29T08:01:00Z"), &det, &ev);
         assert_eq!(late.required(), Some(RecoveryAction::NodeReboot));
         assert!(late.gpus().is_empty(), "a condition names no GPU");
+
+        // A rule that names no writer is not acted on: anyone who may patch
+        // the Node's status could have written the condition.
+        det.node_conditions = vec![ConditionRule {
+            writers: Vec::new(),
+            ..rule
+        }];
+        let unwritten = diagnose(ts("2026-05-29T08:01:00Z"), &det, &ev);
+        assert_eq!(unwritten.required(), None, "{unwritten:?}");
     }
 
     #[test]

@@ -5,6 +5,7 @@ use gpuhealth_api::{
     GpuHealthPolicySpec,
     contract::{ContractError, GpuReport, MaintenanceNotice, RequestId, RequestResult},
     node_health::GpuNodeHealthStatus,
+    vocabulary::Reason,
 };
 use k8s_openapi::jiff::Timestamp;
 
@@ -13,11 +14,12 @@ use crate::{
     diagnosis::{ObservedCondition, UnhealthyDevice},
     drain::{BudgetView, PodView},
     fence::{DraView, ResourceCount},
+    guardrails::Guardrails,
     workload::WorkloadView,
 };
 
 /// The node as observed.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct NodeView {
     pub name: String,
     pub unschedulable: bool,
@@ -96,4 +98,18 @@ pub struct Input<'a> {
     /// [`BudgetNeeded`]; the caller counts and steps again.
     pub budget: Option<Budget>,
     pub state: &'a GpuNodeHealthStatus,
+    /// Why nothing of the policy is enforced now, whatever its mode: the
+    /// install's admission protection is not in force, or the policy is past
+    /// a guardrail. Then every step holds, as a paused policy's does.
+    pub not_enforced: Option<NotEnforced<'a>>,
+    /// Bounds the cluster's administrator set on every policy.
+    pub guardrails: &'a Guardrails,
+}
+
+/// Why a policy enforces nothing now.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NotEnforced<'a> {
+    /// `Unprotected` or `PastGuardrail`.
+    pub reason: Reason,
+    pub why: &'a str,
 }

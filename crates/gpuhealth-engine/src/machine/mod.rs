@@ -16,6 +16,7 @@ mod aftercare;
 mod core;
 mod decision;
 mod evictions;
+mod gone;
 mod incident;
 mod input;
 mod ladder;
@@ -38,7 +39,8 @@ use k8s_openapi::jiff::Timestamp;
 use self::core::{Stage, Stepper, Then};
 pub use self::{
     decision::{Action, Decision},
-    input::{BudgetNeeded, Input, NodeView, ValidationView, validation_pod_name},
+    gone::{Gone, node_deleted},
+    input::{BudgetNeeded, Input, NodeView, NotEnforced, ValidationView, validation_pod_name},
     needs::{HoldersSince, Needs, needs},
 };
 pub use crate::budget::is_disruptive;
@@ -51,6 +53,12 @@ pub const POLL: Duration = Duration::from_secs(10);
 /// to the node, and each second a drained node waits is a second of
 /// capacity lost. One field-selected pod list per draining node.
 pub const DRAIN_POLL: Duration = Duration::from_secs(2);
+
+/// How long a `DeviceTaintRule` stands before the reset it fences is asked
+/// for: a scheduler that had not yet seen the rule may allocate the device
+/// for a moment after it is written, and that claim's pod must be seen,
+/// and drained, first.
+pub const FENCE_SETTLE: Duration = Duration::from_secs(2);
 
 /// How long after a request the node may still not show it without the
 /// request being written again: the watch lags the write.
@@ -101,12 +109,23 @@ pub fn step(input: &Input<'_>) -> Result<Decision, BudgetNeeded> {
         return Ok(s.decision());
     }
     let mode = input.spec.mode;
-    if mode != Mode::Enforce
-        && !matches!(
-            input.state.phase,
-            Phase::Healthy | Phase::Suspect | Phase::Failed
-        )
-    {
+    let at_rest = matches!(
+        input.state.phase,
+        Phase::Healthy | Phase::Suspect | Phase::Failed
+    );
+    if let (Some(held), false) = (input.not_enforced, at_rest) {
+        // Whoever may patch Nodes could be driving this incident, or the
+        // policy asks for more than the cluster allows: hold where we are,
+        // as a paused policy does, until it is enforced again.
+        s.status.reason = Some(held.reason);
+        s.status.message = Some(format!(
+            "remediation held in {:?}: {}",
+            input.state.phase, held.why
+        ));
+        s.requeue = None;
+        return Ok(s.decision());
+    }
+    if mode != Mode::Enforce && !at_rest {
         // Switched to DryRun or Paused mid-remediation: hold where we are and
         // touch nothing outside our own status until Enforce again.
         let message = format!(

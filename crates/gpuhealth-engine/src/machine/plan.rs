@@ -22,7 +22,8 @@ impl Stepper<'_> {
         if scope == DrainScope::AffectedPods && unknown.is_some() {
             scope = DrainScope::GpuPods;
         }
-        let mut plan = drain::plan(&self.spec().drain, scope, gpus, self.input.pods);
+        let never = &self.input.guardrails.never_drain;
+        let mut plan = drain::plan(&self.spec().drain, never, scope, gpus, self.input.pods);
         if scope == DrainScope::GpuPods && self.spec().drain.scope == DrainScope::AffectedPods {
             plan.widened = unknown.map(|why| {
                 format!("every GPU pod of the node is drained, not only the GPUs' holders: {why}")

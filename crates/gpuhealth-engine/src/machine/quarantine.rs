@@ -17,14 +17,15 @@ use gpuhealth_api::{
     quarantine::{Fenced, GpuFence, QuarantineScope, QuarantineStatus},
     vocabulary::{FindingKind, QuarantineWhy},
 };
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::{apimachinery::pkg::apis::meta::v1::Time, jiff::Timestamp};
 
 use crate::{
+    diagnosis::after,
     fence::{Ask, BadGpu, Choice, choose, plugin_fences},
     happening::Happening,
 };
 
-use crate::machine::{Action, POLL, core::Stepper};
+use crate::machine::{Action, FENCE_SETTLE, POLL, core::Stepper};
 
 impl Stepper<'_> {
     /// How much of the node an incident about `gpus` that starts with
@@ -132,6 +133,28 @@ impl Stepper<'_> {
         false
     }
 
+    /// How long the incident's `DeviceTaintRule`s must still stand before
+    /// the step they fence is asked for ([`FENCE_SETTLE`]), and since
+    /// when the newest has stood; none once they have settled. A rule
+    /// written again (someone deleted it) settles again.
+    pub(super) fn fence_settling(&self) -> Option<(Duration, Timestamp)> {
+        let q = self.status.quarantine.as_ref().filter(|q| q.per_gpu())?;
+        let ours: Vec<&str> = q.rules().collect();
+        let newest = self
+            .input
+            .node
+            .dra
+            .as_ref()?
+            .rules
+            .iter()
+            .filter(|r| ours.contains(&r.name.as_str()))
+            .filter_map(|r| r.created)
+            .max()?;
+        let settled = after(newest, FENCE_SETTLE);
+        let left = settled.duration_since(self.now()).try_into().ok()?;
+        (left > Duration::ZERO).then_some((left, newest))
+    }
+
     /// A per-GPU quarantine that a later step widened to the node: that
     /// step waits for the cordon.
     pub(super) fn widened_and_not_cordoned(&mut self) -> bool {
@@ -141,7 +164,7 @@ impl Stepper<'_> {
         widened && !self.cordoned()
     }
 
-    fn rules_up(&self) -> Vec<String> {
+    pub(super) fn rules_up(&self) -> Vec<String> {
         self.input
             .node
             .dra

@@ -14,14 +14,16 @@ use gpuhealth_api::{
     },
     node_health::GpuNodeHealthStatus,
     policy::GpuHealthPolicySpec,
+    vocabulary::Reason,
 };
 use gpuhealth_engine::{
     budget::Budget,
     drain::{BudgetView, GpuGate, PodView},
     fence::{DeviceView, DraView, RuleView},
+    guardrails::Guardrails,
     happening::Happening,
     machine::ValidationView,
-    machine::{Action, BudgetNeeded, Input, NodeView, step},
+    machine::{Action, BudgetNeeded, Gone, Input, NodeView, NotEnforced, node_deleted, step},
     workload::WorkloadView,
 };
 use k8s_openapi::{
@@ -98,6 +100,10 @@ pub struct World {
     /// How far the agent's clock is from the operator's (its reports and
     /// results are stamped by it).
     pub agent_clock: SignedDuration,
+    /// Why the install's admission protection is missing, if it is.
+    pub unprotected: Option<String>,
+    /// The cluster's bounds on every policy (none, unless a test sets some).
+    pub guardrails: Guardrails,
     /// The report's `observedAt` as last seen, and when (by the operator's
     /// clock), as the operator keeps it.
     report_seen: Option<(Timestamp, Timestamp)>,
@@ -154,6 +160,8 @@ impl World {
             refused_uncordons: 0,
             boots: 1,
             agent_clock: SignedDuration::ZERO,
+            unprotected: None,
+            guardrails: Guardrails::none(),
             report_seen: None,
         }
     }
@@ -186,6 +194,11 @@ impl World {
             workloads: &self.workloads,
             budget,
             state: &self.state,
+            not_enforced: self.unprotected.as_deref().map(|why| NotEnforced {
+                reason: Reason::Unprotected,
+                why,
+            }),
+            guardrails: &self.guardrails,
         };
         let counted = step(&input(Some(self.budget))).expect("a counted budget is never asked for");
         match step(&input(None)) {
@@ -204,6 +217,24 @@ impl World {
         self.said.extend(decision.happenings.iter().cloned());
         self.happenings = decision.happenings;
         decision.actions
+    }
+
+    /// The Node is deleted: the operator's step for a gone node, with the
+    /// rules of gpuhealth's still up for it; a decision is persisted and
+    /// carried out as `reconcile` does.
+    pub fn node_deleted(&mut self) -> Gone {
+        let rules = self.node.dra.as_ref().map(|d| d.rules.clone());
+        let gone = node_deleted(self.now, "gpu-nodes", &self.spec, rules, &self.state);
+        if let Gone::Record(decision) = &gone {
+            self.state = decision.status.clone();
+            for action in &decision.actions {
+                self.apply(action);
+            }
+            self.log.extend(decision.actions.iter().cloned());
+            self.said.extend(decision.happenings.iter().cloned());
+            self.happenings = decision.happenings.clone();
+        }
+        gone
     }
 
     /// Reconciles at least once, then until `done` holds, failing if the
@@ -307,6 +338,7 @@ impl World {
                     dra.rules.push(RuleView {
                         name: rule.clone(),
                         incident: incident.clone(),
+                        created: Some(self.now),
                     });
                 }
             }

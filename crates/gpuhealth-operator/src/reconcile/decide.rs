@@ -9,12 +9,17 @@ use std::{
     time::Instant,
 };
 
-use gpuhealth_api::{GpuHealthPolicy, GpuNodeHealth, node_health::GpuNodeHealthStatus};
+use gpuhealth_api::{
+    GpuHealthPolicy, GpuNodeHealth, node_health::GpuNodeHealthStatus, policy::GpuHealthPolicySpec,
+    vocabulary::Reason,
+};
 use gpuhealth_engine::{
     budget::{self, Budget},
-    machine::{BudgetNeeded, Decision, Input, step},
+    honour,
+    machine::{BudgetNeeded, Decision, Input, NotEnforced, is_disruptive, step},
 };
 use k8s_openapi::jiff::Timestamp;
+use kube::runtime::reflector::ObjectRef;
 
 use super::{pending::Pending, read::Read};
 use crate::{
@@ -31,7 +36,13 @@ pub struct Decided<'a> {
 }
 
 pub fn decide<'a>(ctx: &'a Context, read: &Read, waiting: Instant) -> Decided<'a> {
-    let input = |budget| Input {
+    let spec = &read.policy.spec;
+    // The policy's last count of its nodes; a step about to start a
+    // remediation counts them afresh (below).
+    let selected = read.policy.status.as_ref().map_or(0, |s| s.nodes as usize);
+    let unprotected = ctx.protection.missing();
+    let past = past_guardrails(ctx, spec, selected);
+    let input = |budget, not_enforced| Input {
         now: Timestamp::now(),
         policy: &read.policy_name,
         spec: &read.policy.spec,
@@ -42,6 +53,8 @@ pub fn decide<'a>(ctx: &'a Context, read: &Read, waiting: Instant) -> Decided<'a
         workloads: &read.workloads,
         budget,
         state: &read.stored,
+        not_enforced,
+        guardrails: &ctx.guardrails,
     };
     let mut written = ctx.lock_decisions();
     let mut deciding = ctx.metrics.stage("wait", waiting);
@@ -50,15 +63,22 @@ pub fn decide<'a>(ctx: &'a Context, read: &Read, waiting: Instant) -> Decided<'a
     // held new faults back for half a minute (bench/FINDINGS.md). It is
     // counted only when the step asks, outside the lock, then under it
     // with this process's latest records.
-    let decision = match step(&input(None)) {
+    let decision = match step(&input(None, not_enforced(&unprotected, &past))) {
         Ok(decision) => decision,
         Err(BudgetNeeded) => {
             drop(written);
             let fleet = Fleet::of(ctx, &read.policy, &read.name);
+            let counted = past_guardrails(ctx, spec, fleet.managed);
             written = ctx.lock_decisions();
             deciding = ctx.metrics.stage("budget", deciding);
-            let budget = fleet.budget(&ctx.node_health.state(), &written, &read.policy, &read.name);
-            match step(&input(Some(budget))) {
+            let budget = fleet.budget(
+                ctx,
+                &ctx.node_health.state(),
+                &written,
+                &read.policy,
+                &read.name,
+            );
+            match step(&input(Some(budget), not_enforced(&unprotected, &counted))) {
                 Ok(decision) => decision,
                 Err(BudgetNeeded) => unreachable!("a step given its budget does not ask for it"),
             }
@@ -80,6 +100,32 @@ pub fn decide<'a>(ctx: &'a Context, read: &Read, waiting: Instant) -> Decided<'a
         decision,
         pending: Pending::new(ctx, &read.name, read.recorded.clone()),
     }
+}
+
+/// Why nothing of the policy is enforced: the protection first, then the
+/// guardrails.
+fn not_enforced<'w>(
+    unprotected: &'w Option<String>,
+    past: &'w Option<String>,
+) -> Option<NotEnforced<'w>> {
+    match (unprotected, past) {
+        (Some(why), _) => Some(NotEnforced {
+            reason: Reason::Unprotected,
+            why,
+        }),
+        (None, Some(why)) => Some(NotEnforced {
+            reason: Reason::PastGuardrail,
+            why,
+        }),
+        (None, None) => None,
+    }
+}
+
+/// Where the policy, selecting `selected` nodes, is past the cluster's
+/// guardrails, in words; None where it is within them.
+fn past_guardrails(ctx: &Context, spec: &GpuHealthPolicySpec, selected: usize) -> Option<String> {
+    let past = ctx.guardrails.exceeded(spec, selected);
+    honour::message(&past)
 }
 
 /// What a policy's budget needs from the node store: gathered before the
@@ -132,6 +178,7 @@ impl Fleet {
     /// engine.
     pub fn budget(
         &self,
+        ctx: &Context,
         store: &[Arc<GpuNodeHealth>],
         written: &HashMap<String, GpuNodeHealthStatus>,
         policy: &GpuHealthPolicy,
@@ -140,11 +187,23 @@ impl Fleet {
         let policy_name = policy.metadata.name.as_deref();
         let others = latest(store, written)
             .filter(|(name, s)| *name != this && s.policy.as_deref() == policy_name);
-        budget::Fleet::count(others).budget_for_one_more(
-            &policy.spec,
-            self.managed,
-            &self.still_fenced,
-            &self.disrupted_by_others,
-        )
+        // The cluster's bound counts every policy's nodes that are still
+        // there (a deleted node's record waits for `gone` a moment).
+        let (mut all, mut disrupted) = (0, 0);
+        for (name, status) in latest(store, written) {
+            if ctx.nodes.get(&ObjectRef::new(name)).is_none() {
+                continue;
+            }
+            all += 1;
+            disrupted += usize::from(name != this && is_disruptive(status.phase));
+        }
+        budget::Fleet::count(others)
+            .budget_for_one_more(
+                &policy.spec,
+                self.managed,
+                &self.still_fenced,
+                &self.disrupted_by_others,
+            )
+            .across_policies(disrupted, ctx.guardrails.max_disrupted(all))
     }
 }

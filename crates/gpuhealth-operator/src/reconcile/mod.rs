@@ -17,8 +17,9 @@ mod record;
 use std::{sync::Arc, time::Duration};
 
 use k8s_openapi::api::core::v1::Node;
-use kube::{ResourceExt, runtime::controller::Action as Requeue};
+use kube::{Resource, ResourceExt, runtime::controller::Action as Requeue};
 
+pub(crate) use self::record::write_status;
 use crate::{
     account,
     context::{Context, Error},
@@ -56,7 +57,7 @@ async fn reconcile_node(node: &Node, ctx: &Context) -> Result<Requeue, Error> {
     };
     account::count(ctx, &read.policy_name, &read.view, &decision.happenings);
     act::act(ctx, node, &read, &decision).await?;
-    account::tell(ctx, node, &decision.happenings).await;
+    account::tell(ctx, &node.object_ref(&()), &decision.happenings).await;
     read.remember_holders(ctx);
     if read.needs.gates_later {
         return Ok(Requeue::requeue(Duration::from_secs(1)));

@@ -114,14 +114,28 @@ pub async fn read(ctx: &Context, node: &Node) -> Result<Option<Read>, Error> {
 
     let pods: Vec<PodView> = if needs.pods {
         let api: Api<Pod> = Api::all(ctx.client.clone());
-        let list = api
+        let mut items = api
             .list(&ListParams::default().fields(&format!("spec.nodeName={name}")))
-            .await?;
+            .await?
+            .items;
         // A pod holds the GPUs the report names for it and those its
-        // ResourceClaims were allocated.
+        // ResourceClaims were allocated, from the allocation on: one the
+        // scheduler has not bound to the node yet holds its device too.
         let mut held = holders.clone();
         if let (Some(dra), Some(view)) = (&ctx.dra, &view.dra) {
-            for (pod, gpus) in devices::claimed_gpus(&dra.claims, &list.items, &view.devices) {
+            for (namespace, pod) in devices::reserved_on(&dra.claims, &view.devices) {
+                let listed = items
+                    .iter()
+                    .any(|p| p.name_any() == pod && p.namespace().as_deref() == Some(&namespace));
+                if listed {
+                    continue;
+                }
+                let api: Api<Pod> = Api::namespaced(ctx.client.clone(), &namespace);
+                if let Some(p) = api.get_opt(&pod).await? {
+                    items.push(p);
+                }
+            }
+            for (pod, gpus) in devices::claimed_gpus(&dra.claims, &items, &view.devices) {
                 let entry = held.entry(pod).or_default();
                 for gpu in gpus {
                     if !entry.contains(&gpu) {
@@ -130,7 +144,7 @@ pub async fn read(ctx: &Context, node: &Node) -> Result<Option<Read>, Error> {
                 }
             }
         }
-        list.items.iter().map(|p| pod_view(p, &held)).collect()
+        items.iter().map(|p| pod_view(p, &held)).collect()
     } else {
         Vec::new()
     };

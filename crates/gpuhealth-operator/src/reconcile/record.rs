@@ -9,7 +9,7 @@ use gpuhealth_api::{GpuNodeHealth, node_health::GpuNodeHealthStatus, policy::Mod
 use gpuhealth_engine::machine::{Decision, is_disruptive};
 use k8s_openapi::api::core::v1::Node;
 use kube::{
-    Api, Resource, ResourceExt,
+    Api, ResourceExt,
     api::{ListParams, Patch, PatchParams},
     runtime::reflector::ObjectRef,
 };
@@ -54,7 +54,7 @@ pub async fn record(
         let hold = {
             let written = ctx.lock_decisions();
             fleet
-                .budget(&store, &written, &read.policy, &read.name)
+                .budget(ctx, &store, &written, &read.policy, &read.name)
                 .may_start()
                 .err()
         };
@@ -68,7 +68,7 @@ pub async fn record(
     }
     if read.in_cluster.as_ref() != Some(status) {
         let writing = std::time::Instant::now();
-        let result = write_status(ctx, node, status).await;
+        let result = write_status(ctx, &node.name_any(), status).await;
         ctx.metrics.stage("write", writing);
         result?;
     }
@@ -96,32 +96,28 @@ fn starts_after_takeover(ctx: &Context, read: &Read, status: &GpuNodeHealthStatu
             .is_some_and(|d| d < FRESH_BUDGET_AFTER_TAKEOVER)
 }
 
-async fn write_status(
+/// Writes `status` to the node's record, creating it first if need be.
+pub(crate) async fn write_status(
     ctx: &Context,
-    node: &Node,
+    name: &str,
     status: &GpuNodeHealthStatus,
 ) -> Result<(), Error> {
     let api: Api<GpuNodeHealth> = Api::all(ctx.client.clone());
-    let name = node.name_any();
     let params = PatchParams::apply(MANAGER).force();
-    if ctx.node_health.get(&ObjectRef::new(&name)).is_none() {
-        // One GpuNodeHealth per node, named after it and owned by it, so it
-        // goes when the node goes.
-        let owner = node.controller_owner_ref(&()).map(|mut o| {
-            o.controller = Some(false);
-            o
-        });
+    if ctx.node_health.get(&ObjectRef::new(name)).is_none() {
+        // One GpuNodeHealth per node, named after it. Not owned by it: an
+        // incident's record outlives a Node deleted mid-incident (`gone`).
         let object = json!({
             "apiVersion": "gpuhealth.io/v1alpha1",
             "kind": "GpuNodeHealth",
-            "metadata": {"name": name, "ownerReferences": owner.into_iter().collect::<Vec<_>>()},
+            "metadata": {"name": name},
             "spec": {},
         });
-        api.patch(&name, &params, &Patch::Apply(object)).await?;
+        api.patch(name, &params, &Patch::Apply(object)).await?;
     }
     let patch =
         json!({"apiVersion": "gpuhealth.io/v1alpha1", "kind": "GpuNodeHealth", "status": status});
-    api.patch_status(&name, &params, &Patch::Apply(patch))
+    api.patch_status(name, &params, &Patch::Apply(patch))
         .await?;
     Ok(())
 }

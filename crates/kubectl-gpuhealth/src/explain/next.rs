@@ -20,6 +20,12 @@ pub fn steps(input: &ExplainInput, now: Timestamp) -> Vec<String> {
 
     match s.phase {
         Phase::Healthy => {}
+        Phase::Failed if s.reason == Some(Reason::NodeDeleted) => {
+            steps.push(format!("{node}'s Node was deleted mid-incident: {message}"));
+            steps.push(format!(
+                "find who deleted it (a delete of nodes/{node} in the API server's audit log); if no machine comes back under this name, `kubectl delete gnh {node}`"
+            ));
+        }
         Phase::Failed if s.quarantine.as_ref().is_some_and(|q| q.per_gpu()) => {
             steps.push(format!(
                 "{node} is Failed ({reason}); its bad GPUs stay fenced, the node serving, until a person acts: {message}"
@@ -124,6 +130,8 @@ pub fn steps(input: &ExplainInput, now: Timestamp) -> Vec<String> {
                 steps.push(format!("{}; it stays there until gpuhealth acts", f.message));
             }
             FindingKind::PodOnBadGpu => {}
+            // Said with the phase it left the node in.
+            FindingKind::NodeDeleted => {}
             FindingKind::NodeQuarantinedInstead => steps.push(format!(
                 "{}; to fence a GPU alone, the cluster needs DeviceTaintRules (resource.k8s.io/v1beta2, feature gate DRADeviceTaintRules) and a DRA driver publishing the GPUs, or a device plugin that withdraws exactly the bad GPUs",
                 f.message

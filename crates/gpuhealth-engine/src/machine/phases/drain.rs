@@ -11,7 +11,7 @@ use gpuhealth_api::{
 use crate::{diagnosis::after, windows};
 
 use crate::machine::{
-    Action, DRAIN_POLL, POLL,
+    Action, DRAIN_POLL, FENCE_SETTLE, POLL,
     core::{Stage, Stepper, Then},
     ladder::{requested, verifying},
     validation_pod_name,
@@ -52,6 +52,17 @@ impl Stepper<'_> {
             return Then::Done;
         }
         if plan.is_done() {
+            if let Some((left, since)) = self.fence_settling() {
+                let message = format!(
+                    "{:?} {} waits until the GPUs' DeviceTaintRules, up since {since}, have stood {} s: a scheduler that had not seen them may still allocate the devices until then, and such a pod is drained first",
+                    action.type_,
+                    action.id,
+                    FENCE_SETTLE.as_secs()
+                );
+                self.enter(Phase::Draining, Reason::Draining, message);
+                self.wait(left);
+                return Then::Done;
+            }
             return self.request(action);
         }
         self.drain(plan, Reason::Draining);

@@ -38,8 +38,21 @@ struct Hold {
 
 /// What may hold a node back from acting, in order: the first that holds
 /// wins (a paused policy says so even while the budget is spent).
-const HOLDS: [fn(&mut Stepper<'_>, &Trigger) -> Option<Hold>; 4] =
-    [paused, disrupted_by_other, out_of_budget, dry_run];
+const HOLDS: [fn(&mut Stepper<'_>, &Trigger) -> Option<Hold>; 5] = [
+    not_enforced,
+    paused,
+    disrupted_by_other,
+    out_of_budget,
+    dry_run,
+];
+
+fn not_enforced(s: &mut Stepper<'_>, t: &Trigger) -> Option<Hold> {
+    s.input.not_enforced.map(|held| Hold {
+        reason: held.reason,
+        why: format!("{}; would act on: {}", held.why, t.headline),
+        recheck: None,
+    })
+}
 
 fn paused(s: &mut Stepper<'_>, t: &Trigger) -> Option<Hold> {
     (s.spec().mode == Mode::Paused).then(|| Hold {
@@ -82,6 +95,12 @@ fn out_of_budget(s: &mut Stepper<'_>, t: &Trigger) -> Option<Hold> {
             "{} node(s) already being remediated and {} disrupted by other tools (maxConcurrent {})",
             b.disruptive_elsewhere, b.disrupted_by_others, b.max_concurrent
         ),
+        budget::Hold::Guardrail => {
+            let (disrupted, max) = b.across_policies.unwrap_or_default();
+            format!(
+                "{disrupted} node(s) disrupted across all policies, the most the cluster allows ({max}, --max-disrupted-nodes)"
+            )
+        }
     };
     Some(Hold {
         reason: hold.reason(),

@@ -37,6 +37,7 @@ impl Stepper<'_> {
         }
         let plan = drain::plan(
             &self.spec().drain,
+            &self.input.guardrails.never_drain,
             DrainScope::AllPods,
             &[],
             self.input.pods,
