@@ -551,6 +551,14 @@ async fn the_clusters_guardrails_bound_every_policy() {
         "{}",
         past.message
     );
+    s.wait_event_saying(
+        &s.policy,
+        Reason::PastGuardrail.as_str(),
+        "spec.acknowledgeFleetWide",
+    )
+    .await
+    .expect("a PastGuardrail Event");
+    assert_eq!(past_guardrails(&s).await, Some(1.0), "one bound past");
     s.break_gpu(&first, 7).await.expect("break");
     let held = s
         .wait_status(&first, "held past the guardrail", |st| {
@@ -572,6 +580,10 @@ async fn the_clusters_guardrails_bound_every_policy() {
         .await
         .expect("acknowledged");
     ready_is(&s, "True", "Managing").await;
+    s.wait_event(&s.policy, "WithinGuardrails")
+        .await
+        .expect("a WithinGuardrails Event");
+    assert_eq!(past_guardrails(&s).await, Some(0.0), "within every bound");
     s.wait_status(&first, "the first node's reset asked for", |st| {
         st.phase == Phase::Remediating
     })
@@ -618,6 +630,25 @@ async fn the_clusters_guardrails_bound_every_policy() {
     let _ = Api::<Namespace>::all(s.client.clone())
         .delete(&infra, &Default::default())
         .await;
+}
+
+/// `gpuhealth_policy_past_guardrails` for the scenario's policy, as the
+/// operator serves it.
+async fn past_guardrails(s: &Scenario) -> Option<f64> {
+    let text = s
+        .operator
+        .as_ref()
+        .expect("the operator")
+        .scrape()
+        .await
+        .expect("/metrics");
+    let series = format!(
+        "gpuhealth_policy_past_guardrails{{policy=\"{}\"}} ",
+        s.policy
+    );
+    text.lines()
+        .find_map(|l| l.strip_prefix(&series))
+        .and_then(|v| v.trim().parse().ok())
 }
 
 /// Every rule the shipped RBAC (config/rbac/operator.yaml) gives the

@@ -95,6 +95,7 @@ pub struct Metrics {
     pub report_problems: Family<ReportProblemLabels, Gauge>,
     pub circuit_open: Family<PolicyLabels, Gauge>,
     pub unhonoured_fields: Family<PolicyLabels, Gauge>,
+    pub past_guardrails: Family<PolicyLabels, Gauge>,
     pub incidents: Family<OutcomeLabels, Counter>,
     pub remediations: Family<RemediationLabels, Counter>,
     pub findings: Family<FindingLabels, Counter>,
@@ -131,6 +132,7 @@ impl Default for Metrics {
             report_problems: Family::default(),
             circuit_open: Family::default(),
             unhonoured_fields: Family::default(),
+            past_guardrails: Family::default(),
             incidents: Family::default(),
             remediations: Family::default(),
             findings: Family::default(),
@@ -200,6 +202,11 @@ impl Default for Metrics {
             "policy_unhonoured_fields",
             "Fields of the policy the operator cannot honour (an unknown time zone, a lock it may not read); its Ready condition names them",
             m.unhonoured_fields.clone(),
+        );
+        r.register(
+            "policy_past_guardrails",
+            "Guardrails of the cluster the policy is past (the operator's --fleet-wide-nodes, --condition-types): while any, it enforces nothing and its Ready condition names them",
+            m.past_guardrails.clone(),
         );
         r.register(
             "gpus_fenced",

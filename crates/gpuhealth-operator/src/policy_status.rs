@@ -1,7 +1,8 @@
 //! A policy's status: how many nodes it manages and in which phase, and its
 //! `Ready`, `CircuitOpen` and `Conflict` conditions, with an Event when the
-//! circuit breaker opens or closes, and when what cannot be honoured of the
-//! policy changes.
+//! circuit breaker opens or closes, when what cannot be honoured of the
+//! policy changes, and when it goes past the cluster's guardrails or
+//! back within them.
 
 use std::sync::Arc;
 
@@ -10,11 +11,13 @@ use gpuhealth_api::{
     node_health::{GpuNodeHealthStatus, Phase, ReportProblemKind},
     policy::GpuHealthPolicyStatus,
     quarantine::GpuFence,
+    vocabulary::Reason,
 };
 use gpuhealth_engine::{
     budget,
     honour::{self, Problem},
 };
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::{
     Api, Resource, ResourceExt,
     api::{Patch, PatchParams},
@@ -118,6 +121,13 @@ async fn reconcile_policy(policy: &GpuHealthPolicy, ctx: &Context) -> Result<Req
             policy: name.clone(),
         })
         .set(problems.len() as i64);
+    let past_guardrails = ctx.guardrails.exceeded(&policy.spec, nodes);
+    ctx.metrics
+        .past_guardrails
+        .get_or_create(&PolicyLabels {
+            policy: name.clone(),
+        })
+        .set(past_guardrails.len() as i64);
     let status = GpuHealthPolicyStatus {
         observed_generation: generation,
         nodes: nodes as u32,
@@ -128,7 +138,7 @@ async fn reconcile_policy(policy: &GpuHealthPolicy, ctx: &Context) -> Result<Req
             conditions::ready(
                 &previous.conditions,
                 ctx.protection.missing(),
-                &ctx.guardrails.exceeded(&policy.spec, nodes),
+                &past_guardrails,
                 selector_error,
                 &problems,
                 nodes,
@@ -179,6 +189,12 @@ async fn reconcile_policy(policy: &GpuHealthPolicy, ctx: &Context) -> Result<Req
             })
     };
     events.extend(honour_event(before.as_deref(), now, ready.status == "True"));
+    let ready_before = previous.conditions.iter().find(|c| c.type_ == "Ready");
+    events.extend(guardrail_event(
+        ready_before,
+        ready,
+        past_guardrails.is_empty(),
+    ));
     if was("CircuitOpen") != budget.circuit_open() {
         events.push(if budget.circuit_open() {
             (EventType::Warning, "CircuitOpen", circuit.message.clone())
@@ -223,6 +239,30 @@ fn honour_event(
     }
 }
 
+/// The Event for a change of the policy's `Ready` condition past the
+/// cluster's guardrails: a Warning when it goes past one, or past another;
+/// a Normal one once it is `within` them again (not merely hidden behind
+/// another reason, such as `Unprotected`).
+fn guardrail_event(
+    before: Option<&Condition>,
+    now: &Condition,
+    within: bool,
+) -> Option<(EventType, &'static str, String)> {
+    let past = Reason::PastGuardrail.as_str();
+    let was = before.filter(|c| c.reason == past);
+    if now.reason == past {
+        return (was.map(|c| &c.message) != Some(&now.message))
+            .then(|| (EventType::Warning, past, now.message.clone()));
+    }
+    (was.is_some() && within).then(|| {
+        (
+            EventType::Normal,
+            "WithinGuardrails",
+            "the policy is within the cluster's guardrails again".into(),
+        )
+    })
+}
+
 /// What in `policy` the operator cannot honour: what its spec alone shows
 /// (the engine's check), a validation pod template no pod can be made
 /// from, and the locks it names that cannot be read.
@@ -247,6 +287,55 @@ pub fn error_policy(policy: Arc<GpuHealthPolicy>, error: &Error, ctx: Arc<Contex
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn going_past_a_guardrail_and_back_is_announced_once_each() {
+        let ready = |reason: &str, message: &str| Condition {
+            type_: "Ready".into(),
+            status: if reason == "Managing" {
+                "True"
+            } else {
+                "False"
+            }
+            .into(),
+            reason: reason.into(),
+            message: message.into(),
+            last_transition_time: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+            ),
+            observed_generation: None,
+        };
+        let reason = |e: Option<(EventType, &'static str, String)>| e.map(|(_, r, _)| r);
+        let past = Reason::PastGuardrail.as_str();
+        let managing = ready("Managing", "");
+        let fleet = ready(past, "selects 3 nodes");
+        let types = ready(past, "nodeConditions[0].type");
+        let unprotected = ready(Reason::Unprotected.as_str(), "a binding is gone");
+        assert_eq!(
+            reason(guardrail_event(Some(&managing), &fleet, false)),
+            Some(past)
+        );
+        assert_eq!(reason(guardrail_event(None, &fleet, false)), Some(past));
+        assert_eq!(reason(guardrail_event(Some(&fleet), &fleet, false)), None);
+        assert_eq!(
+            reason(guardrail_event(Some(&fleet), &types, false)),
+            Some(past),
+            "past another bound"
+        );
+        assert_eq!(
+            reason(guardrail_event(Some(&fleet), &managing, true)),
+            Some("WithinGuardrails")
+        );
+        // Hidden behind another reason, still past: nothing said.
+        assert_eq!(
+            reason(guardrail_event(Some(&fleet), &unprotected, false)),
+            None
+        );
+        assert_eq!(
+            reason(guardrail_event(Some(&managing), &managing, true)),
+            None
+        );
+    }
 
     #[test]
     fn what_cannot_be_honoured_is_announced_once_per_change() {
