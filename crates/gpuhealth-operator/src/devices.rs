@@ -298,13 +298,21 @@ pub fn claimed_gpus(
 /// are reserved for: each holds its device from the allocation on,
 /// although the scheduler binds it to the node a moment later.
 pub fn reserved_on(claims: &Store<ResourceClaim>, devices: &[DeviceView]) -> Vec<(String, String)> {
+    reserved_among(claims.state().iter().map(AsRef::as_ref), devices)
+}
+
+/// [`reserved_on`], over `claims` as listed.
+pub fn reserved_among<'a>(
+    claims: impl IntoIterator<Item = &'a ResourceClaim>,
+    devices: &[DeviceView],
+) -> Vec<(String, String)> {
     let ids: BTreeSet<String> = devices.iter().map(DeviceView::id).collect();
     if ids.is_empty() {
         return Vec::new();
     }
     let mut pods = BTreeSet::new();
-    for claim in claims.state() {
-        if !allocated(&claim).any(|id| ids.contains(&id)) {
+    for claim in claims {
+        if !allocated(claim).any(|id| ids.contains(&id)) {
             continue;
         }
         let namespace = claim.namespace().unwrap_or_default();

@@ -4,9 +4,9 @@
 use gpuhealth_api::vocabulary::Reason;
 use gpuhealth_engine::machine::Decision;
 use k8s_openapi::api::core::v1::Node;
-use tracing::{debug, info};
+use tracing::{debug, info, warn};
 
-use super::read::Read;
+use super::{last_look, read::Read};
 use crate::{
     actions,
     context::{Context, Error},
@@ -27,6 +27,12 @@ pub async fn act(
     for action in &decision.actions {
         if !ctx.leadership.is_held() {
             return Err(Error::NotLeader);
+        }
+        if let Some(pod) = last_look::unseen_holder(ctx, read, action).await? {
+            // The record says the request is in flight; the next step
+            // finds it missing, drains the pod, and only then asks again.
+            warn!(node = %read.name, %pod, ?action, "not asked for yet: a pod the step had not seen holds a GPU it covers");
+            continue;
         }
         debug!(node = %read.name, ?action, "carrying out");
         actions::run(ctx, node, &read.policy.spec, action).await?;

@@ -10,6 +10,7 @@
 
 mod act;
 mod decide;
+mod last_look;
 mod pending;
 mod read;
 mod record;
