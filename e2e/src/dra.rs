@@ -18,6 +18,7 @@ use k8s_openapi::{
             DeviceRequest, DeviceSelector, ExactDeviceRequest, ResourceClaim, ResourceClaimSpec,
             ResourcePool, ResourceSlice, ResourceSliceSpec,
         },
+        resource::v1beta2::DeviceTaintRule,
     },
     apimachinery::pkg::apis::meta::v1::ObjectMeta,
 };
@@ -227,6 +228,30 @@ async fn claiming_pod_where(
     };
     Api::<Pod>::namespaced(client.clone(), namespace)
         .create(&PostParams::default(), &pod)
+        .await?;
+    Ok(())
+}
+
+/// The device pod `pod`'s claim (`<pod>-gpu`, as [`claiming_pod`] makes
+/// it) was allocated, once the scheduler has allocated it.
+pub async fn device_of(client: &Client, namespace: &str, pod: &str) -> Result<String> {
+    let claims: Api<ResourceClaim> = Api::namespaced(client.clone(), namespace);
+    let claim = crate::wait::until(claims, &format!("{pod}-gpu"), crate::wait::WAIT, |c| {
+        allocated_device(c).is_some()
+    })
+    .await?;
+    Ok(allocated_device(&claim).unwrap_or_default())
+}
+
+/// Deletes every DeviceTaintRule of gpuhealth's for `node` (an identity
+/// that holds break glass may).
+pub async fn delete_fences(client: &Client, node: &str) -> Result<()> {
+    let of_node = kube::api::ListParams::default().labels(&format!(
+        "{}={node}",
+        gpuhealth_api::quarantine::RULE_NODE_LABEL
+    ));
+    Api::<DeviceTaintRule>::all(client.clone())
+        .delete_collection(&Default::default(), &of_node)
         .await?;
     Ok(())
 }

@@ -9,7 +9,7 @@
 
 use gpuhealth_api::{contract::PodRef, node_health::Phase, quarantine::RULE_NODE_LABEL};
 use gpuhealth_e2e::{
-    dra::{self, allocated_device},
+    dra,
     invariants::{Seen, ending, fences_up},
     recorder::Recorder,
     reports,
@@ -20,13 +20,13 @@ use k8s_openapi::{
     api::{
         core::v1::{Container, Node, Pod, PodSpec, Toleration},
         policy::v1::PodDisruptionBudget,
-        resource::{v1::ResourceClaim, v1beta2::DeviceTaintRule},
+        resource::v1beta2::DeviceTaintRule,
     },
     apimachinery::pkg::apis::meta::v1::ObjectMeta,
 };
 use kube::{
     Api,
-    api::{DeleteParams, ListParams, Patch, PatchParams, PostParams},
+    api::{DeleteParams, Patch, PatchParams, PostParams},
     runtime::watcher,
 };
 use serde_json::json;
@@ -65,16 +65,6 @@ fn claimed_at(timeline: &[Seen], pod: &str, gpu: u32) -> Option<usize> {
     )
 }
 
-/// Deletes every rule of gpuhealth's for `node`, as an identity allowed to
-/// (the test's holds break glass).
-async fn delete_rules(s: &Scenario, node: &str) {
-    let of_node = ListParams::default().labels(&format!("{RULE_NODE_LABEL}={node}"));
-    Api::<DeviceTaintRule>::all(s.client.clone())
-        .delete_collection(&DeleteParams::default(), &of_node)
-        .await
-        .expect("the rules deleted");
-}
-
 /// Waits until gpuhealth has a rule up for `node`.
 async fn rule_up(s: &Scenario, node: &str) {
     until_set(
@@ -86,17 +76,6 @@ async fn rule_up(s: &Scenario, node: &str) {
     )
     .await
     .expect("a rule");
-}
-
-/// The device pod `pod`'s claim was allocated, once it was.
-async fn device_of(s: &Scenario, pod: &str) -> String {
-    let claims: Api<ResourceClaim> = Api::namespaced(s.client.clone(), &s.namespace);
-    let claim = until(claims, &format!("{pod}-gpu"), WAIT, |c| {
-        allocated_device(c).is_some()
-    })
-    .await
-    .unwrap_or_else(|e| panic!("{pod}'s claim allocated: {e}"));
-    allocated_device(&claim).unwrap_or_default()
 }
 
 /// A recorder of the scenario's nodes, pods, rules and claims, listing.
@@ -120,7 +99,12 @@ async fn a_pod_given_the_bad_gpu_while_its_rule_was_gone_is_drained_before_the_r
     dra::claiming_pod(&s.client, &s.namespace, &s.group, "holder-7", Some(7))
         .await
         .expect("GPU 7's holder");
-    assert_eq!(device_of(&s, "holder-7").await, "gpu-7");
+    assert_eq!(
+        dra::device_of(&s.client, &s.namespace, "holder-7")
+            .await
+            .expect("a claim allocated"),
+        "gpu-7"
+    );
     s.add_pdb_selecting("keep", "dra", 0)
         .await
         .expect("a budget that allows no disruption");
@@ -138,11 +122,15 @@ async fn a_pod_given_the_bad_gpu_while_its_rule_was_gone_is_drained_before_the_r
 
     let operator = s.operator.as_ref().expect("the operator runs");
     operator.stall().await.expect("the operator stalled");
-    delete_rules(&s, &node).await;
+    dra::delete_fences(&s.client, &node)
+        .await
+        .expect("the rules deleted");
     dra::claiming_pod(&s.client, &s.namespace, &s.group, "newcomer", Some(7))
         .await
         .expect("a pod wanting GPU 7");
-    let given = device_of(&s, "newcomer").await;
+    let given = dra::device_of(&s.client, &s.namespace, "newcomer")
+        .await
+        .expect("a claim allocated");
     operator.resume().await.expect("the operator goes on");
     assert_eq!(given, "gpu-7", "the scheduler gave the newcomer GPU 7");
 

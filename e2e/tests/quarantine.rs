@@ -22,7 +22,7 @@ use gpuhealth_api::{
 };
 use gpuhealth_e2e::{
     agent::Answer,
-    dra::{self, allocated_device},
+    dra,
     operator::{self, Options},
     reports,
     scenario::{Scenario, WAIT},
@@ -32,7 +32,7 @@ use gpuhealth_e2e::{
 use k8s_openapi::{
     api::{
         core::v1::{Node, Pod, ResourceHealth, ResourceStatus},
-        resource::{v1::ResourceClaim, v1beta2::DeviceTaintRule},
+        resource::v1beta2::DeviceTaintRule,
     },
     apimachinery::pkg::util::intstr::IntOrString,
 };
@@ -66,17 +66,6 @@ fn watch_cordon(client: &Client, node: &str) -> (Background, Arc<AtomicBool>) {
     (task, ever)
 }
 
-/// The device the claim of pod `pod` was allocated, once it was.
-async fn device_of(s: &Scenario, pod: &str) -> String {
-    let claims: Api<ResourceClaim> = Api::namespaced(s.client.clone(), &s.namespace);
-    let claim = until(claims, &format!("{pod}-gpu"), WAIT, |c| {
-        allocated_device(c).is_some()
-    })
-    .await
-    .unwrap_or_else(|e| panic!("{pod}'s claim allocated: {e}"));
-    allocated_device(&claim).unwrap_or_default()
-}
-
 /// A pod `holder-<i>` claiming GPU `i`, for each of `gpus`, each allocated
 /// that GPU by the scheduler.
 async fn holders(s: &Scenario, gpus: &[u32]) {
@@ -93,7 +82,9 @@ async fn holders(s: &Scenario, gpus: &[u32]) {
     }
     for &i in gpus {
         assert_eq!(
-            device_of(s, &format!("holder-{i}")).await,
+            dra::device_of(&s.client, &s.namespace, &format!("holder-{i}"))
+                .await
+                .expect("a claim allocated"),
             dra::device_name(i)
         );
     }
@@ -191,7 +182,13 @@ async fn a_bad_gpu_on_a_dra_node_costs_that_gpu_and_the_node_keeps_serving() {
     dra::claiming_pod(&s.client, &s.namespace, &s.group, "newcomer", None)
         .await
         .expect("a new pod");
-    assert_eq!(device_of(&s, "newcomer").await, "gpu-6", "never GPU 7");
+    assert_eq!(
+        dra::device_of(&s.client, &s.namespace, "newcomer")
+            .await
+            .expect("a claim allocated"),
+        "gpu-6",
+        "never GPU 7"
+    );
     until(pods.clone(), "newcomer", WAIT, |p| {
         p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node.as_str())
     })
@@ -214,7 +211,12 @@ async fn a_bad_gpu_on_a_dra_node_costs_that_gpu_and_the_node_keeps_serving() {
     dra::claiming_pod(&s.client, &s.namespace, &s.group, "late", None)
         .await
         .expect("a later pod");
-    assert_eq!(device_of(&s, "late").await, "gpu-7");
+    assert_eq!(
+        dra::device_of(&s.client, &s.namespace, "late")
+            .await
+            .expect("a claim allocated"),
+        "gpu-7"
+    );
     drop(watch);
     assert!(
         !ever_cordoned.load(Ordering::SeqCst),
@@ -331,7 +333,9 @@ async fn a_reboot_class_failure_on_a_dra_node_cordons_it_and_says_why() {
     dra::claiming_pod(&s.client, &s.namespace, &s.group, "holder-7", Some(7))
         .await
         .expect("a pod");
-    device_of(&s, "holder-7").await;
+    dra::device_of(&s.client, &s.namespace, "holder-7")
+        .await
+        .expect("a claim allocated");
     hold(&s.agent.reboot);
     s.start().await.expect("operator and agent");
 
@@ -453,7 +457,9 @@ async fn an_operator_killed_around_a_fence_leaves_no_rule_behind_and_no_gpu_fenc
         dra::claiming_pod(&s.client, &s.namespace, &s.group, &holder, Some(gpu as u32))
             .await
             .expect("a pod");
-        device_of(&s, &holder).await;
+        dra::device_of(&s.client, &s.namespace, &holder)
+            .await
+            .expect("a claim allocated");
         let lease = format!("{}-{i}", s.group);
         let mut first = operator::start_with(
             &format!("{lease}-crashes"),
@@ -513,7 +519,12 @@ async fn an_operator_killed_around_a_fence_leaves_no_rule_behind_and_no_gpu_fenc
         dra::claiming_pod(&s.client, &s.namespace, &s.group, &late, Some(gpu as u32))
             .await
             .expect("a later pod");
-        assert_eq!(device_of(&s, &late).await, dra::device_name(gpu as u32));
+        assert_eq!(
+            dra::device_of(&s.client, &s.namespace, &late)
+                .await
+                .expect("a claim allocated"),
+            dra::device_name(gpu as u32)
+        );
         second.kill().await;
         eprintln!("killed entering {phase:?}{moment}: no rule left, GPU {gpu} allocatable");
     }
@@ -558,16 +569,15 @@ async fn a_pod_given_the_fenced_gpu_while_its_rule_was_gone_is_drained() {
     // only have GPU 7 arrives and the scheduler allocates it the device.
     let operator = s.operator.as_ref().expect("the operator runs");
     operator.stall().await.expect("the operator stalled");
-    let rules: Api<DeviceTaintRule> = Api::all(s.client.clone());
-    let by_node = ListParams::default().labels(&format!("{RULE_NODE_LABEL}={node}"));
-    let _ = rules
-        .delete_collection(&Default::default(), &by_node)
+    dra::delete_fences(&s.client, &node)
         .await
         .expect("the rule deleted");
     dra::claiming_pod(&s.client, &s.namespace, &s.group, "newcomer", Some(7))
         .await
         .expect("a pod wanting GPU 7");
-    let given = device_of(&s, "newcomer").await;
+    let given = dra::device_of(&s.client, &s.namespace, "newcomer")
+        .await
+        .expect("a claim allocated");
     operator.resume().await.expect("the operator going on");
     assert_eq!(given, "gpu-7");
     // Drained while the reset is still held: no pod on GPU 7 when it runs.
