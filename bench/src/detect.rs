@@ -26,9 +26,7 @@ use gpuhealth_api::{
     vocabulary::IncidentOutcome,
 };
 use gpuhealth_e2e::{
-    host::Host,
-    process::Process,
-    shipped::shipped,
+    host::{Agent, Host},
     sim::{GpuNodeSpec, gpu_node, is_cordoned},
     wait,
 };
@@ -95,10 +93,9 @@ pub async fn measure(args: &Args, client: &Client, cordons: &Cordons) -> Result<
         json!({"maxConcurrent": "100%", "remediationLimits": {"perGpu": 0, "perNode": 0}}),
     )
     .await?;
-    let (flags, _) = shipped("container-toolkit").await?;
     let mut served = Vec::new();
     for i in 0..args.detect_nodes {
-        served.push(serve(client, &node_name(i), &flags).await?);
+        served.push(serve(client, &node_name(i)).await?);
     }
     let faults = 2 * args.detect_faults;
     let per_node = faults.div_ceil(served.len());
@@ -126,7 +123,7 @@ pub async fn measure(args: &Args, client: &Client, cordons: &Cordons) -> Result<
 /// A Ready node of the group, its host, and the shipped agent serving it,
 /// once its first report from NVML is on the Node and the operator took
 /// the node in.
-async fn serve(client: &Client, node: &str, flags: &[String]) -> Result<(Host, Process)> {
+async fn serve(client: &Client, node: &str) -> Result<(Host, Agent)> {
     let nodes: Api<Node> = Api::all(client.clone());
     nodes
         .create(
@@ -137,7 +134,7 @@ async fn serve(client: &Client, node: &str, flags: &[String]) -> Result<(Host, P
     let mut host = Host::new(node, 8)?;
     host.kubelet(client)?;
     let agent = host
-        .start_agent(&format!("bench-{node}-agent"), flags)
+        .start_agent(&format!("bench-{node}-agent"), &[])
         .await?;
     wait::until(nodes, node, STEP, |n| {
         report(n).is_some_and(|r| r.source.as_deref() == Some("gpuhealth-agent/nvml") && clear(&r))

@@ -39,6 +39,7 @@ use tokio::process::{Child, Command};
 use crate::{
     HarnessError, Result, pod_resources,
     process::Process,
+    shipped::{Part, shipped},
     system_bus,
     wait::{Background, applied},
 };
@@ -80,6 +81,19 @@ pub struct Host {
     /// paths for the real node.
     persistenced_socket: PathBuf,
     bus_socket: PathBuf,
+}
+
+/// The agent's two parts on a host, each its own process.
+pub struct Agent {
+    pub reporter: Process,
+    pub executor: Process,
+}
+
+impl Agent {
+    pub async fn kill(&mut self) {
+        self.reporter.kill().await;
+        self.executor.kill().await;
+    }
 }
 
 impl Host {
@@ -290,12 +304,33 @@ impl Host {
         env
     }
 
-    /// Starts the agent binary on this host with `args` and no flag of the
-    /// harness's own.
-    pub async fn start_agent(&self, name: &str, args: &[String]) -> Result<Process> {
-        let env = self.environment();
+    /// Starts the agent on this host as `config/agent/container-toolkit`
+    /// ships it: each part a process of its own with the flags its
+    /// DaemonSet ships, then `extra`, and no flag of the harness's own; the
+    /// reporter with a state directory of its own and the executor's to
+    /// read, as their hostPaths give them.
+    pub async fn start_agent(&self, name: &str, extra: &[&str]) -> Result<Agent> {
+        Ok(Agent {
+            reporter: self.start_part(name, Part::Reporter, extra).await?,
+            executor: (self.start_part(&format!("{name}-executor"), Part::Executor, extra)).await?,
+        })
+    }
+
+    async fn start_part(&self, name: &str, part: Part, extra: &[&str]) -> Result<Process> {
+        let (mut args, _) = shipped("container-toolkit", part).await?;
+        args.extend(extra.iter().map(|a| (*a).to_owned()));
+        let mut env = self.environment();
+        if part == Part::Reporter {
+            let own = self.state_dir().join("reporter");
+            env.retain(|(key, _)| key != "GPUHEALTH_STATE_DIR");
+            env.push(("GPUHEALTH_STATE_DIR".into(), own.display().to_string()));
+            env.push((
+                "GPUHEALTH_EXECUTOR_STATE_DIR".into(),
+                self.state_dir().display().to_string(),
+            ));
+        }
         Process::launch_with_flags_of_its_own("gpuhealth-agent", name, |command| {
-            command.args(args).envs(env);
+            command.args(&args).envs(env);
         })
         .await
     }

@@ -14,7 +14,7 @@ use tokio::{
     process::{Child, Command},
 };
 
-use crate::{HarnessError, Result, cluster::kubeconfig_path, wait::within};
+use crate::{HarnessError, Result, cluster::kubeconfig_path, shipped::Part, wait::within};
 
 /// A binary of this workspace, as `cargo build` left it (`make e2e` builds
 /// them first); from `GPUHEALTH_BIN_DIR` when set (the benchmark runs
@@ -44,6 +44,35 @@ enum MetricsAddress {
 
 /// gpuhealth's own binaries' flag.
 const OUR_FLAG: MetricsAddress = MetricsAddress::Flag("--metrics-addr");
+
+/// A process's capability sets, as masks of `linux/capability.h`'s numbers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HeldCapabilities {
+    pub effective: u64,
+    pub permitted: u64,
+    pub bounding: u64,
+    pub no_new_privileges: bool,
+}
+
+/// The mask of capabilities named as `setpriv` names them (lower case,
+/// without `CAP_`): the ones the shipped manifests add.
+pub fn capability_mask(names: &[String]) -> Result<u64> {
+    names.iter().try_fold(0u64, |mask, name| {
+        let number = match name.as_str() {
+            "dac_read_search" => 2,
+            "sys_ptrace" => 19,
+            "sys_admin" => 21,
+            "sys_boot" => 22,
+            "syslog" => 34,
+            other => {
+                return Err(HarnessError::Invalid(format!(
+                    "a capability the harness does not know: {other}"
+                )));
+            }
+        };
+        Ok(mask | 1u64 << number)
+    })
+}
 
 /// A running binary.
 pub struct Process {
@@ -127,10 +156,7 @@ impl Process {
             let listener = std::net::TcpListener::bind("127.0.0.1:0").map_err(io)?;
             listener.local_addr().map_err(io)?
         };
-        let mut command = match binary {
-            "gpuhealth-agent" => confined(&bin).await?,
-            _ => Command::new(&bin),
-        };
+        let mut command = Command::new(&bin);
         command.env("KUBECONFIG", kubeconfig_path().await?);
         match how {
             MetricsAddress::Flag(flag) => command.arg(format!("{flag}={metrics}")),
@@ -138,11 +164,14 @@ impl Process {
                 command.env("GPUHEALTH_METRICS_ADDR", metrics.to_string())
             }
         };
+        configure(&mut command);
+        if binary == "gpuhealth-agent" {
+            command = confined(&command).await?;
+        }
         command
             .stdout(Stdio::from(file))
             .stderr(Stdio::from(err))
             .kill_on_drop(true);
-        configure(&mut command);
         let child = command.spawn().map_err(|e| {
             HarnessError::ClusterStart(format!(
                 "starting {}: {e} (run `cargo build -p {binary}`)",
@@ -165,6 +194,32 @@ impl Process {
     /// Its process id, while it runs.
     pub fn pid(&self) -> Option<u32> {
         self.child.id()
+    }
+
+    /// Its capability sets as the kernel holds them (`/proc/<pid>/status`),
+    /// and whether it may gain more.
+    pub fn capabilities(&self) -> Result<HeldCapabilities> {
+        let pid = self
+            .pid()
+            .ok_or_else(|| HarnessError::Invalid(format!("{} is not running", self.name)))?;
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).map_err(io)?;
+        let field = |name: &str| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(name))
+                .map(|v| v.trim().to_owned())
+                .unwrap_or_default()
+        };
+        let set = |name: &str| {
+            u64::from_str_radix(&field(name), 16)
+                .map_err(|e| HarnessError::Invalid(format!("{name} of {}: {e}", self.name)))
+        };
+        Ok(HeldCapabilities {
+            effective: set("CapEff:")?,
+            permitted: set("CapPrm:")?,
+            bounding: set("CapBnd:")?,
+            no_new_privileges: field("NoNewPrivs:") == "1",
+        })
     }
 
     /// Whether it has exited by itself.
@@ -263,15 +318,34 @@ async fn http_get(addr: SocketAddr, path: &str) -> std::io::Result<(u16, String)
     Ok((status, body.to_owned()))
 }
 
-/// The agent as its shipped container runs it: root, with only the
-/// capabilities `config/agent/container-toolkit` adds (the bounding set
-/// holds the rest out of reach), and no new privileges. Every e2e test of
+/// The agent as its shipped containers run it: root, with only the
+/// capabilities `config/agent/container-toolkit` adds to the part its
+/// `--role` names (both parts' where it runs both), the bounding set
+/// holding the rest out of reach, and no new privileges. Every e2e test of
 /// the agent runs it so.
-async fn confined(bin: &std::path::Path) -> Result<Command> {
-    static CAPABILITIES: tokio::sync::OnceCell<Vec<String>> = tokio::sync::OnceCell::const_new();
-    let capabilities = CAPABILITIES
-        .get_or_try_init(|| crate::shipped::shipped_capabilities("container-toolkit"))
-        .await?;
+async fn confined(agent: &Command) -> Result<Command> {
+    let agent = agent.as_std();
+    let args: Vec<String> = agent
+        .get_args()
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect();
+    let role = args.iter().enumerate().find_map(|(i, a)| {
+        a.strip_prefix("--role=")
+            .map(str::to_owned)
+            .or_else(|| (a == "--role").then(|| args.get(i + 1).cloned().unwrap_or_default()))
+    });
+    let parts: Vec<Part> = Part::BOTH
+        .into_iter()
+        .filter(|p| role.as_deref().is_none_or(|r| r == "both" || r == p.role()))
+        .collect();
+    let mut capabilities = Vec::new();
+    for part in parts {
+        for c in shipped_capabilities(part).await? {
+            if !capabilities.contains(&c) {
+                capabilities.push(c);
+            }
+        }
+    }
     let bounding: String = std::iter::once("-all".to_owned())
         .chain(capabilities.iter().map(|c| format!("+{c}")))
         .collect::<Vec<_>>()
@@ -286,6 +360,26 @@ async fn confined(bin: &std::path::Path) -> Result<Command> {
             &bounding,
             "--",
         ])
-        .arg(bin);
+        .arg(agent.get_program())
+        .args(&args);
+    for (key, value) in agent.get_envs() {
+        match value {
+            Some(v) => command.env(key, v),
+            None => command.env_remove(key),
+        };
+    }
     Ok(command)
+}
+
+/// What `config/agent/container-toolkit` adds to `part`, read once.
+async fn shipped_capabilities(part: Part) -> Result<Vec<String>> {
+    static REPORTER: tokio::sync::OnceCell<Vec<String>> = tokio::sync::OnceCell::const_new();
+    static EXECUTOR: tokio::sync::OnceCell<Vec<String>> = tokio::sync::OnceCell::const_new();
+    let cell = match part {
+        Part::Reporter => &REPORTER,
+        Part::Executor => &EXECUTOR,
+    };
+    cell.get_or_try_init(|| crate::shipped::shipped_capabilities("container-toolkit", part))
+        .await
+        .cloned()
 }

@@ -7,6 +7,7 @@
 
 use std::path::{Path, PathBuf};
 
+use k8s_openapi::api::core::v1::Pod;
 use tokio::process::Command;
 
 use crate::{
@@ -170,4 +171,67 @@ pub fn shipped_images() -> Result<Vec<(PathBuf, String)>> {
             Ok((archive, reference.trim().to_owned()))
         })
         .collect()
+}
+
+/// The host process of `pod`'s first container: the one whose cgroup
+/// names the container's id.
+pub fn container_process(pod: &Pod) -> u32 {
+    let id = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.container_statuses.as_ref())
+        .and_then(|c| c.first())
+        .and_then(|c| c.container_id.clone())
+        .expect("a container id");
+    let id = id.rsplit("://").next().unwrap_or_default().to_owned();
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").expect("/proc").flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let cgroup = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default();
+        let exe = std::fs::read_link(format!("/proc/{pid}/exe")).unwrap_or_default();
+        if cgroup.contains(&id) && exe.ends_with("gpuhealth-agent") {
+            found.push(pid);
+        }
+    }
+    assert_eq!(
+        found.len(),
+        1,
+        "the agent's process of container {id}: {found:?}"
+    );
+    found[0]
+}
+
+/// What a part's process holds on the host, read from the kernel: its
+/// effective capabilities, whether it may gain more, whether it shares the
+/// host's PID namespace (so the host's processes, `/proc/1/root` among
+/// them), and whether the host's system bus is mounted in it.
+#[derive(Debug, PartialEq)]
+pub struct Confinement {
+    pub effective: u64,
+    pub no_new_privileges: bool,
+    pub host_pids: bool,
+    pub system_bus: bool,
+}
+
+pub fn confinement(pid: u32) -> Confinement {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .map(|v| v.trim().to_owned())
+            .unwrap_or_default()
+    };
+    let ns = |pid: &str| std::fs::read_link(format!("/proc/{pid}/ns/pid")).expect("pid namespace");
+    let mounts = std::fs::read_to_string(format!("/proc/{pid}/mountinfo")).expect("mountinfo");
+    Confinement {
+        effective: u64::from_str_radix(&field("CapEff:"), 16).expect("CapEff"),
+        no_new_privileges: field("NoNewPrivs:") == "1",
+        host_pids: ns(&pid.to_string()) == ns("1"),
+        system_bus: mounts
+            .lines()
+            .any(|l| l.split_whitespace().nth(4) == Some("/run/dbus")),
+    }
 }

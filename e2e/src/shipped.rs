@@ -1,6 +1,6 @@
-//! What `config/agent/` ships, as `kubectl kustomize` builds it: the agent
-//! container's flags, environment and capabilities, so that the tests run
-//! the agent as the manifests would.
+//! What `config/agent/` ships, as `kubectl kustomize` builds it: each
+//! part's container, its flags, environment and capabilities, so that the
+//! tests run the agent as the manifests would.
 
 use std::{collections::BTreeMap, path::Path};
 
@@ -9,10 +9,39 @@ use serde::Deserialize as _;
 
 use crate::{HarnessError, Result, kubectl};
 
-/// The flags and literal environment of the agent container that the
+/// The agent's two parts, each a DaemonSet of its own.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Part {
+    /// Reads the GPUs, writes the report.
+    Reporter,
+    /// Carries out resets and reboots.
+    Executor,
+}
+
+impl Part {
+    pub const BOTH: [Part; 2] = [Part::Reporter, Part::Executor];
+
+    /// Its DaemonSet, and its container there.
+    pub fn daemonset(self) -> (&'static str, &'static str) {
+        match self {
+            Part::Reporter => ("gpuhealth-agent", "agent"),
+            Part::Executor => ("gpuhealth-executor", "executor"),
+        }
+    }
+
+    /// Its `--role`, as the binary takes it.
+    pub fn role(self) -> &'static str {
+        match self {
+            Part::Reporter => "reporter",
+            Part::Executor => "executor",
+        }
+    }
+}
+
+/// The flags and literal environment of `part`'s container that the
 /// overlay `config/agent/<overlay>` ships, as `kubectl kustomize` builds it.
-pub async fn shipped(overlay: &str) -> Result<(Vec<String>, BTreeMap<String, String>)> {
-    let container = shipped_container(overlay).await?;
+pub async fn shipped(overlay: &str, part: Part) -> Result<(Vec<String>, BTreeMap<String, String>)> {
+    let container = shipped_container(overlay, part).await?;
     let env = container
         .env
         .unwrap_or_default()
@@ -22,11 +51,11 @@ pub async fn shipped(overlay: &str) -> Result<(Vec<String>, BTreeMap<String, Str
     Ok((container.args.unwrap_or_default(), env))
 }
 
-/// The capabilities the agent container of `config/agent/<overlay>` adds
+/// The capabilities `part`'s container of `config/agent/<overlay>` adds
 /// (it drops every other), lower-case without `CAP_`, as `setpriv` names
 /// them; an error if the container is privileged.
-pub async fn shipped_capabilities(overlay: &str) -> Result<Vec<String>> {
-    let context = shipped_container(overlay)
+pub async fn shipped_capabilities(overlay: &str, part: Part) -> Result<Vec<String>> {
+    let context = shipped_container(overlay, part)
         .await?
         .security_context
         .unwrap_or_default();
@@ -49,7 +78,8 @@ pub async fn shipped_capabilities(overlay: &str) -> Result<Vec<String>> {
         .collect())
 }
 
-pub async fn shipped_container(overlay: &str) -> Result<Container> {
+pub async fn shipped_container(overlay: &str, part: Part) -> Result<Container> {
+    let (daemonset, container) = part.daemonset();
     let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../config/agent")
         .join(overlay);
@@ -62,13 +92,16 @@ pub async fn shipped_container(overlay: &str) -> Result<Container> {
         }
         let ds: DaemonSet = serde_yaml::from_value(value)
             .map_err(|e| HarnessError::ClusterStart(format!("the DaemonSet: {e}")))?;
+        if ds.metadata.name.as_deref() != Some(daemonset) {
+            continue;
+        }
         return ds
             .spec
             .and_then(|s| s.template.spec)
-            .and_then(|s| s.containers.into_iter().find(|c| c.name == "agent"))
-            .ok_or_else(|| HarnessError::ClusterStart("no agent container".into()));
+            .and_then(|s| s.containers.into_iter().find(|c| c.name == container))
+            .ok_or_else(|| HarnessError::ClusterStart(format!("no {container} container")));
     }
     Err(HarnessError::ClusterStart(format!(
-        "config/agent/{overlay} has no DaemonSet"
+        "config/agent/{overlay} has no DaemonSet {daemonset}"
     )))
 }

@@ -273,8 +273,8 @@ async fn only_the_operator_asks_and_only_an_agent_reports_whoever_may_patch_node
 /// The identities are not what a broad role grants by accident: one account
 /// holding a node manager's wildcard role (every verb on Nodes, in every
 /// group), every verb on all of gpuhealth.io and every ordinary verb on
-/// everything passes neither as the operator nor as an agent, a notifier
-/// or break glass.
+/// everything passes neither as the operator nor as an agent's reporter or
+/// executor, a notifier or break glass.
 #[tokio::test]
 async fn broad_roles_pass_as_no_identity_of_gpuhealth() {
     let admin = client().await.expect("client");
@@ -321,6 +321,14 @@ async fn broad_roles_pass_as_no_identity_of_gpuhealth() {
         .await
         .expect_err("a report");
     assert!(e.contains("only a node's gpuhealth agent"), "{e}");
+    let e = patch(
+        &manager,
+        &node,
+        annotate("gpuhealth.io/request-result", Some("{}")),
+    )
+    .await
+    .expect_err("a request result");
+    assert!(e.contains("only a node's gpuhealth executor"), "{e}");
     let e = patch_status(&manager, &node, gpu_healthy())
         .await
         .expect_err("the GpuHealthy condition");
@@ -605,11 +613,13 @@ patches:
         .await
         .expect("the moved install");
 
-    // The moved agent's pod on its node, and a token bound to it.
+    // The moved reporter's pod on its node, and a token bound to it.
     let pods: Api<Pod> = Api::namespaced(admin.clone(), &namespace);
     let on_own = until_set(
         pods,
-        watcher::Config::default().fields(&format!("spec.nodeName={own}")),
+        watcher::Config::default()
+            .fields(&format!("spec.nodeName={own}"))
+            .labels("app.kubernetes.io/name=gpuhealth-agent"),
         "the moved agent's pod on its node",
         WAIT,
         |set| !set.is_empty(),

@@ -26,9 +26,10 @@ use gpuhealth_api::{
 use gpuhealth_e2e::{
     client, in_flight,
     node_agent::{self, hardware, set_hardware},
-    process::Process,
+    process::{Process, capability_mask},
     reports,
     scenario::WAIT,
+    shipped::{Part, shipped_capabilities},
     sim::{ready_gpu_node, remove_node, set_cordon},
     wait::{Background, applied, event_saying, until, within},
 };
@@ -303,9 +304,11 @@ async fn a_request_is_carried_out_once_and_repeated_or_stale_ones_are_not() {
     remove_node(&client, &node).await;
 }
 
-/// Every agent these tests start runs as the shipped container would: with
-/// exactly the capabilities `config/agent/container-toolkit` adds, and no
-/// way to gain more.
+/// Every agent these tests start runs as the shipped containers would:
+/// one that runs both parts (a simulated node's) with exactly the
+/// capabilities `config/agent/container-toolkit` adds to either part, and
+/// no way to gain more. (Each part alone, with its own:
+/// `e2e/tests/nvml_node.rs`.)
 #[tokio::test]
 async fn the_agent_runs_with_only_the_capabilities_its_manifest_adds() {
     let (client, node, state) = node("agent-caps").await;
@@ -318,36 +321,27 @@ async fn the_agent_runs_with_only_the_capabilities_its_manifest_adds() {
     })
     .await
     .expect("a report");
-    let pid = agent.pid().expect("running");
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("its status");
-    let field = |name: &str| {
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix(name))
-            .map(|v| v.trim().to_owned())
-            .unwrap_or_default()
-    };
-    let shipped = gpuhealth_e2e::shipped::shipped_capabilities("container-toolkit")
-        .await
-        .expect("the shipped capabilities");
-    // Their numbers in linux/capability.h.
-    let number = |name: &str| match name {
-        "dac_read_search" => 2,
-        "sys_ptrace" => 19,
-        "sys_admin" => 21,
-        "sys_boot" => 22,
-        "syslog" => 34,
-        other => panic!("a capability this test does not know: {other}"),
-    };
-    let expected: u64 = shipped.iter().map(|c| 1u64 << number(c)).sum();
-    for set in ["CapEff:", "CapPrm:", "CapBnd:"] {
-        let have = u64::from_str_radix(&field(set), 16).expect("a capability set");
+    let mut shipped = Vec::new();
+    for part in Part::BOTH {
+        shipped.extend(
+            shipped_capabilities("container-toolkit", part)
+                .await
+                .expect("the shipped capabilities"),
+        );
+    }
+    let expected = capability_mask(&shipped).expect("known capabilities");
+    let held = agent.capabilities().expect("its capabilities");
+    for (set, have) in [
+        ("effective", held.effective),
+        ("permitted", held.permitted),
+        ("bounding", held.bounding),
+    ] {
         assert_eq!(
             have, expected,
             "{set} {have:x}, shipped {shipped:?} = {expected:x}"
         );
     }
-    assert_eq!(field("NoNewPrivs:"), "1");
+    assert!(held.no_new_privileges);
     drop(agent);
     remove_node(&client, &node).await;
 }

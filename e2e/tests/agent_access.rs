@@ -1,8 +1,10 @@
-//! What the agent's ServiceAccount may do, with a real token bound to the
-//! agent's pod on one node: `config/agent/container-toolkit` (the default)
-//! applied to the real API server,
-//! its RBAC and its ValidatingAdmissionPolicies in force. Its Events are
-//! about its own Node only.
+//! What each part of the agent may do, with real tokens bound to the
+//! reporter's and the executor's pods on one node:
+//! `config/agent/container-toolkit` (the default) applied to the real API
+//! server, its RBAC and its ValidatingAdmissionPolicies in force. The
+//! reporter writes only its node's report and `GpuHealthy` condition; the
+//! executor only its node's request result, the operands' labels it pauses,
+//! and Events about its own Node.
 
 use std::time::Duration;
 
@@ -83,24 +85,42 @@ async fn the_agent_may_change_only_its_own_nodes_report() {
             .unwrap_or_else(|e| panic!("kubectl apply -k config/{dir}: {e}"));
     }
 
-    // The DaemonSet's pod on our node: its token is the agent's.
+    // Each DaemonSet's pod on our node: their tokens are the parts'.
     let pods: Api<Pod> = Api::namespaced(admin.clone(), NAMESPACE);
     let on_own = until_set(
         pods.clone(),
         watcher::Config::default().fields(&format!("spec.nodeName={own}")),
-        "the agent's pod on its node",
+        "both parts' pods on its node",
         WAIT,
-        |set| !set.is_empty(),
+        |set| set.len() == 2,
     )
     .await
-    .expect("agent pod");
-    let pod = on_own.values().next().expect("pod").clone();
+    .expect("the parts' pods");
+    let pod_of = |account: &str| {
+        on_own
+            .values()
+            .find(|p| {
+                p.spec
+                    .as_ref()
+                    .and_then(|s| s.service_account_name.as_deref())
+                    == Some(account)
+            })
+            .cloned()
+            .unwrap_or_else(|| panic!("the pod of {account}"))
+    };
+    let pod = pod_of("gpuhealth-agent");
     // Bound to the pod, as the kubelet projects it: with the node's name.
     let token = identities::token(&admin, NAMESPACE, "gpuhealth-agent", Some(&pod))
         .await
-        .expect("the agent's token");
-    let agent = client_with_token(&token).await.expect("agent client");
+        .expect("the reporter's token");
+    let agent = client_with_token(&token).await.expect("reporter client");
     let as_agent: Api<Node> = Api::all(agent.clone());
+    let executor_pod = pod_of("gpuhealth-executor");
+    let token = identities::token(&admin, NAMESPACE, "gpuhealth-executor", Some(&executor_pod))
+        .await
+        .expect("the executor's token");
+    let executor = client_with_token(&token).await.expect("executor client");
+    let as_executor: Api<Node> = Api::all(executor.clone());
 
     // The policy is in force once the API server refuses the other node.
     let report = |v: &str| json!({"metadata": {"annotations": {"gpuhealth.io/gpus": v}}});
@@ -119,30 +139,66 @@ async fn the_agent_may_change_only_its_own_nodes_report() {
     };
     assert!(refused.contains("only the Node it runs on"), "{refused}");
 
-    // Allowed: its own Node's report, request result and GpuHealthy condition.
+    // Allowed: the reporter's own Node's report and GpuHealthy condition;
+    // the executor's request result there. Neither writes the other's.
     patch(&as_agent, &own, report("{\"version\":1}"))
         .await
         .expect("its report");
     let result = json!({"metadata": {"annotations": {"gpuhealth.io/request-result": "{}"}}});
-    patch(&as_agent, &own, result)
+    patch(&as_executor, &own, result)
         .await
         .expect("its request result");
     patch_status(&as_agent, &own, gpu_healthy("False"))
         .await
         .expect("its condition");
     as_agent.get(&other).await.expect("it may read other nodes");
+    let forged = json!({"metadata": {"annotations": {"gpuhealth.io/request-result": "{\"by\":\"reporter\"}"}}});
+    let e = patch(&as_agent, &own, forged)
+        .await
+        .expect_err("the reporter writes a request result");
+    assert!(
+        e.contains("may write gpuhealth.io/request-result")
+            || e.contains("may change only its own annotations"),
+        "{e}"
+    );
+    let e = patch(&as_executor, &own, report("{\"version\":2}"))
+        .await
+        .expect_err("the executor writes a report");
+    assert!(
+        e.contains("only a node's gpuhealth agent may write gpuhealth.io/gpus")
+            || e.contains("may change only its own annotations"),
+        "{e}"
+    );
+    let e = patch_status(&as_executor, &own, gpu_healthy("True"))
+        .await
+        .expect_err("the executor writes the GpuHealthy condition");
+    // RBAC gives it no Node status at all.
+    assert!(e.contains("cannot patch resource \"nodes/status\""), "{e}");
+    let e = patch(
+        &as_executor,
+        &other,
+        json!({"metadata": {"annotations": {"gpuhealth.io/request-result": "{}"}}}),
+    )
+    .await
+    .expect_err("the executor writes another node's result");
+    assert!(e.contains("only the Node it runs on"), "{e}");
 
-    // Allowed: pausing the GPU Operator's operands for a reset, and
-    // restoring them; nothing else of their labels.
+    // Allowed to the executor: pausing the GPU Operator's operands for a
+    // reset, and restoring them; nothing else of their labels. Nothing of
+    // them to the reporter.
     let deploy =
         |v: &str| json!({"metadata": {"labels": {"nvidia.com/gpu.deploy.device-plugin": v}}});
     patch(&nodes, &own, deploy("true"))
         .await
         .expect("the GPU Operator's label");
-    patch(&as_agent, &own, deploy("paused-for-gpuhealth-reset"))
+    let e = patch(&as_agent, &own, deploy("paused-for-gpuhealth-reset"))
+        .await
+        .expect_err("the reporter pauses the device plugin");
+    assert!(e.contains("only its executor"), "{e}");
+    patch(&as_executor, &own, deploy("paused-for-gpuhealth-reset"))
         .await
         .expect("pausing the device plugin");
-    patch(&as_agent, &own, deploy("true"))
+    patch(&as_executor, &own, deploy("true"))
         .await
         .expect("restoring the device plugin");
     // The driver's own deploy label is no operand the agent pauses: off,
@@ -159,7 +215,7 @@ async fn the_agent_may_change_only_its_own_nodes_report() {
             json!({"metadata": {"labels": {"nvidia.com/gpu.deploy.sandbox-validator": "paused-for-gpuhealth-reset"}}}),
         ),
     ] {
-        let e = patch(&as_agent, &own, body).await.expect_err(what);
+        let e = patch(&as_executor, &own, body).await.expect_err(what);
         assert!(e.contains("pause and restore"), "{what}: {e}");
     }
 
@@ -252,7 +308,6 @@ async fn the_agent_may_change_only_its_own_nodes_report() {
         forbidden(deployments.list(&ListParams::default()).await.map(|_| ())),
         "list Deployments"
     );
-    // Events about its own Node, and about nothing else.
     let event = |kind: &str, name: &str| -> events::Event {
         serde_json::from_value(json!({
             "metadata": {"name": unique("agent-event"), "namespace": "default"},
@@ -264,7 +319,21 @@ async fn the_agent_may_change_only_its_own_nodes_report() {
         }))
         .expect("an Event")
     };
-    let events_api = Api::<events::Event>::namespaced(agent.clone(), "default");
+    // The reporter says nothing in Events, and may not read the records
+    // the executor checks requests against.
+    let reporter_events = Api::<events::Event>::namespaced(agent.clone(), "default");
+    let e = reporter_events
+        .create(&PostParams::default(), &event("Node", &own))
+        .await
+        .map(|_| ());
+    assert!(forbidden(e), "the reporter creates an Event");
+    let records: Api<gpuhealth_api::GpuNodeHealth> = Api::all(agent.clone());
+    assert!(
+        forbidden(records.get(&own).await.map(|_| ())),
+        "the reporter reads a GpuNodeHealth"
+    );
+    // The executor's Events: about its own Node, and about nothing else.
+    let events_api = Api::<events::Event>::namespaced(executor.clone(), "default");
     events_api
         .create(&PostParams::default(), &event("Node", &own))
         .await
@@ -280,23 +349,32 @@ async fn the_agent_may_change_only_its_own_nodes_report() {
             "{kind} {name}: {e}"
         );
     }
-    let evict: Api<Pod> = Api::namespaced(agent, NAMESPACE);
-    assert!(
-        forbidden(
-            evict
-                .evict(&pod.name_any(), &Default::default())
-                .await
-                .map(|_| ())
-        ),
-        "evict a pod"
-    );
+    for (who, client) in [("the reporter", agent), ("the executor", executor)] {
+        let evict: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
+        assert!(
+            forbidden(
+                evict
+                    .evict(&pod.name_any(), &Default::default())
+                    .await
+                    .map(|_| ())
+            ),
+            "{who} evicts a pod"
+        );
+        let secrets: Api<Secret> = Api::all(client);
+        assert!(
+            forbidden(secrets.list(&ListParams::default()).await.map(|_| ())),
+            "{who} reads Secrets"
+        );
+    }
 
-    // The DaemonSet would put a (simulated) agent pod on every GPU node the
-    // other tests make: remove it; the policy and RBAC stay.
-    Api::<DaemonSet>::namespaced(admin.clone(), NAMESPACE)
-        .delete("gpuhealth-agent", &DeleteParams::default())
-        .await
-        .expect("remove the DaemonSet");
+    // The DaemonSets would put a (simulated) agent pod on every GPU node
+    // the other tests make: remove them; the policy and RBAC stay.
+    for daemonset in ["gpuhealth-agent", "gpuhealth-executor"] {
+        Api::<DaemonSet>::namespaced(admin.clone(), NAMESPACE)
+            .delete(daemonset, &DeleteParams::default())
+            .await
+            .expect("remove the DaemonSet");
+    }
     for n in [&own, &other] {
         let _ = nodes.delete(n, &DeleteParams::default()).await;
     }

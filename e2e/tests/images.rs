@@ -177,6 +177,7 @@ fn the_manifests_run_the_images_the_dockerfiles_build() {
     for (manifest, binary) in [
         ("config/operator/deployment.yaml", "gpuhealth-operator"),
         ("config/agent/base/daemonset.yaml", "gpuhealth-agent"),
+        ("config/agent/base/executor.yaml", "gpuhealth-agent"),
     ] {
         let text = std::fs::read_to_string(root().join(manifest)).expect(manifest);
         assert!(

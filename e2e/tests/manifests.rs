@@ -1,30 +1,37 @@
 //! The agent's shipped overlays, built with `kubectl kustomize` as a user
-//! would: each has what its way of reaching the driver needs, and what the
-//! agent's defaults need on a real GPU node.
+//! would: each has what its way of reaching the driver needs, and what each
+//! part's defaults need on a real GPU node, and no more.
 
-use gpuhealth_e2e::kubectl;
-use k8s_openapi::api::{apps::v1::DaemonSet, core::v1::Container};
+use gpuhealth_e2e::{
+    kubectl,
+    shipped::{Part, shipped_container},
+};
+use k8s_openapi::api::{
+    apps::v1::DaemonSet,
+    core::v1::{Container, PodSpec},
+};
 use serde::Deserialize;
 
 const OVERLAYS: [&str; 2] = ["container-toolkit", "driver-root"];
 
-async fn daemonset(overlay: &str) -> DaemonSet {
+/// `part`'s DaemonSet in `config/agent/<overlay>`, and its container.
+async fn daemonset(overlay: &str, part: Part) -> (PodSpec, Container) {
     let dir = format!("{}/../config/agent/{overlay}", env!("CARGO_MANIFEST_DIR"));
     let built = kubectl(&["kustomize", &dir]).await.expect("kustomize");
-    serde_yaml::Deserializer::from_str(&built)
+    let (name, _) = part.daemonset();
+    let ds: DaemonSet = serde_yaml::Deserializer::from_str(&built)
         .map(|doc| serde_yaml::Value::deserialize(doc).expect("YAML"))
-        .find(|v| v.get("kind").and_then(|k| k.as_str()) == Some("DaemonSet"))
+        .find(|v| {
+            v.get("kind").and_then(|k| k.as_str()) == Some("DaemonSet")
+                && v["metadata"]["name"].as_str() == Some(name)
+        })
         .map(|v| serde_yaml::from_value(v).expect("a DaemonSet"))
-        .unwrap_or_else(|| panic!("config/agent/{overlay} ships no DaemonSet"))
-}
-
-fn agent(ds: &DaemonSet) -> Container {
-    ds.spec
-        .as_ref()
-        .and_then(|s| s.template.spec.as_ref())
-        .and_then(|s| s.containers.iter().find(|c| c.name == "agent"))
-        .cloned()
-        .expect("the agent container")
+        .unwrap_or_else(|| panic!("config/agent/{overlay} ships no DaemonSet {name}"));
+    let pod = ds.spec.and_then(|s| s.template.spec).expect("pod spec");
+    let container = shipped_container(overlay, part)
+        .await
+        .expect("the container");
+    (pod, container)
 }
 
 fn env(c: &Container, name: &str) -> Option<String> {
@@ -36,14 +43,13 @@ fn env(c: &Container, name: &str) -> Option<String> {
 }
 
 /// The host path mounted at `mount_path`, and whether read-only.
-fn mounted(ds: &DaemonSet, mount_path: &str) -> Option<(String, bool)> {
-    let spec = ds.spec.as_ref()?.template.spec.as_ref()?;
-    let mount = agent(ds)
+fn mounted(pod: &PodSpec, c: &Container, mount_path: &str) -> Option<(String, bool)> {
+    let mount = c
         .volume_mounts
-        .into_iter()
+        .iter()
         .flatten()
         .find(|m| m.mount_path == mount_path)?;
-    let volume = spec
+    let volume = pod
         .volumes
         .iter()
         .flatten()
@@ -59,179 +65,222 @@ fn mounted(ds: &DaemonSet, mount_path: &str) -> Option<(String, bool)> {
 #[tokio::test]
 async fn each_overlay_has_what_a_real_gpu_node_needs() {
     for overlay in OVERLAYS {
-        let ds = daemonset(overlay).await;
-        let c = agent(&ds);
-        let pod = ds
-            .spec
-            .as_ref()
-            .and_then(|s| s.template.spec.clone())
-            .expect("pod spec");
-        let args = c.args.clone().unwrap_or_default();
-        let at = |what: &str| format!("{overlay}: {what}");
-
-        // NVML, the reading the shipped agent requires.
-        assert!(
-            args.contains(&"--backend=nvml".to_owned()),
-            "{}",
-            at("nvml")
-        );
-        // Probes on the port the agent serves them on (its default, 8080).
-        let port = c
-            .ports
-            .iter()
-            .flatten()
-            .find(|p| p.name.as_deref() == Some("metrics"))
-            .map(|p| p.container_port);
-        assert_eq!(port, Some(8080), "{}", at("the metrics port"));
-        for (probe, path) in [
-            (&c.liveness_probe, "/livez"),
-            (&c.readiness_probe, "/readyz"),
-        ] {
-            let get = probe.as_ref().and_then(|p| p.http_get.as_ref());
-            assert_eq!(
-                get.and_then(|g| g.path.as_deref()),
-                Some(path),
+        for part in Part::BOTH {
+            let (pod, c) = daemonset(overlay, part).await;
+            let args = c.args.clone().unwrap_or_default();
+            let at = |what: &str| format!("{overlay}, the {part:?}: {what}");
+            assert!(
+                args.contains(&format!("--role={}", part.role())),
                 "{}",
-                at(path)
+                at("its role")
             );
-        }
-        // The host's processes, to name a GPU's holders; the kubelet's
-        // PodResources; the journal that outlives the pod. No /dev/kmsg: a
-        // container that is not privileged cannot open it (the kernel log
-        // comes through syslog(2)), and a privileged one has the host's.
-        assert_eq!(pod.host_pid, Some(true), "{}", at("hostPID"));
-        assert_eq!(mounted(&ds, "/dev/kmsg"), None, "{}", at("kmsg"));
-        assert_eq!(
-            mounted(&ds, "/var/lib/kubelet/pod-resources"),
-            Some(("/var/lib/kubelet/pod-resources".into(), true)),
-            "{}",
-            at("PodResources")
-        );
-        assert_eq!(
-            mounted(&ds, "/var/lib/gpuhealth-agent").map(|m| m.0),
-            Some("/var/lib/gpuhealth-agent".into()),
-            "{}",
-            at("state")
-        );
-        // Reboots through logind: the host's system bus, and CAP_SYS_BOOT.
-        assert!(
-            args.contains(&"--reboot-method=logind".to_owned()),
-            "{}",
-            at("logind")
-        );
-        // The directory, where the bus's socket is (re)created, and the
-        // socket's address in it, said explicitly.
-        assert_eq!(
-            mounted(&ds, "/run/dbus").map(|m| m.0),
-            Some("/run/dbus".into()),
-            "{}",
-            at("the system bus")
-        );
-        assert_eq!(
-            env(&c, "DBUS_SYSTEM_BUS_ADDRESS").as_deref(),
-            Some("unix:path=/run/dbus/system_bus_socket"),
-            "{}",
-            at("the bus's address")
-        );
-        let security = c.security_context.clone().unwrap_or_default();
-        let sys_boot = security
-            .capabilities
-            .and_then(|c| c.add)
-            .is_some_and(|a| a.iter().any(|c| c == "SYS_BOOT"));
-        assert!(
-            security.privileged == Some(true) || sys_boot,
-            "{}",
-            at("CAP_SYS_BOOT")
-        );
-        // Every toleration: it must run on a sick, cordoned, tainted node.
-        assert!(
-            pod.tolerations
+            // NVML, the reading the shipped agent requires.
+            assert!(
+                args.contains(&"--backend=nvml".to_owned()),
+                "{}",
+                at("nvml")
+            );
+            // Probes on the port the agent serves them on (its default, 8080).
+            let port = c
+                .ports
                 .iter()
                 .flatten()
-                .any(|t| t.operator.as_deref() == Some("Exists") && t.key.is_none()),
-            "{}",
-            at("tolerations")
-        );
+                .find(|p| p.name.as_deref() == Some("metrics"))
+                .map(|p| p.container_port);
+            assert_eq!(port, Some(8080), "{}", at("the metrics port"));
+            for (probe, path) in [
+                (&c.liveness_probe, "/livez"),
+                (&c.readiness_probe, "/readyz"),
+            ] {
+                let get = probe.as_ref().and_then(|p| p.http_get.as_ref());
+                assert_eq!(
+                    get.and_then(|g| g.path.as_deref()),
+                    Some(path),
+                    "{}",
+                    at(path)
+                );
+            }
+            // No /dev/kmsg: a container that is not privileged cannot open
+            // it (the kernel log comes through syslog(2)), and a privileged
+            // one has the host's.
+            assert_eq!(mounted(&pod, &c, "/dev/kmsg"), None, "{}", at("kmsg"));
+            // Every toleration: it must run on a sick, cordoned, tainted node.
+            assert!(
+                pod.tolerations
+                    .iter()
+                    .flatten()
+                    .any(|t| t.operator.as_deref() == Some("Exists") && t.key.is_none()),
+                "{}",
+                at("tolerations")
+            );
+            let security = c.security_context.clone().unwrap_or_default();
+            let bus = mounted(&pod, &c, "/run/dbus").map(|m| m.0);
+            match part {
+                // The kubelet's PodResources; its own state, and the
+                // executor's read-only; no host processes, no bus.
+                Part::Reporter => {
+                    assert_eq!(pod.host_pid, None, "{}", at("hostPID"));
+                    assert_eq!(
+                        mounted(&pod, &c, "/var/lib/kubelet/pod-resources"),
+                        Some(("/var/lib/kubelet/pod-resources".into(), true)),
+                        "{}",
+                        at("PodResources")
+                    );
+                    assert_eq!(
+                        mounted(&pod, &c, "/var/lib/gpuhealth-reporter"),
+                        Some(("/var/lib/gpuhealth-reporter".into(), false)),
+                        "{}",
+                        at("its state")
+                    );
+                    assert_eq!(
+                        env(&c, "GPUHEALTH_STATE_DIR").as_deref(),
+                        Some("/var/lib/gpuhealth-reporter")
+                    );
+                    assert_eq!(
+                        mounted(&pod, &c, "/var/lib/gpuhealth-agent"),
+                        Some(("/var/lib/gpuhealth-agent".into(), true)),
+                        "{}",
+                        at("the executor's state, read-only")
+                    );
+                    assert_eq!(
+                        env(&c, "GPUHEALTH_EXECUTOR_STATE_DIR").as_deref(),
+                        Some("/var/lib/gpuhealth-agent")
+                    );
+                    assert_eq!(bus, None, "{}", at("no system bus"));
+                }
+                // The host's processes, to name a GPU's holders; the
+                // journal that outlives the pod; reboots through logind.
+                Part::Executor => {
+                    assert_eq!(pod.host_pid, Some(true), "{}", at("hostPID"));
+                    assert_eq!(
+                        mounted(&pod, &c, "/var/lib/gpuhealth-agent"),
+                        Some(("/var/lib/gpuhealth-agent".into(), false)),
+                        "{}",
+                        at("state")
+                    );
+                    assert_eq!(
+                        mounted(&pod, &c, "/var/lib/kubelet/pod-resources"),
+                        None,
+                        "{}",
+                        at("no PodResources")
+                    );
+                    assert!(
+                        args.contains(&"--reboot-method=logind".to_owned()),
+                        "{}",
+                        at("logind")
+                    );
+                    // The directory, where the bus's socket is (re)created,
+                    // and the socket's address in it, said explicitly.
+                    assert_eq!(bus, Some("/run/dbus".into()), "{}", at("the system bus"));
+                    assert_eq!(
+                        env(&c, "DBUS_SYSTEM_BUS_ADDRESS").as_deref(),
+                        Some("unix:path=/run/dbus/system_bus_socket"),
+                        "{}",
+                        at("the bus's address")
+                    );
+                    let sys_boot = security
+                        .capabilities
+                        .and_then(|c| c.add)
+                        .is_some_and(|a| a.iter().any(|c| c == "SYS_BOOT"));
+                    assert!(
+                        security.privileged == Some(true) || sys_boot,
+                        "{}",
+                        at("CAP_SYS_BOOT")
+                    );
+                }
+            }
+        }
     }
 }
 
 #[tokio::test]
 async fn the_container_toolkit_overlay_asks_the_nvidia_runtime_for_nvml_and_nvidia_smi() {
-    let ds = daemonset("container-toolkit").await;
-    let c = agent(&ds);
-    let pod = ds.spec.and_then(|s| s.template.spec).expect("pod spec");
-    assert_eq!(pod.runtime_class_name.as_deref(), Some("nvidia"));
-    assert_eq!(env(&c, "NVIDIA_VISIBLE_DEVICES").as_deref(), Some("all"));
-    // `utility` is the capability that injects libnvidia-ml.so.1 and nvidia-smi.
-    let caps = env(&c, "NVIDIA_DRIVER_CAPABILITIES").unwrap_or_default();
-    assert!(
-        caps.split(',').any(|c| c == "utility" || c == "all"),
-        "{caps}"
-    );
+    for part in Part::BOTH {
+        let (pod, c) = daemonset("container-toolkit", part).await;
+        assert_eq!(
+            pod.runtime_class_name.as_deref(),
+            Some("nvidia"),
+            "{part:?}"
+        );
+        assert_eq!(env(&c, "NVIDIA_VISIBLE_DEVICES").as_deref(), Some("all"));
+        // `utility` is the capability that injects libnvidia-ml.so.1 and nvidia-smi.
+        let caps = env(&c, "NVIDIA_DRIVER_CAPABILITIES").unwrap_or_default();
+        assert!(
+            caps.split(',').any(|c| c == "utility" || c == "all"),
+            "{part:?}: {caps}"
+        );
+    }
 }
 
 #[tokio::test]
 async fn the_driver_root_overlay_mounts_the_driver_read_only_and_finds_it() {
-    let ds = daemonset("driver-root").await;
-    let c = agent(&ds);
-    assert_eq!(
-        mounted(&ds, "/driver-root"),
-        Some(("/run/nvidia/driver".into(), true))
-    );
+    for part in Part::BOTH {
+        let (pod, c) = daemonset("driver-root", part).await;
+        assert_eq!(
+            mounted(&pod, &c, "/driver-root"),
+            Some(("/run/nvidia/driver".into(), true)),
+            "{part:?}"
+        );
+        // The agent finds NVML and nvidia-smi in the root itself; the host's
+        // libraries on LD_LIBRARY_PATH would load its libc beside the image's.
+        assert_eq!(
+            env(&c, "GPUHEALTH_DRIVER_ROOT").as_deref(),
+            Some("/driver-root")
+        );
+        for inherited in [
+            "LD_LIBRARY_PATH",
+            "GPUHEALTH_NVIDIA_SMI",
+            "GPUHEALTH_NVML_LIBRARY",
+        ] {
+            assert_eq!(env(&c, inherited), None, "{part:?}: {inherited}");
+        }
+        assert!(pod.runtime_class_name.is_none());
+        // Without the NVIDIA runtime, the device nodes come from the host's
+        // /dev, which only a privileged container may open.
+        assert_eq!(
+            c.security_context.and_then(|s| s.privileged),
+            Some(true),
+            "{part:?}"
+        );
+    }
     // nvidia-persistenced, which must let a GPU go before its reset, runs
-    // in the driver container: its socket where nvidia-smi asks for it.
+    // in the driver container: its socket where the executor's nvidia-smi
+    // asks for it.
+    let (pod, c) = daemonset("driver-root", Part::Executor).await;
     assert_eq!(
-        mounted(&ds, "/run/nvidia-persistenced"),
+        mounted(&pod, &c, "/run/nvidia-persistenced"),
         Some(("/run/nvidia/driver/run/nvidia-persistenced".into(), true))
     );
-    // The agent finds NVML and nvidia-smi in the root itself; the host's
-    // libraries on LD_LIBRARY_PATH would load its libc beside the image's.
-    assert_eq!(
-        env(&c, "GPUHEALTH_DRIVER_ROOT").as_deref(),
-        Some("/driver-root")
-    );
-    for inherited in [
-        "LD_LIBRARY_PATH",
-        "GPUHEALTH_NVIDIA_SMI",
-        "GPUHEALTH_NVML_LIBRARY",
-    ] {
-        assert_eq!(env(&c, inherited), None, "{inherited}");
-    }
-    let pod = ds.spec.and_then(|s| s.template.spec).expect("pod spec");
-    assert!(pod.runtime_class_name.is_none());
-    // Without the NVIDIA runtime, the device nodes come from the host's /dev.
-    assert_eq!(c.security_context.and_then(|s| s.privileged), Some(true));
 }
 
 #[tokio::test]
 async fn the_default_agent_is_not_privileged_and_adds_back_only_what_it_needs() {
-    let ds = daemonset("container-toolkit").await;
-    let context = agent(&ds).security_context.expect("a security context");
-    assert_eq!(context.privileged, Some(false));
-    assert_eq!(context.allow_privilege_escalation, Some(false));
-    assert_eq!(context.read_only_root_filesystem, Some(true));
-    let capabilities = context.capabilities.expect("capabilities");
-    assert_eq!(capabilities.drop, Some(vec!["ALL".to_owned()]));
-    let mut added = capabilities.add.unwrap_or_default();
-    added.sort();
-    assert_eq!(
-        added,
-        [
-            "DAC_READ_SEARCH",
-            "SYSLOG",
-            "SYS_ADMIN",
-            "SYS_BOOT",
-            "SYS_PTRACE"
-        ]
-    );
-    // The table of what each is for.
     let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/security.md"))
         .expect("docs/security.md");
-    for c in &added {
-        assert!(
-            doc.contains(&format!("`CAP_{c}`")),
-            "docs/security.md says what {c} is for"
-        );
+    for (part, needs) in [
+        (Part::Reporter, vec!["SYSLOG"]),
+        (
+            Part::Executor,
+            vec!["DAC_READ_SEARCH", "SYS_ADMIN", "SYS_BOOT", "SYS_PTRACE"],
+        ),
+    ] {
+        let (_, c) = daemonset("container-toolkit", part).await;
+        let context = c.security_context.expect("a security context");
+        assert_eq!(context.privileged, Some(false), "{part:?}");
+        assert_eq!(context.allow_privilege_escalation, Some(false), "{part:?}");
+        assert_eq!(context.read_only_root_filesystem, Some(true), "{part:?}");
+        let capabilities = context.capabilities.expect("capabilities");
+        assert_eq!(capabilities.drop, Some(vec!["ALL".to_owned()]));
+        let mut added = capabilities.add.unwrap_or_default();
+        added.sort();
+        assert_eq!(added, needs, "{part:?}");
+        // The table of what each is for.
+        for c in &added {
+            assert!(
+                doc.contains(&format!("`CAP_{c}`")),
+                "docs/security.md says what {c} is for"
+            );
+        }
     }
 }
 

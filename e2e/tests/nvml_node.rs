@@ -16,11 +16,11 @@ use gpuhealth_api::{
 };
 use gpuhealth_e2e::{
     client,
-    host::{DEVICE_PLUGIN_LABEL, Host, uuid},
+    host::{Agent, DEVICE_PLUGIN_LABEL, Host, uuid},
     in_flight, operator,
-    process::Process,
+    process::capability_mask,
     scenario::{Scenario, WAIT},
-    shipped::shipped,
+    shipped::{Part, shipped, shipped_capabilities},
     sim::{is_cordoned, ready_gpu_node, remove_node},
     wait::until,
 };
@@ -99,13 +99,18 @@ async fn answered(client: &Client, node: &str, id: &str) -> RequestResult {
     result(&n).expect("result")
 }
 
-/// The agent on `host` with `extra` flags after those `container-toolkit` ships.
-async fn agent(host: &Host, name: &str, extra: &[&str]) -> Process {
-    let (mut args, _) = shipped("container-toolkit")
-        .await
-        .expect("the shipped flags");
-    args.extend(extra.iter().map(|s| (*s).to_owned()));
-    host.start_agent(name, &args).await.expect("agent")
+/// Whether the report offers resets: the executor has said it can, and
+/// the reporter reads NVML.
+fn offers_resets(n: &Node) -> bool {
+    report(n)
+        .and_then(|r| r.capabilities)
+        .is_some_and(|c| c.reset)
+}
+
+/// The agent's two parts on `host` with `extra` flags after those
+/// `container-toolkit` ships.
+async fn agent(host: &Host, name: &str, extra: &[&str]) -> Agent {
+    host.start_agent(name, extra).await.expect("agent")
 }
 
 #[tokio::test]
@@ -124,22 +129,26 @@ async fn the_shipped_agent_takes_a_gpu_from_its_xid_back_to_serving_beside_the_g
 
     // Exactly the flags the default install ships, and the environment its
     // runtime gives the container.
-    let (args, env) = shipped("container-toolkit").await.expect("shipped");
-    assert_eq!(
-        env.get("NVIDIA_VISIBLE_DEVICES").map(String::as_str),
-        Some("all")
-    );
+    for part in Part::BOTH {
+        let (_, env) = shipped("container-toolkit", part).await.expect("shipped");
+        assert_eq!(
+            env.get("NVIDIA_VISIBLE_DEVICES").map(String::as_str),
+            Some("all"),
+            "{part:?}"
+        );
+    }
     let _agent = host
-        .start_agent(&format!("{node}-agent"), &args)
+        .start_agent(&format!("{node}-agent"), &[])
         .await
         .expect("agent");
     let n = until(nodes.clone(), &node, WAIT, |n| {
         from_nvml(n)
             && report(n).is_some_and(|r| r.gpus.iter().filter(|g| !g.pods.is_empty()).count() == 8)
             && allocatable_gpus(n).as_deref() == Some("8")
+            && offers_resets(n)
     })
     .await
-    .expect("the agent's report, every GPU's pod named by the kubelet");
+    .expect("the agent's report, every GPU's pod named by the kubelet, with the executor's offer");
     let r = report(&n).expect("report");
     assert_eq!(r.gpus.len(), 8);
     assert_eq!(
@@ -259,13 +268,46 @@ async fn a_gpu_nvidia_persistenced_holds_is_let_go_reset_and_held_again() {
     let (client, node, mut host) = bare_node("nvml-persistenced").await;
     host.persistenced().await.expect("nvidia-persistenced");
     assert_eq!(host.get(4, "persistence").as_deref(), Some("1"));
-    let _agent = agent(&host, &format!("{node}-agent"), &["--let-go=5s"]).await;
-    until(Api::<Node>::all(client.clone()), &node, WAIT, from_nvml)
+    let agent = agent(&host, &format!("{node}-agent"), &["--let-go=5s"]).await;
+    let nodes: Api<Node> = Api::all(client.clone());
+    until(nodes.clone(), &node, WAIT, from_nvml)
         .await
         .expect("a report");
+    // Each part with only the capabilities its own container adds.
+    for (part, process) in [
+        (Part::Reporter, &agent.reporter),
+        (Part::Executor, &agent.executor),
+    ] {
+        let shipped = shipped_capabilities("container-toolkit", part)
+            .await
+            .expect("shipped");
+        let expected = capability_mask(&shipped).expect("known capabilities");
+        let held = process.capabilities().expect("its capabilities");
+        assert_eq!(
+            (held.effective, held.bounding, held.no_new_privileges),
+            (expected, expected, true),
+            "{part:?}: {held:?}, shipped {shipped:?}"
+        );
+    }
+    // The reporter holds every GPU through NVML (the stand-in's nvidia-smi,
+    // as the driver, refuses a GPU anyone holds): the executor's reset asks
+    // it to let go, and it reports again after.
     request_reset(&client, &node, "inc-1-reset-1", &uuid(4)).await;
     let r = answered(&client, &node, "inc-1-reset-1").await;
     assert_eq!(r.outcome, Outcome::Succeeded, "{r:?}");
+    let said = agent.reporter.log_text();
+    assert!(
+        said.contains("let go of NVML for the executor's reset")
+            && said.contains("took NVML back after the executor's reset"),
+        "the reporter let go and took NVML back: {said}"
+    );
+    host.set(4, "recovery_action", "1")
+        .expect("GPU 4 breaks again");
+    until(nodes, &node, WAIT, |n| {
+        report(n).is_some_and(|r| r.gpus[4].health == GpuHealth::ResetRequired)
+    })
+    .await
+    .expect("the reporter reads NVML again after the reset");
     assert!(
         r.message
             .contains("persistence mode turned off for it and on again"),
@@ -291,9 +333,11 @@ async fn a_held_gpu_is_refused_naming_its_holder_and_a_hung_nvidia_smi_is_stoppe
     )
     .await;
     let nodes: Api<Node> = Api::all(client.clone());
-    let n = until(nodes.clone(), &node, WAIT, from_nvml)
-        .await
-        .expect("a report");
+    let n = until(nodes.clone(), &node, WAIT, |n| {
+        from_nvml(n) && offers_resets(n)
+    })
+    .await
+    .expect("a report with the executor's offer");
     // No system bus on this host: the report offers resets (NVML answers,
     // nvidia-smi runs) and no reboot, whatever --reboot-method says.
     assert_eq!(
@@ -341,7 +385,11 @@ async fn a_held_gpu_is_refused_naming_its_holder_and_a_hung_nvidia_smi_is_stoppe
     })
     .await
     .expect("the agent keeps serving");
-    let (status, _) = agent.get("/livez", |s| s == 200).await.expect("alive");
+    let (status, _) = agent
+        .reporter
+        .get("/livez", |s| s == 200)
+        .await
+        .expect("alive");
     assert_eq!(status, 200);
     remove_node(&client, &node).await;
 }
@@ -409,10 +457,9 @@ async fn xids_from_before_the_last_recovery_do_not_act_again_after_a_restart() {
 async fn a_reboot_on_the_shipped_default_reaches_logind_once() {
     let (client, node, mut host) = bare_node("nvml-reboot").await;
     host.system_bus().await.expect("the system bus");
-    let (args, _) = shipped("container-toolkit").await.expect("shipped");
     let nodes: Api<Node> = Api::all(client.clone());
     let mut first = host
-        .start_agent(&format!("{node}-agent"), &args)
+        .start_agent(&format!("{node}-agent"), &[])
         .await
         .expect("agent");
     until(nodes.clone(), &node, WAIT, from_nvml)
@@ -450,7 +497,7 @@ async fn a_reboot_on_the_shipped_default_reaches_logind_once() {
     // The node would now go down; an agent starting again never asks twice.
     first.kill().await;
     let _second = host
-        .start_agent(&format!("{node}-agent-2"), &args)
+        .start_agent(&format!("{node}-agent-2"), &[])
         .await
         .expect("agent");
     annotate(&client, &node, "e2e.gpuhealth.io/touch", "after-restart").await;
@@ -507,8 +554,16 @@ async fn a_hung_nvml_and_an_overwritten_report_are_seen_and_mended() {
         condition(&n).map(|(_, reason)| reason).as_deref(),
         Some("GpusUnreadable")
     );
-    agent.get("/readyz", |s| s == 503).await.expect("not ready");
-    agent.get("/livez", |s| s == 200).await.expect("alive");
+    agent
+        .reporter
+        .get("/readyz", |s| s == 503)
+        .await
+        .expect("not ready");
+    agent
+        .reporter
+        .get("/livez", |s| s == 200)
+        .await
+        .expect("alive");
 
     host.set(4, "hang", "0").expect("unhung");
     until(nodes, &node, WAIT, |n| {
@@ -516,6 +571,10 @@ async fn a_hung_nvml_and_an_overwritten_report_are_seen_and_mended() {
     })
     .await
     .expect("readable again");
-    agent.get("/readyz", |s| s == 200).await.expect("ready");
+    agent
+        .reporter
+        .get("/readyz", |s| s == 200)
+        .await
+        .expect("ready");
     remove_node(&client, &node).await;
 }

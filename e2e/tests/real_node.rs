@@ -1,17 +1,19 @@
 //! gpuhealth installed as a user installs it, on a real kubelet node
 //! (`e2e/node/`), run by `make e2e-node`: the images `make images` built,
 //! `config/default` applied with only its image references pointed at
-//! them, the operator and the agent as real pods, a GPU workload pod on
+//! them, the operator and the agent's two parts as real pods, each part
+//! holding what the kernel shows and no more, a GPU workload pod on
 //! each of the NVML stand-in's GPUs, NVIDIA's device plugin stand-in as
 //! the GPU Operator's DaemonSet runs it, and nvidia-persistenced holding
 //! the GPUs. Then the incident, end to end: Xid 119 and 154 on GPU 7, the
 //! pod on it evicted by the real kubelet, the operands paused,
-//! persistenced letting go, `nvidia-smi` resetting inside the agent's
-//! container, the GPU offered again, the node verified and uncordoned;
+//! persistenced and the reporter letting go, `nvidia-smi` resetting inside
+//! the executor's container, the GPU offered again, the node verified and uncordoned;
 //! then a reset that fails, and the reboot it escalates to reaching logind
 //! once through the shipped socket path.
 //!
-//! One test: the node is one per machine.
+//! One test: the node is one per machine. Long because that one test is
+//! the whole story a user's install lives through, told in order.
 
 use std::{
     path::{Path, PathBuf},
@@ -31,8 +33,11 @@ use gpuhealth_e2e::{
     client,
     host::{DEVICE_PLUGIN_LABEL, uuid},
     kubectl,
-    real_node::{DRIVER_ROOT, RealNode, shipped_images},
-    shipped::shipped_container,
+    process::capability_mask,
+    real_node::{
+        Confinement, DRIVER_ROOT, RealNode, confinement, container_process, shipped_images,
+    },
+    shipped::{Part, shipped_container},
     sim::{is_cordoned, pod_is_ready},
     wait::{WAIT, until, until_set},
 };
@@ -146,48 +151,48 @@ async fn install(agent: &str) {
     .unwrap_or_else(|e| panic!("kubectl apply -k of config/default with {agent}: {e}"));
 }
 
-fn is_agent(p: &Pod) -> bool {
-    p.labels().get("app.kubernetes.io/name").map(String::as_str) == Some("gpuhealth-agent")
+fn is_part(p: &Pod, part: Part) -> bool {
+    p.labels().get("app.kubernetes.io/name").map(String::as_str) == Some(part.daemonset().0)
 }
 
-/// The agent's pod Ready on the node, run as `config/agent/<overlay>`
-/// ships it (flags, environment, security context, mounts, runtime class),
-/// once no other agent pod is left.
-async fn agent_as_shipped(client: &Client, node: &str, overlay: &str) -> Pod {
-    let shipped = shipped_container(overlay).await.expect("shipped");
+/// `part`'s pod Ready on the node, run as `config/agent/<overlay>` ships
+/// it (flags, environment, security context, mounts, runtime class), once
+/// no other pod of that part is left.
+async fn agent_as_shipped(client: &Client, node: &str, overlay: &str, part: Part) -> Pod {
+    let shipped = shipped_container(overlay, part).await.expect("shipped");
     let runtime_class = (overlay == "container-toolkit").then(|| "nvidia".to_owned());
-    let what = format!("the agent's pod of {overlay}, alone and Ready on the real node");
+    let what = format!("the {part:?}'s pod of {overlay}, alone and Ready on the real node");
     let api: Api<Pod> = Api::namespaced(client.clone(), SYSTEM);
     let pods = until_set(api, watcher::Config::default(), &what, WAIT, |pods| {
-        let pods: Vec<&Pod> = pods.values().collect();
-        {
-            let agents: Vec<_> = pods.iter().filter(|p| is_agent(p)).collect();
-            agents.len() == 1
-                && pod_is_ready(agents[0])
-                && agents[0].spec.as_ref().is_some_and(|s| {
-                    s.runtime_class_name == runtime_class
-                        && security_context(&s.containers[0]) == security_context(&shipped)
-                })
-        }
+        let pods: Vec<&Pod> = pods.values().filter(|p| is_part(p, part)).collect();
+        pods.len() == 1
+            && pod_is_ready(pods[0])
+            && pods[0].spec.as_ref().is_some_and(|s| {
+                s.runtime_class_name == runtime_class
+                    && security_context(&s.containers[0]) == security_context(&shipped)
+            })
     })
     .await;
     let pods = match pods {
         Ok(pods) => pods.into_values(),
         Err(e) => {
             // What the kubelet and the agent say, since CI keeps no logs.
-            let selector = "app.kubernetes.io/name=gpuhealth-agent";
+            let selector = format!("app.kubernetes.io/name={}", part.daemonset().0);
             let mut said = String::new();
             for args in [
-                ["describe", "pod", "-n", SYSTEM, "-l", selector],
-                ["logs", "-n", SYSTEM, "-l", selector, "--tail=30"],
+                ["describe", "pod", "-n", SYSTEM, "-l", &selector],
+                ["logs", "-n", SYSTEM, "-l", &selector, "--tail=30"],
             ] {
                 said += &kubectl(&args).await.unwrap_or_else(|e| e.to_string());
             }
             panic!("{what}: {e}\n{said}");
         }
     };
-    let agent = pods.into_iter().find(is_agent).expect("the agent's pod");
-    let spec = agent.spec.clone().expect("spec");
+    let pod = pods
+        .into_iter()
+        .find(|p| is_part(p, part))
+        .expect("the part's pod");
+    let spec = pod.spec.clone().expect("spec");
     assert_eq!(spec.node_name.as_deref(), Some(node));
     let container = &spec.containers[0];
     assert_eq!(container.args, shipped.args);
@@ -201,7 +206,7 @@ async fn agent_as_shipped(client: &Client, node: &str, overlay: &str) -> Pod {
         .cloned()
         .collect();
     assert_eq!(mounts, shipped.volume_mounts.clone().unwrap_or_default());
-    agent
+    pod
 }
 
 /// A container's security context, less what the API server fills in.
@@ -303,20 +308,52 @@ spec:
     kubectl(&["label", "node", &node.name, "nvidia.com/gpu.present=true"])
         .await
         .expect("the node labelled a GPU node");
-    let agent = agent_as_shipped(&client, &node.name, "container-toolkit").await;
-    let context = agent.spec.expect("spec").containers[0]
-        .security_context
-        .clone()
-        .expect("security context");
-    assert_eq!(context.privileged, Some(false));
-    assert_eq!(context.read_only_root_filesystem, Some(true));
+    let reporter = agent_as_shipped(&client, &node.name, "container-toolkit", Part::Reporter).await;
+    let executor = agent_as_shipped(&client, &node.name, "container-toolkit", Part::Executor).await;
+    for pod in [&reporter, &executor] {
+        let context = pod.spec.clone().expect("spec").containers[0]
+            .security_context
+            .clone()
+            .expect("security context");
+        assert_eq!(context.privileged, Some(false));
+        assert_eq!(context.read_only_root_filesystem, Some(true));
+    }
+    // As the kernel holds them: the reporter with the one capability its
+    // container adds, outside the host's PID namespace (the host's
+    // processes and their roots out of its sight), without the system bus;
+    // the executor with its own four, the host's processes and the bus.
+    let mask = |caps: &[&str]| {
+        capability_mask(&caps.iter().map(|c| (*c).to_owned()).collect::<Vec<_>>()).expect("mask")
+    };
+    assert_eq!(
+        confinement(container_process(&reporter)),
+        Confinement {
+            effective: mask(&["syslog"]),
+            no_new_privileges: true,
+            host_pids: false,
+            system_bus: false,
+        },
+        "the reporter"
+    );
+    assert_eq!(
+        confinement(container_process(&executor)),
+        Confinement {
+            effective: mask(&["sys_admin", "sys_boot", "sys_ptrace", "dac_read_search"]),
+            no_new_privileges: true,
+            host_pids: true,
+            system_bus: true,
+        },
+        "the executor"
+    );
 
     // The agent's report, from NVML in its container, with what it checked.
     let n = until(nodes.clone(), &node.name, WAIT, |n| {
-        report(n).is_some_and(|r| r.gpus.len() == 8 && r.unreadable.is_none())
+        report(n).is_some_and(|r| {
+            r.gpus.len() == 8 && r.unreadable.is_none() && r.capabilities.is_some_and(|c| c.reset)
+        })
     })
     .await
-    .expect("the agent's report from the real node");
+    .expect("the reporter's report from the real node, with the executor's offer");
     let r = report(&n).expect("report");
     assert_eq!(
         r.capabilities.map(|c| (c.reset, c.reboot)),
@@ -467,14 +504,18 @@ spec:
         .expect("nvidia-persistenced in the driver root");
     let host = &node.host;
     install("driver-root").await;
-    let agent = agent_as_shipped(&client, &node.name, "driver-root").await;
+    let agent = agent_as_shipped(&client, &node.name, "driver-root", Part::Reporter).await;
+    agent_as_shipped(&client, &node.name, "driver-root", Part::Executor).await;
     let started = agent
         .status
         .and_then(|s| s.start_time)
         .expect("the agent's start");
     let n = until(nodes.clone(), &node.name, WAIT, |n| {
         report(n).is_some_and(|r| {
-            r.observed_at >= started && r.gpus.len() == 8 && r.unreadable.is_none()
+            r.observed_at >= started
+                && r.gpus.len() == 8
+                && r.unreadable.is_none()
+                && r.capabilities.is_some_and(|c| c.reset)
         })
     })
     .await

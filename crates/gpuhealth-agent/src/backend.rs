@@ -1,6 +1,8 @@
 //! Where GPU health comes from and how requests are carried out: NVML on a
 //! real node ([`crate::nvml_backend`]), the `gpuhealth.io/sim-hardware`
-//! annotation on a simulated one ([`crate::fake`]).
+//! annotation on a simulated one ([`crate::fake`]). The reporter calls
+//! `source`, `capabilities`, `read` and `stand_aside`; the executor `tidy`,
+//! `reset` and `reboot` (see [`crate::node_agent::Role`]).
 
 use std::future::Future;
 
@@ -26,8 +28,14 @@ pub trait Backend: Send {
         gpus: &[String],
     ) -> impl Future<Output = Done> + Send;
     fn reboot(&mut self, node: &Node, id: &str) -> impl Future<Output = Done> + Send;
-    /// Work an earlier run left unfinished (operands still paused): each pass.
+    /// The executor's work each pass: what an earlier run left unfinished
+    /// (operands still paused), and what it can carry out, offered.
     fn tidy(&mut self, _node: &Node) -> impl Future<Output = ()> + Send {
         async {}
+    }
+    /// The reporter's, each pass: whether a reset of the executor's needs
+    /// the GPUs let go now (nothing is read or published meanwhile).
+    fn stand_aside(&mut self) -> impl Future<Output = bool> + Send {
+        async { false }
     }
 }

@@ -1,9 +1,11 @@
 //! What the report may claim the agent can do: each capability checked on
 //! this node, not assumed from the flags. A reset needs NVML answering and
 //! `nvidia-smi` that runs; a reboot, the chosen method's way there (logind
-//! on the bus, kured's sentinel directory). Checked at start, then again
-//! every few minutes, sooner while something fails; a change is logged with
-//! its reason.
+//! on the bus, kured's sentinel directory). The executor checks at start,
+//! then again every few minutes, sooner while something fails, and offers
+//! what it found to the reporter ([`Offering`], through
+//! [`crate::handoff`]); the reporter's report says what stands
+//! ([`Offered`]). A change is logged with its reason.
 
 use std::time::Duration;
 
@@ -11,7 +13,11 @@ use gpuhealth_api::contract::{Capabilities, RebootMethod as Method};
 use tokio::time::Instant;
 use tracing::{info, warn};
 
-use crate::{nvidia_smi::NvidiaSmi, reboot::RebootMethod};
+use crate::{
+    handoff::{self, Handoff, OFFER_STANDS, Offer, RENEW_OFFER},
+    nvidia_smi::NvidiaSmi,
+    reboot::RebootMethod,
+};
 
 /// How often a check that passed is made again.
 const EVERY: Duration = Duration::from_secs(300);
@@ -88,6 +94,104 @@ impl CapabilityChecks {
                 _ => Method::None,
             },
         }
+    }
+}
+
+/// The executor's checks, offered to the reporter: renewed each pass (the
+/// offer lapses when the executor stops), and held for as long as a
+/// request may take while it carries one out.
+pub struct Offering {
+    checks: CapabilityChecks,
+    handoff: Handoff,
+    renewed: Option<(Offer, Instant)>,
+}
+
+impl Offering {
+    pub fn new(handoff: Handoff) -> Offering {
+        Offering {
+            checks: CapabilityChecks::default(),
+            handoff,
+            renewed: None,
+        }
+    }
+
+    /// Checks again when due, and offers what stands when it changed or
+    /// is due for renewal.
+    pub async fn renew(&mut self, nvidia_smi: Option<&NvidiaSmi>, reboot: &RebootMethod) {
+        self.checks.refresh(nvidia_smi, reboot).await;
+        let offer = self.offer(reboot, OFFER_STANDS);
+        let due = self.renewed.as_ref().is_none_or(|(last, at)| {
+            (last.reset, &last.reboot, &last.withheld)
+                != (offer.reset, &offer.reboot, &offer.withheld)
+                || at.elapsed() >= RENEW_OFFER
+        });
+        if due {
+            self.write(offer);
+        }
+    }
+
+    /// Keeps the offer standing for `d` (a request being carried out).
+    pub fn hold_for(&mut self, reboot: &RebootMethod, d: Duration) {
+        let offer = self.offer(reboot, d);
+        self.write(offer);
+    }
+
+    fn offer(&self, reboot: &RebootMethod, stands: Duration) -> Offer {
+        let published = self.checks.published(true, reboot);
+        Offer {
+            reset: published.reset,
+            reboot: published.reboot,
+            withheld: self.checks.withheld(),
+            until: handoff::after(stands),
+        }
+    }
+
+    fn write(&mut self, offer: Offer) {
+        match self.handoff.offer(&offer) {
+            Ok(()) => self.renewed = Some((offer, Instant::now())),
+            Err(e) => warn!(error = %e, "offering what this executor can carry out"),
+        }
+    }
+}
+
+/// What the reporter's report offers: what the executor's offer says,
+/// while it stands; the reasons for anything withheld logged as they
+/// change.
+pub struct Offered {
+    handoff: Handoff,
+    now: Capabilities,
+    withheld: Vec<String>,
+}
+
+impl Offered {
+    pub fn new(handoff: Handoff) -> Offered {
+        Offered {
+            handoff,
+            now: Capabilities {
+                reset: false,
+                reboot: Method::None,
+            },
+            withheld: Vec::new(),
+        }
+    }
+
+    /// Reads the offer again; a reset only where NVML answers here too.
+    pub fn refresh(&mut self, nvml_answers: bool) {
+        let (now, withheld) = self.handoff.capabilities(nvml_answers);
+        if withheld != self.withheld {
+            for why in &withheld {
+                warn!(%why, "the executor does not offer everything");
+            }
+            if withheld.is_empty() {
+                info!(?now, "the executor offers everything it can");
+            }
+        }
+        self.now = now;
+        self.withheld = withheld;
+    }
+
+    pub fn capabilities(&self) -> Capabilities {
+        self.now
     }
 }
 

@@ -6,6 +6,7 @@ pub mod backend;
 pub mod capability_checks;
 pub mod driver_root;
 pub mod fake;
+pub mod handoff;
 pub mod holders;
 pub mod journal;
 pub mod judgement;
@@ -21,6 +22,7 @@ pub mod pod_resources;
 pub mod reboot;
 pub mod recoveries;
 pub mod reset;
+pub mod state_file;
 
 use kube::api::{PatchParams, PostParams};
 

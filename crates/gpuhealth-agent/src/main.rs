@@ -1,7 +1,10 @@
 //! gpuhealth-agent: runs on each GPU node (a DaemonSet), reads every GPU's
 //! health, publishes the `gpuhealth.io/gpus` report and the `GpuHealthy`
 //! condition on its Node, and carries out the reset and reboot requests the
-//! operator writes there, each at most once.
+//! operator writes there, each at most once. `--role` chooses the part: the
+//! reporter (reads and publishes), the executor (carries out), or both in
+//! one process; shipped, each part runs in a DaemonSet of its own with only
+//! its own privileges.
 //!
 //! Backends: `nvml` (real GPUs: NVML, the kernel log and NVML's XID events,
 //! the kubelet's PodResources), `kmsg` (the kernel log alone, chosen by
@@ -21,10 +24,11 @@ use gpuhealth_agent::{
     capability_checks::CapabilityChecks,
     driver_root::DriverRoot,
     fake::FakeBackend,
+    handoff::Handoff,
     journal::Journal,
     kmsg::Feed,
     metrics::AgentMetrics,
-    node_agent::{CrashPoint, NodeAgent, Settings},
+    node_agent::{CrashPoint, NodeAgent, Role, Settings},
     nvidia_smi::NvidiaSmi,
     nvml::{self, NVML_LIBRARY},
     nvml_backend::{KmsgBackend, NvmlBackend},
@@ -70,15 +74,25 @@ struct Args {
     /// Where GPU health comes from.
     #[arg(long, value_enum, default_value_t = Backend::Nvml)]
     backend: Backend,
-    /// Where the agent journals the requests it carries out and the GPUs'
-    /// recoveries (a hostPath, so it outlives the pod: no request runs
-    /// twice, no answered Xid acts again).
+    /// Which part this process is: the reporter reads the GPUs and writes
+    /// the report, the executor carries out the operator's requests.
+    #[arg(long, value_enum, default_value_t = Role::Both)]
+    role: Role,
+    /// Where this part keeps its state (a hostPath, so it outlives the
+    /// pod): the executor journals the requests it carries out (none runs
+    /// twice), the reporter the GPUs' recoveries (no answered Xid acts
+    /// again).
     #[arg(
         long,
         env = "GPUHEALTH_STATE_DIR",
         default_value = "/var/lib/gpuhealth-agent"
     )]
     state_dir: PathBuf,
+    /// The executor's state directory, which the reporter reads (what the
+    /// executor can carry out, a reset's call to let go of the GPUs, its
+    /// resets); the state directory where not given.
+    #[arg(long, env = "GPUHEALTH_EXECUTOR_STATE_DIR")]
+    executor_state_dir: Option<PathBuf>,
     /// How often to read the GPUs when nothing else happens.
     #[arg(long, default_value = "10s", value_parser = duration)]
     poll: Duration,
@@ -253,8 +267,24 @@ async fn serve(args: Args) -> Result<(), String> {
         Ok(other) => return Err(format!("GPUHEALTH_TEST_CRASH_AFTER: no point {other}")),
         Err(_) => None,
     };
-    let journal = Journal::open(&args.state_dir).map_err(|e| e.to_string())?;
+    let role = args.role;
+    let executor_dir = args
+        .executor_state_dir
+        .clone()
+        .unwrap_or_else(|| args.state_dir.clone());
+    let handoff = Handoff::new(&executor_dir);
+    let journal = if role.executes() {
+        handoff.executor_started()?;
+        Some(Journal::open(&args.state_dir).map_err(|e| e.to_string())?)
+    } else {
+        None
+    };
     let metrics = Arc::new(AgentMetrics::default());
+    if !role.reports() {
+        // Ready to carry out requests once its journal is open; reading
+        // the GPUs, which readiness otherwise follows, is the reporter's.
+        metrics.set_readiness(Ok(()));
+    }
     // A round of the loop reads NVML and the kubelet, each with a deadline.
     metrics.set_stall_after(
         (args.poll * 3)
@@ -276,6 +306,7 @@ async fn serve(args: Args) -> Result<(), String> {
         .build();
     let settings = Settings {
         node,
+        role,
         poll: args.poll,
         refresh: args.refresh,
         request_max_age: args.request_max_age,
@@ -294,16 +325,14 @@ async fn serve(args: Args) -> Result<(), String> {
         }
         Backend::Kmsg => {
             let feed = Feed::new(metrics.xids.clone());
-            let how = feed
-                .follow(args.kmsg_path.clone())
-                .map_err(|e| format!("following {}: {e}", args.kmsg_path.display()))?;
-            info!(through = how, "following the kernel log");
+            if role.reports() {
+                let how = feed
+                    .follow(args.kmsg_path.clone())
+                    .map_err(|e| format!("following {}: {e}", args.kmsg_path.display()))?;
+                info!(through = how, "following the kernel log");
+            }
             let wake = feed.wake.clone();
-            let backend = KmsgBackend {
-                kernel_log: feed,
-                reboot,
-                checks: CapabilityChecks::default(),
-            };
+            let backend = KmsgBackend::new(feed, reboot, handoff);
             until_stopped(
                 NodeAgent::new(client, settings, backend, journal)
                     .with_metrics(metrics)
@@ -314,18 +343,36 @@ async fn serve(args: Args) -> Result<(), String> {
         Backend::Nvml => {
             let (nvml_library, nvidia_smi) = driver(&args);
             let feed = Feed::new(metrics.xids.clone());
-            match feed.follow(args.kmsg_path.clone()) {
-                Ok(how) => info!(through = how, "following the kernel log"),
-                Err(e) => {
-                    warn!(path = %args.kmsg_path.display(), error = %e, "cannot follow the kernel log: Xids from before NVML's events are missed")
+            if role.reports() {
+                match feed.follow(args.kmsg_path.clone()) {
+                    Ok(how) => info!(through = how, "following the kernel log"),
+                    Err(e) => {
+                        warn!(path = %args.kmsg_path.display(), error = %e, "cannot follow the kernel log: Xids from before NVML's events are missed")
+                    }
                 }
+                // A reset's call to let go of the GPUs is answered within a
+                // second, not at the next poll.
+                let (handoff, wake) = (handoff.clone(), feed.wake.clone());
+                tokio::spawn(async move {
+                    let mut asked = false;
+                    loop {
+                        tokio::time::sleep(Duration::from_millis(500)).await;
+                        if handoff.asked_to_let_go() != asked {
+                            asked = !asked;
+                            wake.notify_one();
+                        }
+                    }
+                });
             }
             let wake = feed.wake.clone();
             let events = feed.clone();
             let gpus = NvmlThread::start(nvml_library, args.nvml_deadline, move |pci, code| {
                 events.nvml_xid(pci, code)
             });
-            let recoveries = Recoveries::open(&args.state_dir)?;
+            // The reporter's record starts from the one-process agent's,
+            // kept where the executor's state now is.
+            let seed = (executor_dir != args.state_dir).then_some(executor_dir.as_path());
+            let recoveries = Recoveries::open(&args.state_dir, seed)?;
             let reset = ResetSettings {
                 nvidia_smi,
                 dev_dir: args.dev_dir.clone(),
@@ -335,6 +382,7 @@ async fn serve(args: Args) -> Result<(), String> {
                 back_in_service: args.back_in_service,
                 tolerated: args.tolerated_holders.clone(),
                 operands: Operands::new(args.pause_operands.clone(), &args.state_dir),
+                handoff: handoff.clone(),
             };
             let backend = NvmlBackend::new(
                 gpus,
@@ -345,6 +393,7 @@ async fn serve(args: Args) -> Result<(), String> {
                 reset,
                 reboot,
                 recoveries,
+                handoff,
             );
             until_stopped(
                 NodeAgent::new(client, settings, backend, journal)

@@ -1,5 +1,5 @@
 //! The agent's loop on its own Node: carry out new requests (each id at most
-//! once), then publish the GPU report and the `GpuHealthy` condition when
+//! once; the executor's part), then publish the GPU report and the `GpuHealthy` condition when
 //! they change, again every `refresh` so that a reader can tell a live
 //! report from a stale one, and at once when another writer has overwritten
 //! the report. GPUs that cannot be read are said so, in the report, the
@@ -75,8 +75,32 @@ pub const REQUEST_MAY_TAKE: Duration = Duration::from_secs(15 * 60);
 /// How long a refused request is passed over before it is looked at again.
 pub const RECHECK_REFUSED: Duration = Duration::from_secs(30);
 
+/// Which part of the agent a process is. On a real node the two run in
+/// pods of their own, each with only the privileges its part needs
+/// (docs/security.md); they meet through [`crate::handoff`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Role {
+    /// Reads the GPUs and publishes the report and the `GpuHealthy` condition.
+    Reporter,
+    /// Carries out the operator's reset and reboot requests.
+    Executor,
+    /// Both parts in one process (a simulated node).
+    Both,
+}
+
+impl Role {
+    pub fn reports(self) -> bool {
+        self != Role::Executor
+    }
+
+    pub fn executes(self) -> bool {
+        self != Role::Reporter
+    }
+}
+
 pub struct Settings {
     pub node: String,
+    pub role: Role,
     /// How often to read the GPUs when nothing on the Node changes.
     pub poll: Duration,
     /// How often to write the report and the `GpuHealthy` condition's
@@ -92,7 +116,8 @@ pub struct NodeAgent<B> {
     client: Client,
     settings: Settings,
     backend: B,
-    journal: Journal,
+    /// The executor's: what it has begun and finished.
+    journal: Option<Journal>,
     /// What this process last wrote: the report and the condition.
     published: Option<GpuReport>,
     /// Whether the Node, as the watch shows it, has caught up with the last
@@ -160,7 +185,9 @@ impl Request {
 }
 
 impl<B: Backend> NodeAgent<B> {
-    pub fn new(client: Client, settings: Settings, backend: B, journal: Journal) -> Self {
+    /// `journal` is the executor's, and must be given where `settings.role`
+    /// executes.
+    pub fn new(client: Client, settings: Settings, backend: B, journal: Option<Journal>) -> Self {
         NodeAgent {
             client,
             settings,
@@ -199,7 +226,8 @@ impl<B: Backend> NodeAgent<B> {
             .boxed();
         let mut tick = tokio::time::interval(self.settings.poll);
         let mut node: Option<Node> = None;
-        info!(node = %self.settings.node, source = self.backend.source(), "serving the node");
+        let role = self.settings.role;
+        info!(node = %self.settings.node, source = self.backend.source(), ?role, "serving the node");
         loop {
             self.metrics.beat(None);
             tokio::select! {
@@ -219,12 +247,21 @@ impl<B: Backend> NodeAgent<B> {
             }
             let Some(current) = &node else { continue };
             let current = current.clone();
-            self.backend.tidy(&current).await;
-            if let Err(e) = self.serve_requests(&current).await {
-                // Without the journal nothing is carried out: that could repeat one.
-                error!(error = %e, "requests are not carried out");
+            if role.executes() {
+                self.backend.tidy(&current).await;
+                if let Err(e) = self.serve_requests(&current).await {
+                    // Without the journal nothing is carried out: that could repeat one.
+                    error!(error = %e, "requests are not carried out");
+                }
             }
-            self.publish(&current).await;
+            if role.reports() {
+                if self.backend.stand_aside().await {
+                    // The executor's reset holds the GPUs: busy, not stuck.
+                    self.metrics.beat(Some(REQUEST_MAY_TAKE));
+                    continue;
+                }
+                self.publish(&current).await;
+            }
         }
     }
 
@@ -257,6 +294,20 @@ impl<B: Backend> NodeAgent<B> {
     }
 
     async fn serve_requests(&mut self, node: &Node) -> Result<(), JournalError> {
+        let Some(mut journal) = self.journal.take() else {
+            error!("this part carries out no requests: it has no journal");
+            return Ok(());
+        };
+        let served = self.serve_requests_with(&mut journal, node).await;
+        self.journal = Some(journal);
+        served
+    }
+
+    async fn serve_requests_with(
+        &mut self,
+        journal: &mut Journal,
+        node: &Node,
+    ) -> Result<(), JournalError> {
         let mut result = node
             .annotations()
             .get(REQUEST_RESULT_ANNOTATION)
@@ -279,7 +330,7 @@ impl<B: Backend> NodeAgent<B> {
             if answered_at.is_some_and(|t| t > request.requested_at) {
                 continue;
             }
-            let answer = match self.journal.seen(&id) {
+            let answer = match journal.seen(&id) {
                 // Done before: its answer is written again, unless the node
                 // shows the answer to a request as new, which it must not
                 // overwrite.
@@ -289,11 +340,11 @@ impl<B: Backend> NodeAgent<B> {
                 Seen::Finished(r) => r,
                 Seen::Interrupted => {
                     let r = journal::interrupted(&request.id, Time(Timestamp::now()));
-                    self.journal.finish(&r)?;
+                    journal.finish(&r)?;
                     r
                 }
                 Seen::New if self.is_the_operators(node, request).await => {
-                    self.carry_out(node, request).await?
+                    self.carry_out(journal, node, request).await?
                 }
                 Seen::New => continue,
             };
@@ -356,6 +407,7 @@ impl<B: Backend> NodeAgent<B> {
 
     async fn carry_out(
         &mut self,
+        journal: &mut Journal,
         node: &Node,
         request: &Request,
     ) -> Result<RequestResult, JournalError> {
@@ -372,7 +424,7 @@ impl<B: Backend> NodeAgent<B> {
                 ),
             )
         } else {
-            self.journal.begin(&id)?;
+            journal.begin(&id)?;
             self.crash_if(CrashPoint::Begun);
             info!(request = %id, gpus = ?request.reset_gpus, "carrying out");
             // A reset waits for holders to let go and for the kubelet: the
@@ -396,7 +448,7 @@ impl<B: Backend> NodeAgent<B> {
             message: message.chars().take(1000).collect(),
             finished_at: Time(Timestamp::now()),
         };
-        self.journal.finish(&result)?;
+        journal.finish(&result)?;
         self.crash_if(CrashPoint::Finished);
         info!(request = %id, outcome = ?result.outcome, detail = %result.message, "done");
         Ok(result)

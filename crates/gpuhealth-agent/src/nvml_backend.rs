@@ -1,6 +1,8 @@
 //! The backend of a real GPU node: NVML (on its own thread) for the GPUs'
 //! state, the kernel log for their Xids, the kubelet's PodResources for who
-//! holds each, `nvidia-smi` for resets, and the configured way to reboot.
+//! holds each (the reporter's side); `nvidia-smi` for resets, and the
+//! configured way to reboot (the executor's). The two sides meet only
+//! through [`crate::handoff`], so that each runs as a process of its own.
 
 use std::{collections::BTreeMap, path::PathBuf, time::Duration};
 
@@ -13,8 +15,10 @@ use kube::{Api, Client, ResourceExt, api::ListParams};
 
 use crate::{
     backend::{Backend, Done},
-    capability_checks::CapabilityChecks,
+    capability_checks::{Offered, Offering},
+    handoff::Handoff,
     kmsg::{Feed, PciAddress},
+    node_agent::REQUEST_MAY_TAKE,
     nvml::{self, DeviceReading},
     nvml_thread::{Gpus, NvmlThread},
     pod_resources::{self, DraDevice, Placement},
@@ -37,9 +41,14 @@ pub struct NvmlBackend<G = NvmlThread> {
     pub reset: ResetSettings,
     pub reboot: RebootMethod,
     pub recoveries: Recoveries,
-    checks: CapabilityChecks,
-    /// Whether NVML answered the last read.
-    nvml_answers: bool,
+    /// The executor's files, read by the reporter.
+    handoff: Handoff,
+    /// The executor's side: what it checked it can carry out, offered.
+    offering: Offering,
+    /// The reporter's side: what the report offers.
+    offered: Offered,
+    /// Whether the reporter has let go of NVML for the executor's reset.
+    standing_aside: bool,
     /// DRA devices of this node → their UUID, if any, from its
     /// ResourceSlices; read again only when a pod holds a device not in it.
     dra: BTreeMap<DraDevice, Option<String>>,
@@ -56,6 +65,7 @@ impl<G: Gpus> NvmlBackend<G> {
         reset: ResetSettings,
         reboot: RebootMethod,
         recoveries: Recoveries,
+        handoff: Handoff,
     ) -> Self {
         NvmlBackend {
             gpus,
@@ -66,8 +76,10 @@ impl<G: Gpus> NvmlBackend<G> {
             reset,
             reboot,
             recoveries,
-            checks: CapabilityChecks::default(),
-            nvml_answers: false,
+            offering: Offering::new(handoff.clone()),
+            offered: Offered::new(handoff.clone()),
+            handoff,
+            standing_aside: false,
             dra: BTreeMap::new(),
         }
     }
@@ -158,9 +170,19 @@ impl<G: Gpus> NvmlBackend<G> {
         Ok(devices)
     }
 
-    /// The recovery actions NVML reads, so that one going back to 0 is
-    /// recorded as a recovery.
+    /// The executor's resets, then the recovery actions NVML reads, so
+    /// that one going back to 0 is recorded as a recovery.
     fn observe_recoveries(&mut self, readings: &[DeviceReading]) {
+        match self.handoff.resets() {
+            Ok(resets) => {
+                for (uuid, at) in resets {
+                    if let Err(e) = self.recoveries.reset(&uuid, at) {
+                        tracing::warn!(error = %e, "recording a GPU's reset");
+                    }
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "reading the executor's resets"),
+        }
         let now = Timestamp::now();
         for r in readings.iter().filter(|r| !r.uuid.is_empty()) {
             if let Some(action) = r.recovery_action
@@ -178,15 +200,12 @@ impl<G: Gpus> Backend for NvmlBackend<G> {
     }
 
     fn capabilities(&self, _node: &Node) -> Capabilities {
-        self.checks.published(self.nvml_answers, &self.reboot)
+        self.offered.capabilities()
     }
 
     async fn read(&mut self, node: &Node) -> Result<Vec<GpuEntry>, String> {
-        self.checks
-            .refresh(Some(&self.reset.nvidia_smi), &self.reboot)
-            .await;
         let read = self.gpus.read().await;
-        self.nvml_answers = read.is_ok();
+        self.offered.refresh(read.is_ok());
         let readings = read.map_err(|e| e.to_string())?;
         self.observe_recoveries(&readings);
         let mut gpus: Vec<GpuEntry> = readings.iter().map(nvml::entry).collect();
@@ -195,13 +214,34 @@ impl<G: Gpus> Backend for NvmlBackend<G> {
         Ok(gpus)
     }
 
-    async fn reset(&mut self, node: &Node, _id: &str, gpus: &[String]) -> Done {
+    async fn stand_aside(&mut self) -> bool {
+        let asked = self.handoff.asked_to_let_go();
+        if asked != self.standing_aside {
+            let done = if asked {
+                self.gpus.release().await
+            } else {
+                self.gpus.retake().await
+            };
+            match done {
+                Ok(()) if asked => tracing::info!("let go of NVML for the executor's reset"),
+                Ok(()) => tracing::info!("took NVML back after the executor's reset"),
+                Err(e) => {
+                    tracing::warn!(error = %e, asked, "letting go of NVML, or taking it back")
+                }
+            }
+            self.standing_aside = asked;
+        }
+        asked
+    }
+
+    async fn reset(&mut self, node: &Node, id: &str, gpus: &[String]) -> Done {
+        self.offering.hold_for(&self.reboot, REQUEST_MAY_TAKE);
         let (outcome, mut message) =
-            reset::reset(&self.gpus, &self.reset, &self.client, node, gpus).await;
+            reset::reset(&self.gpus, &self.reset, &self.client, node, id, gpus).await;
         if outcome == Outcome::Succeeded {
             let now = Timestamp::now();
             for uuid in gpus {
-                if let Err(e) = self.recoveries.recovered(uuid, now) {
+                if let Err(e) = self.handoff.reset_done(uuid, now) {
                     message.push_str(&format!("; recording the recovery: {e}"));
                 }
             }
@@ -210,10 +250,14 @@ impl<G: Gpus> Backend for NvmlBackend<G> {
     }
 
     async fn reboot(&mut self, _node: &Node, _id: &str) -> Done {
+        self.offering.hold_for(&self.reboot, REQUEST_MAY_TAKE);
         self.reboot.reboot().await
     }
 
     async fn tidy(&mut self, node: &Node) {
+        self.offering
+            .renew(Some(&self.reset.nvidia_smi), &self.reboot)
+            .await;
         let paused = self.reset.operands.left_paused();
         if paused.is_empty() {
             return;
@@ -240,7 +284,19 @@ impl<G: Gpus> Backend for NvmlBackend<G> {
 pub struct KmsgBackend {
     pub kernel_log: Feed,
     pub reboot: RebootMethod,
-    pub checks: CapabilityChecks,
+    offering: Offering,
+    offered: Offered,
+}
+
+impl KmsgBackend {
+    pub fn new(kernel_log: Feed, reboot: RebootMethod, handoff: Handoff) -> KmsgBackend {
+        KmsgBackend {
+            kernel_log,
+            reboot,
+            offering: Offering::new(handoff.clone()),
+            offered: Offered::new(handoff),
+        }
+    }
 }
 
 impl Backend for KmsgBackend {
@@ -249,12 +305,16 @@ impl Backend for KmsgBackend {
     }
 
     fn capabilities(&self, _node: &Node) -> Capabilities {
-        self.checks.published(false, &self.reboot)
+        self.offered.capabilities()
     }
 
     async fn read(&mut self, _node: &Node) -> Result<Vec<GpuEntry>, String> {
-        self.checks.refresh(None, &self.reboot).await;
+        self.offered.refresh(false);
         Ok(self.kernel_log.with(|log| log.entries()))
+    }
+
+    async fn tidy(&mut self, _node: &Node) {
+        self.offering.renew(None, &self.reboot).await;
     }
 
     async fn reset(&mut self, _node: &Node, _id: &str, _gpus: &[String]) -> Done {

@@ -3,20 +3,23 @@
 //! each new reader with the Xids' original times, must not make them act
 //! again after the agent restarts.
 //!
-//! A recovery is confirmed by NVML: the agent's own reset, once the GPU
-//! reads back with nothing more to do, or the recovery action the driver
-//! asked for going back to 0 (someone else's reset, or the driver's own).
+//! A recovery is confirmed by NVML: the executor's own reset, once the GPU
+//! reads back with nothing more to do (kept by the executor, see
+//! [`crate::handoff`]), or the recovery action the driver asked for going
+//! back to 0 (someone else's reset, or the driver's own), which the
+//! reporter sees and keeps here.
 
 use std::{
     collections::BTreeMap,
     fs,
-    io::Write,
     path::{Path, PathBuf},
 };
 
 use gpuhealth_api::contract::XidEvent;
 use k8s_openapi::jiff::Timestamp;
 use serde::{Deserialize, Serialize};
+
+use crate::state_file::{read, replace};
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -35,24 +38,32 @@ pub struct Recoveries {
 }
 
 impl Recoveries {
-    /// Opens the record in `dir`. One that cannot be read is an error, not an
-    /// empty record: that would make answered Xids act again.
-    pub fn open(dir: &Path) -> Result<Recoveries, String> {
+    /// Opens the record in `dir`; where there is none yet, starts from the
+    /// one at `seed` (where an agent of one part kept it). One that cannot
+    /// be read is an error, not an empty record: that would make answered
+    /// Xids act again.
+    pub fn open(dir: &Path, seed: Option<&Path>) -> Result<Recoveries, String> {
         let path = dir.join("recoveries.json");
         fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-        let gpus = match fs::read(&path) {
-            Ok(bytes) => {
-                serde_json::from_slice(&bytes).map_err(|e| format!("{}: {e}", path.display()))?
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => BTreeMap::new(),
-            Err(e) => return Err(format!("{}: {e}", path.display())),
+        let gpus = match read(&path)? {
+            Some(gpus) => gpus,
+            None => match seed {
+                Some(seed) => read(&seed.join("recoveries.json"))?.unwrap_or_default(),
+                None => BTreeMap::new(),
+            },
         };
         Ok(Recoveries { path, gpus })
     }
 
-    /// A GPU confirmed recovered at `at`.
-    pub fn recovered(&mut self, uuid: &str, at: Timestamp) -> Result<(), String> {
+    /// The executor reset a GPU at `at` and read it back recovered: its
+    /// recovery action is 0 from then (so reading 0 next is no new
+    /// recovery, which would answer Xids logged since). A reset already
+    /// known changes nothing.
+    pub fn reset(&mut self, uuid: &str, at: Timestamp) -> Result<(), String> {
         let gpu = self.gpus.entry(uuid.to_owned()).or_default();
+        if gpu.recovered_at.is_some_and(|r| r >= at) {
+            return Ok(());
+        }
         gpu.recovered_at = Some(at);
         gpu.recovery_action = 0;
         self.save()
@@ -81,15 +92,8 @@ impl Recoveries {
             .collect()
     }
 
-    /// Written whole to a temporary file, synced and renamed over the record.
     fn save(&self) -> Result<(), String> {
-        let err = |e: std::io::Error| format!("{}: {e}", self.path.display());
-        let tmp = self.path.with_extension("json.tmp");
-        let bytes = serde_json::to_vec_pretty(&self.gpus).map_err(|e| e.to_string())?;
-        let mut file = fs::File::create(&tmp).map_err(err)?;
-        file.write_all(&bytes).map_err(err)?;
-        file.sync_all().map_err(err)?;
-        fs::rename(&tmp, &self.path).map_err(err)
+        replace(&self.path, &self.gpus, true)
     }
 }
 
@@ -119,12 +123,18 @@ mod tests {
     #[test]
     fn xids_before_a_recovery_stay_answered_across_a_restart() {
         let d = dir("restart");
-        let mut r = Recoveries::open(&d).expect("open");
+        let mut r = Recoveries::open(&d, None).expect("open");
         let xids = [xid(119, 1_000), xid(154, 1_001)];
         assert_eq!(r.fresh("GPU-a", &xids), xids);
-        r.recovered("GPU-a", Timestamp::from_second(1_005).expect("t"))
+        r.observe("GPU-a", 1, Timestamp::from_second(1_002).expect("t"))
+            .expect("observe");
+        r.reset("GPU-a", Timestamp::from_second(1_005).expect("t"))
             .expect("record");
-        let r = Recoveries::open(&d).expect("reopen");
+        // Read 0 after the reset: no new recovery, Xids since still count.
+        r.observe("GPU-a", 0, Timestamp::from_second(1_010).expect("t"))
+            .expect("observe");
+        assert_eq!(r.fresh("GPU-a", &[xid(13, 1_007)]).len(), 1);
+        let r = Recoveries::open(&d, None).expect("reopen");
         assert_eq!(r.fresh("GPU-a", &xids), []);
         let later = [xids[0].clone(), xid(119, 2_000)];
         assert_eq!(r.fresh("GPU-a", &later), [xid(119, 2_000)]);
@@ -135,7 +145,7 @@ mod tests {
     #[test]
     fn the_recovery_action_going_back_to_zero_is_a_recovery() {
         let d = dir("action");
-        let mut r = Recoveries::open(&d).expect("open");
+        let mut r = Recoveries::open(&d, None).expect("open");
         let t = |s| Timestamp::from_second(s).expect("t");
         // 0 from the start is no recovery: nothing was asked.
         r.observe("GPU-a", 0, t(900)).expect("observe");
@@ -151,7 +161,22 @@ mod tests {
         let d = dir("corrupt");
         fs::create_dir_all(&d).expect("dir");
         fs::write(d.join("recoveries.json"), b"[").expect("write");
-        let e = Recoveries::open(&d).err().expect("an error");
+        let e = Recoveries::open(&d, None).err().expect("an error");
         assert!(e.contains("recoveries.json"), "{e}");
+        let e = Recoveries::open(&dir("seeded"), Some(&d))
+            .err()
+            .expect("an error");
+        assert!(e.contains("recoveries.json"), "{e}");
+    }
+
+    #[test]
+    fn a_record_kept_where_the_one_part_agent_kept_it_is_carried_over() {
+        let old = dir("old");
+        let mut r = Recoveries::open(&old, None).expect("open");
+        r.reset("GPU-a", Timestamp::from_second(1_005).expect("t"))
+            .expect("record");
+        let new = dir("new");
+        let r = Recoveries::open(&new, Some(&old)).expect("seeded");
+        assert_eq!(r.fresh("GPU-a", &[xid(119, 1_000)]), []);
     }
 }

@@ -1,5 +1,6 @@
 //! A GPU reset that can succeed on a real node: the GPU Operator's operands
-//! paused, the agent's own NVML let go, persistence mode turned off where
+//! paused, the executor's own NVML let go and the reporter asked to let go
+//! of its own (through [`crate::handoff`]), persistence mode turned off where
 //! it is on (`nvidia-smi -pm 0`: `nvidia-persistenced`, which the driver
 //! counts as a client, then closes the GPU), every other holder of the GPU
 //! gone (or named, and nothing tried), `nvidia-smi --gpu-reset` with a
@@ -15,6 +16,7 @@ use kube::{Api, Client, ResourceExt};
 
 use crate::{
     backend::Done,
+    handoff::Handoff,
     holders::{self, Holder},
     nvidia_smi::NvidiaSmi,
     nvml::{DeviceReading, not_recovered},
@@ -42,6 +44,8 @@ pub struct ResetSettings {
     /// Holders the driver does not count (none by default).
     pub tolerated: Vec<String>,
     pub operands: Operands,
+    /// Where the reporter is asked to let go of the GPUs.
+    pub handoff: Handoff,
 }
 
 /// Resets the GPUs `uuids` of `node`.
@@ -50,6 +54,7 @@ pub async fn reset(
     s: &ResetSettings,
     client: &Client,
     node: &Node,
+    id: &str,
     uuids: &[String],
 ) -> Done {
     let readings = match gpus.read().await {
@@ -91,7 +96,7 @@ pub async fn reset(
         Ok(p) => p,
         Err(e) => return (Outcome::Failed, e),
     };
-    let (mut outcome, mut message) = reset_released(gpus, s, &targets).await;
+    let (mut outcome, mut message) = reset_released(gpus, s, id, &targets).await;
     if outcome == Outcome::Succeeded {
         (outcome, message) = confirm(gpus, &targets, message).await;
     }
@@ -114,10 +119,27 @@ pub async fn reset(
     (outcome, message)
 }
 
-/// Lets go of NVML, turns persistence mode off, waits for the other
-/// holders, resets; turns persistence mode back on and takes NVML back.
-async fn reset_released(gpus: &impl Gpus, s: &ResetSettings, targets: &[DeviceReading]) -> Done {
+/// Lets go of NVML (and asks the reporter to), turns persistence mode
+/// off, waits for the other holders, resets; turns persistence mode back
+/// on and takes NVML back.
+async fn reset_released(
+    gpus: &impl Gpus,
+    s: &ResetSettings,
+    id: &str,
+    targets: &[DeviceReading],
+) -> Done {
+    // The reporter lets go within a second or so, and its NVML is one more
+    // holder still_held waits out; it takes NVML back when told, or at the
+    // latest once the longest this can take has passed.
+    let at_most = s.let_go + s.timeout * 2 + Duration::from_secs(60);
+    if let Err(e) = s.handoff.ask_to_let_go(id, at_most) {
+        return (
+            Outcome::Failed,
+            format!("asking the reporter to let go of NVML: {e}"),
+        );
+    }
     if let Err(e) = gpus.release().await {
+        let _ = s.handoff.done_with_the_gpus();
         return (Outcome::Failed, format!("letting go of NVML: {e}"));
     }
     let persistent: Vec<&DeviceReading> = targets
@@ -142,6 +164,9 @@ async fn reset_released(gpus: &impl Gpus, s: &ResetSettings, targets: &[DeviceRe
             Ok(()) => message.push_str("; persistence mode turned off for it and on again"),
             Err(e) => message.push_str(&format!("; turning persistence mode on again: {e}")),
         }
+    }
+    if let Err(e) = s.handoff.done_with_the_gpus() {
+        message.push_str(&format!("; telling the reporter to take NVML back: {e}"));
     }
     let done = (outcome, message);
     match gpus.retake().await {
