@@ -224,12 +224,13 @@ pub fn confinement(pid: u32) -> Confinement {
             .map(|v| v.trim().to_owned())
             .unwrap_or_default()
     };
-    let ns = |pid: &str| std::fs::read_link(format!("/proc/{pid}/ns/pid")).expect("pid namespace");
     let mounts = std::fs::read_to_string(format!("/proc/{pid}/mountinfo")).expect("mountinfo");
     Confinement {
         effective: u64::from_str_radix(&field("CapEff:"), 16).expect("CapEff"),
         no_new_privileges: field("NoNewPrivs:") == "1",
-        host_pids: ns(&pid.to_string()) == ns("1"),
+        // Its PID in each namespace it is nested in, outermost first: one
+        // only where it is in this (the host's) namespace.
+        host_pids: field("NSpid:").split_whitespace().count() == 1,
         system_bus: mounts
             .lines()
             .any(|l| l.split_whitespace().nth(4) == Some("/run/dbus")),

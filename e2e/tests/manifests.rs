@@ -302,18 +302,28 @@ fn find<'a>(all: &'a [serde_json::Value], kind: &str, name: &str) -> &'a serde_j
 #[tokio::test]
 async fn the_default_install_holds_the_policies_and_a_restricted_place_for_validation_pods() {
     let all = default_install().await;
-    for policy in [
-        "gpuhealth-operator-keys",
-        "gpuhealth-agent-keys",
-        "gpuhealth-agent-own-node",
+    // Those that guard what gpuhealth acts on also put each refusal in the
+    // API server's audit log.
+    for (policy, actions) in [
+        (
+            "gpuhealth-operator-keys",
+            serde_json::json!(["Deny", "Audit"]),
+        ),
+        ("gpuhealth-agent-keys", serde_json::json!(["Deny", "Audit"])),
+        (
+            "gpuhealth-maintenance-notice",
+            serde_json::json!(["Deny", "Audit"]),
+        ),
+        (
+            "gpuhealth-trusted-conditions",
+            serde_json::json!(["Deny", "Audit"]),
+        ),
+        ("gpuhealth-agent-own-node", serde_json::json!(["Deny"])),
     ] {
         find(&all, "ValidatingAdmissionPolicy", policy);
         let binding = find(&all, "ValidatingAdmissionPolicyBinding", policy);
         assert_eq!(binding["spec"]["policyName"], policy);
-        assert_eq!(
-            binding["spec"]["validationActions"],
-            serde_json::json!(["Deny"])
-        );
+        assert_eq!(binding["spec"]["validationActions"], actions, "{policy}");
     }
     // Break glass is shipped, and bound to no one.
     find(&all, "ClusterRole", "gpuhealth-break-glass");
