@@ -63,6 +63,15 @@ async fn served_with_gpu7_needing_reset(
     name: &str,
     reboot: SimOutcome,
 ) -> (Client, String, String, Process) {
+    served_as(name, reboot, &["--backend", "fake"]).await
+}
+
+/// As [`served_with_gpu7_needing_reset`], the agent started with `args`.
+async fn served_as(
+    name: &str,
+    reboot: SimOutcome,
+    args: &[&str],
+) -> (Client, String, String, Process) {
     let (client, node, state) = node(name).await;
     let mut hw = healthy();
     hw.gpus[7].health = GpuHealth::ResetRequired;
@@ -72,7 +81,7 @@ async fn served_with_gpu7_needing_reset(
         .await
         .expect("GPU 7 needs a reset");
     let gpu7 = hw.gpus[7].uuid.clone();
-    let agent = node_agent::start(&format!("{node}-agent"), &node, &state, None)
+    let agent = node_agent::start_with(&format!("{node}-agent"), &node, &state, None, args)
         .await
         .expect("agent");
     (client, node, gpu7, agent)
@@ -348,12 +357,18 @@ async fn the_agent_runs_with_only_the_capabilities_its_manifest_adds() {
 
 /// A request written to the Node by anyone but the operator (here the
 /// cluster's admin, whom admission lets through) is not carried out: the
-/// agent refuses what the node's `GpuNodeHealth` does not record in flight
-/// on a node cordoned for it, and says why on the Node's Events.
+/// executor, run alone as its DaemonSet runs it (its own capabilities, no
+/// reporter beside it), refuses what the node's `GpuNodeHealth` does not
+/// record in flight on a node cordoned for it, and says why on the Node's
+/// Events.
 #[tokio::test]
 async fn a_request_the_operator_did_not_record_is_refused_on_the_nodes_events() {
-    let (client, node, gpu7, _agent) =
-        served_with_gpu7_needing_reset("agent-refuses", SimOutcome::Succeed).await;
+    let (client, node, gpu7, _executor) = served_as(
+        "agent-refuses",
+        SimOutcome::Succeed,
+        &["--backend", "fake", "--role", "executor"],
+    )
+    .await;
     gpuhealth_e2e::crds::install(&client).await.expect("CRDs");
     let nodes: Api<Node> = Api::all(client.clone());
     let write = |id: &'static str| {
