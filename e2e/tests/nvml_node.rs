@@ -22,7 +22,7 @@ use gpuhealth_e2e::{
     scenario::{Scenario, WAIT},
     shipped::{Part, shipped, shipped_capabilities},
     sim::{is_cordoned, ready_gpu_node, remove_node},
-    wait::until,
+    wait::{until, within},
 };
 use k8s_openapi::{
     api::core::v1::{Node, Pod},
@@ -295,11 +295,26 @@ async fn a_gpu_nvidia_persistenced_holds_is_let_go_reset_and_held_again() {
     request_reset(&client, &node, "inc-1-reset-1", &uuid(4)).await;
     let r = answered(&client, &node, "inc-1-reset-1").await;
     assert_eq!(r.outcome, Outcome::Succeeded, "{r:?}");
-    let said = agent.reporter.log_text();
+    // It takes NVML back within a second or so of the executor's word,
+    // which may come after the result.
+    within("the reporter taking NVML back", WAIT, async {
+        while !agent
+            .reporter
+            .log_text()
+            .contains("took NVML back after the executor's reset")
+        {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        Ok(())
+    })
+    .await
+    .expect("the reporter took NVML back");
     assert!(
-        said.contains("let go of NVML for the executor's reset")
-            && said.contains("took NVML back after the executor's reset"),
-        "the reporter let go and took NVML back: {said}"
+        agent
+            .reporter
+            .log_text()
+            .contains("let go of NVML for the executor's reset"),
+        "the reporter let go"
     );
     host.set(4, "recovery_action", "1")
         .expect("GPU 4 breaks again");
