@@ -54,6 +54,40 @@ pub struct HeldCapabilities {
     pub no_new_privileges: bool,
 }
 
+/// A process's `/proc/<pid>/status`, as the kernel wrote it.
+pub struct ProcStatus {
+    pid: u32,
+    text: String,
+}
+
+impl ProcStatus {
+    pub fn of(pid: u32) -> Result<ProcStatus> {
+        let text = std::fs::read_to_string(format!("/proc/{pid}/status")).map_err(io)?;
+        Ok(ProcStatus { pid, text })
+    }
+
+    /// The value of the line `name` (`"NSpid:"`), trimmed; empty if none.
+    pub fn field(&self, name: &str) -> &str {
+        self.text
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .map_or("", str::trim)
+    }
+
+    pub fn capabilities(&self) -> Result<HeldCapabilities> {
+        let set = |name: &str| {
+            u64::from_str_radix(self.field(name), 16)
+                .map_err(|e| HarnessError::Invalid(format!("{name} of pid {}: {e}", self.pid)))
+        };
+        Ok(HeldCapabilities {
+            effective: set("CapEff:")?,
+            permitted: set("CapPrm:")?,
+            bounding: set("CapBnd:")?,
+            no_new_privileges: self.field("NoNewPrivs:") == "1",
+        })
+    }
+}
+
 /// The mask of capabilities named as `setpriv` names them (lower case,
 /// without `CAP_`): the ones the shipped manifests add.
 pub fn capability_mask(names: &[String]) -> Result<u64> {
@@ -196,30 +230,13 @@ impl Process {
         self.child.id()
     }
 
-    /// Its capability sets as the kernel holds them (`/proc/<pid>/status`),
-    /// and whether it may gain more.
+    /// Its capability sets as the kernel holds them, and whether it may
+    /// gain more.
     pub fn capabilities(&self) -> Result<HeldCapabilities> {
         let pid = self
             .pid()
             .ok_or_else(|| HarnessError::Invalid(format!("{} is not running", self.name)))?;
-        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).map_err(io)?;
-        let field = |name: &str| {
-            status
-                .lines()
-                .find_map(|l| l.strip_prefix(name))
-                .map(|v| v.trim().to_owned())
-                .unwrap_or_default()
-        };
-        let set = |name: &str| {
-            u64::from_str_radix(&field(name), 16)
-                .map_err(|e| HarnessError::Invalid(format!("{name} of {}: {e}", self.name)))
-        };
-        Ok(HeldCapabilities {
-            effective: set("CapEff:")?,
-            permitted: set("CapPrm:")?,
-            bounding: set("CapBnd:")?,
-            no_new_privileges: field("NoNewPrivs:") == "1",
-        })
+        ProcStatus::of(pid)?.capabilities()
     }
 
     /// Whether it has exited by itself.

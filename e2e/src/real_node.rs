@@ -14,6 +14,7 @@ use crate::{
     HarnessError, Result,
     cluster::kubeconfig_path,
     host::{Host, STANDIN},
+    process::ProcStatus,
 };
 
 /// The Node the real kubelet registers.
@@ -216,21 +217,15 @@ pub struct Confinement {
 }
 
 pub fn confinement(pid: u32) -> Confinement {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
-    let field = |name: &str| {
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix(name))
-            .map(|v| v.trim().to_owned())
-            .unwrap_or_default()
-    };
+    let status = ProcStatus::of(pid).expect("status");
+    let held = status.capabilities().expect("capabilities");
     let mounts = std::fs::read_to_string(format!("/proc/{pid}/mountinfo")).expect("mountinfo");
     Confinement {
-        effective: u64::from_str_radix(&field("CapEff:"), 16).expect("CapEff"),
-        no_new_privileges: field("NoNewPrivs:") == "1",
+        effective: held.effective,
+        no_new_privileges: held.no_new_privileges,
         // Its PID in each namespace it is nested in, outermost first: one
         // only where it is in this (the host's) namespace.
-        host_pids: field("NSpid:").split_whitespace().count() == 1,
+        host_pids: status.field("NSpid:").split_whitespace().count() == 1,
         system_bus: mounts
             .lines()
             .any(|l| l.split_whitespace().nth(4) == Some("/run/dbus")),

@@ -73,16 +73,21 @@ impl Handoff {
 
     /// At the executor's start: a let-go left by its previous life is over.
     pub fn executor_started(&self) -> Result<(), String> {
-        match fs::remove_file(self.path("let-go.json")) {
+        self.no_more_let_go()
+    }
+
+    fn no_more_let_go(&self) -> Result<(), String> {
+        let path = self.path("let-go.json");
+        match fs::remove_file(&path) {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-                Err(format!("{}: {e}", self.path("let-go.json").display()))
+                Err(format!("{}: {e}", path.display()))
             }
             _ => Ok(()),
         }
     }
 
     pub fn offer(&self, offer: &Offer) -> Result<(), String> {
-        replace(&self.path("offer.json"), offer, false)
+        Ok(replace(&self.path("offer.json"), offer, false)?)
     }
 
     pub fn ask_to_let_go(&self, request: &str, for_at_most: Duration) -> Result<(), String> {
@@ -91,18 +96,18 @@ impl Handoff {
             request: request.to_owned(),
             until,
         };
-        replace(&self.path("let-go.json"), &letgo, true)
+        Ok(replace(&self.path("let-go.json"), &letgo, true)?)
     }
 
     pub fn done_with_the_gpus(&self) -> Result<(), String> {
-        self.executor_started()
+        self.no_more_let_go()
     }
 
     /// Records that `uuid` was reset and read back recovered at `at`.
     pub fn reset_done(&self, uuid: &str, at: Timestamp) -> Result<(), String> {
         let mut resets = self.resets()?;
         resets.insert(uuid.to_owned(), at);
-        replace(&self.path("resets.json"), &resets, true)
+        Ok(replace(&self.path("resets.json"), &resets, true)?)
     }
 
     // The reporter's side.

@@ -4,12 +4,13 @@
 
 use std::{
     fs,
-    io::Write,
     path::{Path, PathBuf},
 };
 
 use gpuhealth_api::contract::{Outcome, RequestResult};
 use serde::{Deserialize, Serialize};
+
+use crate::state_file::{self, StateFileError};
 
 /// How many requests the journal remembers; ids are unique per attempt, so
 /// older ones never come back.
@@ -40,6 +41,15 @@ pub struct JournalError {
     source: std::io::Error,
 }
 
+impl From<StateFileError> for JournalError {
+    fn from(e: StateFileError) -> JournalError {
+        JournalError {
+            path: e.path,
+            source: e.source,
+        }
+    }
+}
+
 pub struct Journal {
     path: PathBuf,
     entries: Vec<Entry>,
@@ -56,12 +66,7 @@ impl Journal {
             source,
         };
         fs::create_dir_all(dir).map_err(err)?;
-        let entries = match fs::read(&path) {
-            Ok(bytes) => serde_json::from_slice(&bytes)
-                .map_err(|e| err(std::io::Error::new(std::io::ErrorKind::InvalidData, e)))?,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
-            Err(e) => return Err(err(e)),
-        };
+        let entries = state_file::read(&path)?.unwrap_or_default();
         Ok(Journal { path, entries })
     }
 
@@ -102,17 +107,7 @@ impl Journal {
     /// Written to a temporary file, synced, then renamed over the journal:
     /// a crash leaves the old journal or the new one, never half of one.
     fn save(&self) -> Result<(), JournalError> {
-        let err = |source| JournalError {
-            path: self.path.clone(),
-            source,
-        };
-        let tmp = self.path.with_extension("json.tmp");
-        let bytes =
-            serde_json::to_vec_pretty(&self.entries).map_err(|e| err(std::io::Error::other(e)))?;
-        let mut file = fs::File::create(&tmp).map_err(err)?;
-        file.write_all(&bytes).map_err(err)?;
-        file.sync_all().map_err(err)?;
-        fs::rename(&tmp, &self.path).map_err(err)
+        Ok(state_file::replace(&self.path, &self.entries, true)?)
     }
 }
 

@@ -93,7 +93,7 @@ impl Recoveries {
     }
 
     fn save(&self) -> Result<(), String> {
-        replace(&self.path, &self.gpus, true)
+        Ok(replace(&self.path, &self.gpus, true)?)
     }
 }
 
