@@ -5,7 +5,7 @@ export CARGO_BUILD_JOBS ?= 2
 CLUSTER := e2e/cluster/cluster.sh
 TARGET_DIR := $(or $(CARGO_TARGET_DIR),$(CURDIR)/target)
 
-.PHONY: build images crds docs lint unit e2e e2e-node chaos chaos-bounded previous-release previous-build fuzz fuzz-smoke bench bench-smoke peer-nhc test cluster-up cluster-down demo clean
+.PHONY: build images crds docs chart-docs lint unit e2e e2e-node chaos chaos-bounded previous-release previous-build fuzz fuzz-smoke bench bench-smoke peer-nhc test cluster-up cluster-down demo clean
 
 build:
 	cargo build --workspace --all-targets
@@ -17,20 +17,30 @@ images:
 	cargo build --release -p gpuhealth-operator -p gpuhealth-agent -p kubectl-gpuhealth
 	python3 images/pack.py --bin-dir $(TARGET_DIR)/release --out target/images images/*.Dockerfile
 
-# Regenerate crds/ from the Rust types; commit the result.
+# Regenerate crds/ and the chart's crds/ from the Rust types; commit the result.
 crds:
-	cargo run -q -p gpuhealth-api --bin crdgen -- crds
+	cargo run -q -p gpuhealth-api --bin crdgen -- --kustomize crds --chart charts/gpuhealth/crds
 
 # Regenerate docs/reference.md from the CRD schemas; commit the result.
 docs:
 	cargo run -q -p gpuhealth-api --bin docgen -- docs/reference.md
 
+# Regenerate the chart's README from its values.yaml; commit the result.
+chart-docs:
+	python3 scripts/chart-readme.py
+
 # The docs check (scripts/check-docs.py): no package registry's address in
 # the repository, every relative link resolves, README.md and docs/ link
-# nowhere outside it, and every path and test they name exists.
+# nowhere outside it, and every path and test they name exists. The chart:
+# `helm lint`, its README up to date with its values, and the chart
+# rendered by `helm template` the same objects as config/ by kustomize
+# (scripts/check-chart.py; the CRDs' drift is a unit test).
 lint:
 	python3 scripts/check-docs.py
 	python3 scripts/check-structure.py
+	scripts/helm.sh lint --strict charts/gpuhealth
+	python3 scripts/chart-readme.py --check
+	python3 scripts/check-chart.py
 	cargo fmt --all -- --check
 	cargo clippy --workspace --all-targets -- -D warnings
 

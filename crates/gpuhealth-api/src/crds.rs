@@ -41,7 +41,7 @@ fn kubernetes_formats(schema: &mut JSONSchemaProps) {
     }
 }
 
-/// `(file name, YAML)` for each CRD plus a kustomization listing them.
+/// `(file name, YAML)` for each CRD.
 pub fn rendered() -> Result<Vec<(&'static str, String)>, serde_yaml::Error> {
     let [policy, node_health] = all();
     let policy = serde_yaml::to_string(&policy)?;
@@ -55,11 +55,13 @@ pub fn rendered() -> Result<Vec<(&'static str, String)>, serde_yaml::Error> {
             "gpuhealth.io_gpunodehealths.yaml",
             format!("{HEADER}{node_health}"),
         ),
-        (
-            "kustomization.yaml",
-            format!(
-                "{HEADER}apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n  - gpuhealth.io_gpuhealthpolicies.yaml\n  - gpuhealth.io_gpunodehealths.yaml\n"
-            ),
-        ),
     ])
+}
+
+/// The kustomization that lists the CRDs `rendered` names, for kustomize's
+/// `crds/` (Helm's installs every file of its `crds/`, so has none).
+pub fn kustomization() -> String {
+    format!(
+        "{HEADER}apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n  - gpuhealth.io_gpuhealthpolicies.yaml\n  - gpuhealth.io_gpunodehealths.yaml\n"
+    )
 }

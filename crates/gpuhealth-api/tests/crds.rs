@@ -1,5 +1,6 @@
-//! The committed CRD YAML is exactly what the Rust types generate; run
-//! `make crds` after changing the API.
+//! The committed CRD YAML, in `crds/` and in the chart's `crds/`, is
+//! exactly what the Rust types generate; run `make crds` after changing the
+//! API.
 
 use std::{fs, path::Path};
 
@@ -7,14 +8,21 @@ use gpuhealth_api::{GpuHealthPolicySpec, crds};
 
 #[test]
 fn committed_crds_match_the_generated_ones() {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../crds");
-    for (file, generated) in crds::rendered().expect("CRDs render") {
-        let committed = fs::read_to_string(dir.join(file)).unwrap_or_default();
-        assert!(
-            committed == generated,
-            "crds/{file} is out of date: run `make crds` and commit the result"
-        );
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    for dir in ["crds", "charts/gpuhealth/crds"] {
+        for (file, generated) in crds::rendered().expect("CRDs render") {
+            let committed = fs::read_to_string(root.join(dir).join(file)).unwrap_or_default();
+            assert!(
+                committed == generated,
+                "{dir}/{file} is out of date: run `make crds` and commit the result"
+            );
+        }
     }
+    let committed = fs::read_to_string(root.join("crds/kustomization.yaml")).unwrap_or_default();
+    assert!(
+        committed == crds::kustomization(),
+        "crds/kustomization.yaml is out of date: run `make crds` and commit the result"
+    );
 }
 
 #[test]
