@@ -149,17 +149,43 @@ fn kubectl_binary(kubeconfig: &Path) -> PathBuf {
 /// Runs kubectl against the test cluster and returns its standard output.
 pub async fn kubectl(args: &[&str]) -> Result<String> {
     let kubeconfig = kubeconfig_path().await?;
-    let mut cmd = tokio::process::Command::new(kubectl_binary(&kubeconfig));
-    cmd.arg("--kubeconfig").arg(&kubeconfig).args(args);
-    let out = cmd.output().await.map_err(|e| HarnessError::Kubectl {
+    let binary = kubectl_binary(&kubeconfig);
+    run_tool("kubectl", binary, &kubeconfig, args).await
+}
+
+/// Runs Helm (scripts/helm.sh: the version the repository pins, built on
+/// first use) against the test cluster and returns its standard output.
+pub async fn helm(args: &[&str]) -> Result<String> {
+    let kubeconfig = kubeconfig_path().await?;
+    run_tool(
+        "helm",
+        repo_root().join("scripts/helm.sh"),
+        &kubeconfig,
+        args,
+    )
+    .await
+}
+
+async fn run_tool(
+    tool: &'static str,
+    binary: PathBuf,
+    kubeconfig: &Path,
+    args: &[&str],
+) -> Result<String> {
+    let failed = |detail: String| HarnessError::Tool {
+        tool,
         args: args.join(" "),
-        detail: e.to_string(),
-    })?;
+        detail,
+    };
+    let out = tokio::process::Command::new(binary)
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .args(args)
+        .output()
+        .await
+        .map_err(|e| failed(e.to_string()))?;
     if !out.status.success() {
-        return Err(HarnessError::Kubectl {
-            args: args.join(" "),
-            detail: String::from_utf8_lossy(&out.stderr).into_owned(),
-        });
+        return Err(failed(String::from_utf8_lossy(&out.stderr).into_owned()));
     }
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }

@@ -32,7 +32,7 @@ pub mod sim;
 pub mod system_bus;
 pub mod wait;
 
-pub use cluster::{client, kubectl};
+pub use cluster::{client, helm, kubectl};
 pub use names::unique;
 
 /// Errors of the harness itself (tests turn them into failures with context).
@@ -53,8 +53,13 @@ pub enum HarnessError {
     Timeout { what: String, secs: u64 },
     #[error("{0}")]
     Invalid(String),
-    #[error("running kubectl {args}: {detail}")]
-    Kubectl { args: String, detail: String },
+    /// kubectl or helm failed, or could not be run.
+    #[error("running {tool} {args}: {detail}")]
+    Tool {
+        tool: &'static str,
+        args: String,
+        detail: String,
+    },
 }
 
 pub type Result<T, E = HarnessError> = std::result::Result<T, E>;
