@@ -151,6 +151,37 @@ async fn helm_install_upgrade_mid_remediation_and_uninstall() {
         .await
         .expect("the nvidia RuntimeClass");
 
+    // A namespace whose Pod Security would refuse the agent's pods is
+    // refused at install, before any of the release's objects is made
+    // (Helm installs the CRDs first; --force-conflicts as below).
+    let namespaces: Api<Namespace> = Api::all(admin.clone());
+    let strict = format!("{}-baseline", s.group);
+    let labelled: Namespace = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": strict, "labels": {"pod-security.kubernetes.io/enforce": "baseline"}},
+    }))
+    .expect("namespace");
+    namespaces
+        .create(&PostParams::default(), &labelled)
+        .await
+        .expect("a baseline namespace");
+    let refused = helm(&[
+        "install",
+        RELEASE,
+        CHART,
+        "--namespace",
+        &strict,
+        "--force-conflicts",
+    ])
+    .await
+    .expect_err("an install where the agent's pods would be refused");
+    assert!(
+        refused
+            .to_string()
+            .contains(r#"enforces Pod Security "baseline"; the agent needs "privileged""#),
+        "{refused}"
+    );
+    let _ = namespaces.delete(&strict, &DeleteParams::default()).await;
+
     // --take-ownership: other files on this cluster applied config/ with
     // kubectl; the chart takes over what they left, as a user moving from
     // the kustomize install to the chart would. --force-conflicts: the
@@ -326,7 +357,6 @@ async fn helm_install_upgrade_mid_remediation_and_uninstall() {
         .get(&s.policy)
         .await
         .expect("the policy kept");
-    let namespaces: Api<Namespace> = Api::all(admin.clone());
     namespaces.get(NAMESPACE).await.expect("the namespace kept");
     let _ = namespaces.delete(NAMESPACE, &DeleteParams::default()).await;
     let _ = nodes.delete(&cpu, &DeleteParams::default()).await;
