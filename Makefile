@@ -3,9 +3,15 @@ SHELL := /usr/bin/env bash
 # Two cores: one heavy build at a time.
 export CARGO_BUILD_JOBS ?= 2
 CLUSTER := e2e/cluster/cluster.sh
+# The test cluster's Kubernetes minor (e2e/cluster/versions.env): 1.36
+# unless given, as in `make cluster-up K8S=1.37` (its own cluster state:
+# `GPUHEALTH_CLUSTER_DIR` for two at once).
+ifdef K8S
+export K8S
+endif
 TARGET_DIR := $(or $(CARGO_TARGET_DIR),$(CURDIR)/target)
 
-.PHONY: build images crds docs chart-docs lint unit e2e e2e-node chaos chaos-bounded previous-release previous-build fuzz fuzz-smoke bench bench-smoke peer-nhc test cluster-up cluster-down demo clean
+.PHONY: build images crds docs chart-docs release release-smoke set-version lint unit e2e e2e-node chaos chaos-bounded previous-release previous-build fuzz fuzz-smoke bench bench-smoke peer-nhc test cluster-up cluster-down demo clean
 
 build:
 	cargo build --workspace --all-targets
@@ -24,6 +30,20 @@ crds:
 # Regenerate docs/reference.md from the CRD schemas; commit the result.
 docs:
 	cargo run -q -p gpuhealth-api --bin docgen -- docs/reference.md
+
+# A release (scripts/release.sh): images, chart, CRDs, the plugin for each
+# platform this machine can build it for with its krew manifest, release
+# notes, under target/release-artifacts/; VERSION must be the workspace's
+# (`set-version` changes it). `release-smoke`, in `make test`: the same from
+# the dev profile, this machine's plugin alone.
+release:
+	VERSION=$(VERSION) scripts/release.sh
+
+release-smoke:
+	scripts/release.sh --smoke
+
+set-version:
+	python3 scripts/set-version.py $(VERSION)
 
 # Regenerate the chart's README from its values.yaml; commit the result.
 chart-docs:
@@ -165,7 +185,7 @@ fuzz:
 fuzz-smoke:
 	$(MAKE) fuzz FUZZ_SECS=15 FUZZ_KEEP=no
 
-test: lint unit e2e e2e-node chaos-bounded fuzz-smoke bench-smoke
+test: lint unit release-smoke e2e e2e-node chaos-bounded fuzz-smoke bench-smoke
 
 cluster-up:
 	@$(CLUSTER) up

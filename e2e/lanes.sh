@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# Runs the e2e tests in two lanes at once, each against a local cluster of
-# its own. A test's operator manages every node of its cluster, so test
-# files never share one (cargo runs a lane's files one after another); the
-# tests mostly wait on their API server, so two lanes on two cores take
-# little more than half the time of one. With GPUHEALTH_E2E_KUBECONFIG set
-# (a cluster of yours), everything runs in one lane on it.
+# Runs the e2e tests in lanes at once, each against a local cluster of its
+# own: every file in one of two lanes on the default Kubernetes minor, and
+# the files that differ by minor in a third on the other. A test's operator
+# manages every node of its cluster, so test files never share one (cargo
+# runs a lane's files one after another); the tests mostly wait on their
+# API server, so lanes on two cores take little more than the longest of
+# them. With GPUHEALTH_E2E_KUBECONFIG set (a cluster of yours), everything
+# runs in one lane on it.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 if [[ -n "${GPUHEALTH_E2E_KUBECONFIG:-}" ]]; then
@@ -31,10 +33,20 @@ for file in e2e/tests/*.rs; do
   fi
 done
 
-# Both clusters start from the same cached binaries: build them once.
+# The files whose behaviour depends on the Kubernetes minor (DeviceTaintRule's
+# version, the install, admission) run again, in a third lane, on the other
+# minor the project supports (e2e/cluster/versions.env).
+other_minor=1.37
+on_other_minor=(quarantine install access helm)
+other_args=()
+for name in "${on_other_minor[@]}"; do other_args+=(--test "$name"); done
+
+# The clusters start from the cached binaries: build them once.
 e2e/cluster/build.sh >/dev/null || exit 1
+K8S=$other_minor e2e/cluster/build.sh >/dev/null || exit 1
 
 # lane LABEL CLUSTER_DIR CARGO_TEST_ARGS...: prefixes each line with LABEL.
+# K8S in the environment picks the cluster's minor.
 lane() {
   local label=$1 dir=$2
   shift 2
@@ -46,11 +58,15 @@ lane e2e-1 "$PWD/target/e2e-cluster" "${first_args[@]}" &
 one=$!
 lane e2e-2 "$PWD/target/e2e-cluster-2" "${second_args[@]}" &
 two=$!
+K8S=$other_minor lane "e2e-$other_minor" "$PWD/target/e2e-cluster-$other_minor" "${other_args[@]}" &
+three=$!
 wait "$one"; status_one=$?
 wait "$two"; status_two=$?
+wait "$three"; status_three=$?
 # Doc tests cannot be selected with the targets above; they need no cluster.
 cargo test -p gpuhealth-e2e --doc; status_doc=$?
 echo "[e2e] lane 1 (${first[*]}): exit $status_one"
 echo "[e2e] lane 2 (library, binaries, ${second[*]}): exit $status_two"
+echo "[e2e] lane 3, Kubernetes $other_minor (${on_other_minor[*]}): exit $status_three"
 echo "[e2e] doc tests: exit $status_doc"
-((status_one == 0 && status_two == 0 && status_doc == 0))
+((status_one == 0 && status_two == 0 && status_three == 0 && status_doc == 0))

@@ -198,6 +198,11 @@ def image(stage, base, bin_dir, repository, version):
             "Entrypoint": stage["entrypoint"],
             "Env": ["PATH=/usr/local/bin:/usr/bin:/bin", "SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt"],
             "ExposedPorts": {f"{p}/tcp" if "/" not in p else p: {} for p in stage["ports"]},
+            # The version the workspace gives every artifact of a release.
+            "Labels": {
+                "org.opencontainers.image.title": stage["binary"],
+                "org.opencontainers.image.version": version,
+            },
         },
         "rootfs": {"type": "layers", "diff_ids": diff_ids},
     }

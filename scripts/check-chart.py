@@ -13,7 +13,8 @@ ALLOWED may stand; anything else fails, naming the object and the field:
 - the chart's PrometheusRule (monitoring.prometheusRule.enabled) against
   config/monitoring.
 
-Then it renders the chart with every other value that changes what it
+It checks that Chart.yaml's version and appVersion are the workspace's
+(Cargo.toml). Then it renders the chart with every other value that changes what it
 renders, so that no branch of a template is left unrendered. Helm comes
 from scripts/helm.sh, kubectl from the test cluster's cache
 (e2e/cluster/build.sh). Python 3 and PyYAML.
@@ -22,6 +23,7 @@ from scripts/helm.sh, kubectl from the test cluster's cache
 import re
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import yaml
@@ -154,8 +156,22 @@ def daemonsets(objs):
     return {k: v for k, v in objs.items() if k[0] == "DaemonSet"}
 
 
+def versions_agree():
+    """The chart repeats the workspace's version, the one place it lives."""
+    version = tomllib.loads((ROOT / "Cargo.toml").read_text())["workspace"]["package"]["version"]
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    if chart["version"] != version or str(chart["appVersion"]) != version:
+        print(
+            f"check-chart: Chart.yaml says version {chart['version']}, appVersion {chart['appVersion']};"
+            f" the workspace is {version} (make set-version VERSION={version})"
+        )
+        return False
+    return True
+
+
 def main():
-    ok = compare("defaults against config/default", helm(crds=True), kustomize("config/default"), ONLY_KUSTOMIZE)
+    ok = versions_agree()
+    ok &= compare("defaults against config/default", helm(crds=True), kustomize("config/default"), ONLY_KUSTOMIZE)
     ok &= compare(
         "agent.nvml.source=driverRoot against config/agent/driver-root",
         daemonsets(helm("agent.nvml.source=driverRoot")),

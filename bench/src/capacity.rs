@@ -20,7 +20,7 @@ use gpuhealth_e2e::{
     sim::{SIM_GROUP_LABEL, is_cordoned},
     wait::{Background, applied, events},
 };
-use k8s_openapi::api::{core::v1::Node, resource::v1beta2::DeviceTaintRule};
+use k8s_openapi::api::core::v1::Node;
 use kube::{
     Api, Client, ResourceExt,
     api::{Patch, PatchParams},
@@ -114,10 +114,14 @@ fn watch(client: &Client, spans: &Arc<Mutex<Spans>>) -> Vec<Background> {
     };
     let rules = {
         let spans = spans.clone();
-        let api: Api<DeviceTaintRule> = Api::all(client.clone());
+        let client = client.clone();
         let config = watcher::Config::default()
             .labels(&format!("{}={}", MANAGED_BY_LABEL.0, MANAGED_BY_LABEL.1));
         Background::spawn(async move {
+            // A cluster that serves no rules has no spans of them.
+            let Ok(api) = dra::rules(&client).await else {
+                return;
+            };
             let mut stream = std::pin::pin!(events(api, config));
             while let Some(event) = stream.next().await {
                 let now = Instant::now();

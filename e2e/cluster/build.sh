@@ -11,9 +11,14 @@ source "$here/versions.env"
 
 cache_root=${GPUHEALTH_CACHE:-$HOME/.cache/gpuhealth}
 bin_dir="$cache_root/cluster-k8s-$K8S_VERSION-etcd-$ETCD_VERSION-kwok-$KWOK_VERSION"
+kubernetes_cmds=(kube-apiserver kube-controller-manager kube-scheduler kubectl)
 # The stamp names what the cache holds: a cache from before the kubelet was
 # built is completed, not rebuilt.
-stamp="$bin_dir/.complete-with-node"
+stamp="$bin_dir/.complete"
+if [[ "$K8S" == "$NODE_K8S" ]]; then
+  kubernetes_cmds+=(kubelet kube-proxy)
+  stamp="$bin_dir/.complete-with-node"
+fi
 if [[ -f "$stamp" ]]; then
   echo "$bin_dir"
   exit 0
@@ -41,8 +46,6 @@ ldflags=(-s -w
   -X "k8s.io/client-go/pkg/version.gitMajor=1"
   -X "k8s.io/client-go/pkg/version.gitMinor=${minor_patch%%.*}")
 
-kubernetes_cmds=(kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet kube-proxy)
-
 build_kubernetes() {
   log "building Kubernetes $K8S_VERSION (10-25 minutes on 2 cores)"
   local dir="$work/k8s"
@@ -65,20 +68,11 @@ build_kubernetes() {
       awk -v v="v0.$minor_patch" '{print "\t" $1 " => " $1 " " v}'
     echo ")"
   } >go.mod
-  cat >tools.go <<'GO'
-//go:build tools
-
-package tools
-
-import (
-	_ "k8s.io/kubernetes/cmd/kube-apiserver"
-	_ "k8s.io/kubernetes/cmd/kube-controller-manager"
-	_ "k8s.io/kubernetes/cmd/kube-scheduler"
-	_ "k8s.io/kubernetes/cmd/kubectl"
-	_ "k8s.io/kubernetes/cmd/kubelet"
-	_ "k8s.io/kubernetes/cmd/kube-proxy"
-)
-GO
+  {
+    printf '//go:build tools\n\npackage tools\n\nimport (\n'
+    printf '\t_ "k8s.io/kubernetes/cmd/%s"\n' "${kubernetes_cmds[@]}"
+    printf ')\n'
+  } >tools.go
   go mod tidy >&2
   for cmd in "${kubernetes_cmds[@]}"; do
     [[ -x "$bin_dir/$cmd" ]] && continue
@@ -125,6 +119,19 @@ build_kwok() {
   chmod -R u+w "$bin_dir/stages"
 }
 
+# etcd and kwok do not change with the Kubernetes minor: another minor's
+# cache lends them.
+lend_tools() {
+  local other
+  for other in "$cache_root"/cluster-k8s-*-etcd-$ETCD_VERSION-kwok-$KWOK_VERSION; do
+    [[ "$other" != "$bin_dir" && -x "$other/etcd" && -x "$other/kwok" && -d "$other/stages" ]] || continue
+    log "etcd and kwok from $other"
+    cp -r "$other/etcd" "$other/kwok" "$other/stages" "$bin_dir/"
+    return 0
+  done
+  return 1
+}
+[[ -x "$bin_dir/etcd" && -x "$bin_dir/kwok" && -d "$bin_dir/stages" ]] || lend_tools || true
 [[ -x "$bin_dir/etcd" ]] || build_etcd
 [[ -x "$bin_dir/kwok" && -d "$bin_dir/stages" ]] || build_kwok
 for cmd in "${kubernetes_cmds[@]}"; do

@@ -11,7 +11,9 @@
 #                      API server is ready again (the chaos runs use it)
 #
 # State (certificates, etcd data, logs, pids) lives in $GPUHEALTH_CLUSTER_DIR,
-# default <repo>/target/e2e-cluster. Ports are picked free at start.
+# default <repo>/target/e2e-cluster. Ports are picked free at start. K8S
+# picks the Kubernetes minor (versions.env: 1.36 unless set); a running
+# cluster of another minor is not reused.
 #
 # With GPUHEALTH_CLUSTER_NODE=1, `up` starts a cluster a real node can join
 # (e2e/node/node.sh): the API server listens on the node's address
@@ -26,6 +28,8 @@ log() { echo "[cluster] $*" >&2; }
 logs="$state/logs"
 # shellcheck source=wait.sh
 source "$here/wait.sh"
+# shellcheck source=versions.env
+source "$here/versions.env"
 
 kubeconfig="$state/admin.kubeconfig"
 components=(etcd kube-apiserver kube-controller-manager kube-scheduler kwok)
@@ -44,6 +48,7 @@ answers() {
   # cluster it needs: `up` starts it again with one.
   [[ "${GPUHEALTH_CLUSTER_AUDIT:-0}" != 1 || -f "$state/audit-policy.yaml" ]] || return 1
   ! with_node || [[ -f "$state/node-address" ]] || return 1
+  [[ "$(cat "$state/k8s" 2>/dev/null)" == "$K8S" ]] || return 1
   local bin
   bin=$(cat "$state/bin")
   for c in "${components[@]}"; do alive "$c" || return 1; done
@@ -195,6 +200,7 @@ start() {
   bin=$("$here/build.sh")
   mkdir -p "$state/logs" "$state/pids" "$state/etcd"
   echo "$bin" >"$state/bin"
+  echo "$K8S" >"$state/k8s"
   pki
   read -r etcd_client etcd_peer api cm sched kwok_port < <(free_ports 6)
   # Where the API server listens, and what it advertises: loopback, and a
@@ -228,8 +234,13 @@ start() {
   # DRA's DeviceTaintRule (per-GPU quarantine) is a beta API off by
   # default in 1.36: served in resource.k8s.io/v1beta2, and heeded by the
   # scheduler (and the controller manager's eviction, for NoExecute) only
-  # with DRADeviceTaintRules on.
-  local dra_gates=--feature-gates=DRADeviceTaintRules=true
+  # with DRADeviceTaintRules on. From 1.37 it is GA (resource.k8s.io/v1),
+  # on by default: nothing to turn on.
+  local dra_gates=() dra_apis=()
+  if [[ "$K8S" == 1.36 ]]; then
+    dra_gates=(--feature-gates=DRADeviceTaintRules=true)
+    dra_apis=(--runtime-config resource.k8s.io/v1beta2=true)
+  fi
   # The audit log, when asked for (`make chaos`): every write, with the
   # User-Agent that names the replica making it, and the Lease writes whole,
   # so that the chaos checker judges leadership from the API server's own
@@ -251,8 +262,7 @@ POLICY
     audit=(--audit-policy-file "$state/audit-policy.yaml" --audit-log-path "$state/audit.log"
       --audit-log-format json --audit-log-maxsize 2000 --audit-log-maxbackup 1)
   fi
-  launch kube-apiserver "$bin/kube-apiserver" "$dra_gates" "${audit[@]}" \
-    --runtime-config resource.k8s.io/v1beta2=true \
+  launch kube-apiserver "$bin/kube-apiserver" "${dra_gates[@]}" "${dra_apis[@]}" "${audit[@]}" \
     --etcd-servers "http://127.0.0.1:$etcd_client" \
     --bind-address "$listen" --secure-port "$api" "${apiserver_net[@]}" \
     --service-cluster-ip-range 10.96.0.0/16 \
@@ -266,12 +276,12 @@ POLICY
   wait_for kube-apiserver 120 "$bin/kubectl" "${k[@]}" get --raw /readyz
 
   log "starting kube-controller-manager, kube-scheduler and kwok"
-  launch kube-controller-manager "$bin/kube-controller-manager" "${k[@]}" "$dra_gates" \
+  launch kube-controller-manager "$bin/kube-controller-manager" "${k[@]}" "${dra_gates[@]}" \
     --authentication-kubeconfig "$kubeconfig" --authorization-kubeconfig "$kubeconfig" \
     --bind-address 127.0.0.1 --secure-port "$cm" --leader-elect=false \
     --service-account-private-key-file "$state/pki/sa.key" --root-ca-file "$state/pki/ca.crt" \
     --use-service-account-credentials=false --profiling=false
-  launch kube-scheduler "$bin/kube-scheduler" "${k[@]}" "$dra_gates" \
+  launch kube-scheduler "$bin/kube-scheduler" "${k[@]}" "${dra_gates[@]}" \
     --authentication-kubeconfig "$kubeconfig" --authorization-kubeconfig "$kubeconfig" \
     --bind-address 127.0.0.1 --secure-port "$sched" --leader-elect=false --profiling=false
   kwok_config "$bin"

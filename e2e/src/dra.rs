@@ -6,7 +6,10 @@
 
 use std::collections::BTreeMap;
 
-use gpuhealth_api::contract::GpuReport;
+use gpuhealth_api::{
+    contract::GpuReport,
+    device_taint_rule::{self, DeviceTaintRule, RuleVersion},
+};
 use k8s_openapi::{
     api::{
         core::v1::{
@@ -18,7 +21,6 @@ use k8s_openapi::{
             DeviceRequest, DeviceSelector, ExactDeviceRequest, ResourceClaim, ResourceClaimSpec,
             ResourcePool, ResourceSlice, ResourceSliceSpec,
         },
-        resource::v1beta2::DeviceTaintRule,
     },
     apimachinery::pkg::apis::meta::v1::ObjectMeta,
 };
@@ -27,7 +29,7 @@ use kube::{
     api::{Patch, PatchParams, PostParams},
 };
 
-use crate::{Result, sim::SIM_GROUP_LABEL};
+use crate::{HarnessError, Result, sim::SIM_GROUP_LABEL};
 
 /// The driver NVIDIA's DRA driver registers for whole GPUs.
 pub const DRIVER: &str = "gpu.nvidia.com";
@@ -243,6 +245,28 @@ pub async fn device_of(client: &Client, namespace: &str, pod: &str) -> Result<St
     Ok(allocated_device(&claim).unwrap_or_default())
 }
 
+/// The version of `resource.k8s.io` this cluster's DeviceTaintRules are
+/// read and written in: the newest it serves, as the operator chooses it.
+pub async fn rule_version(client: &Client) -> Result<RuleVersion> {
+    RuleVersion::choose(|group_version: String| async move {
+        client
+            .list_api_group_resources(&group_version)
+            .await
+            .is_ok_and(|list| {
+                list.resources
+                    .iter()
+                    .any(|r| r.name == device_taint_rule::PLURAL)
+            })
+    })
+    .await
+    .ok_or_else(|| HarnessError::Invalid("the cluster serves no DeviceTaintRules".into()))
+}
+
+/// DeviceTaintRules, in [`rule_version`].
+pub async fn rules(client: &Client) -> Result<Api<DeviceTaintRule>> {
+    Ok(Api::all_with(client.clone(), &rule_version(client).await?))
+}
+
 /// Deletes every DeviceTaintRule of gpuhealth's for `node` (an identity
 /// that holds break glass may).
 pub async fn delete_fences(client: &Client, node: &str) -> Result<()> {
@@ -250,7 +274,8 @@ pub async fn delete_fences(client: &Client, node: &str) -> Result<()> {
         "{}={node}",
         gpuhealth_api::quarantine::RULE_NODE_LABEL
     ));
-    Api::<DeviceTaintRule>::all(client.clone())
+    rules(client)
+        .await?
         .delete_collection(&Default::default(), &of_node)
         .await?;
     Ok(())

@@ -18,7 +18,6 @@ use std::{
 };
 
 use futures::StreamExt;
-use gpuhealth_api::quarantine::{MANAGED_BY_LABEL, RULE_NODE_LABEL};
 use gpuhealth_api::{
     GpuHealth, GpuNodeHealth,
     contract::{
@@ -26,9 +25,13 @@ use gpuhealth_api::{
         REBOOT_REQUEST_ANNOTATION, RESET_REQUEST_ANNOTATION, RebootRequest, ResetRequest,
     },
 };
+use gpuhealth_api::{
+    device_taint_rule::DeviceTaintRule,
+    quarantine::{MANAGED_BY_LABEL, RULE_NODE_LABEL},
+};
 use k8s_openapi::api::{
     core::v1::{Node, Pod},
-    resource::{v1::ResourceClaim, v1beta2::DeviceTaintRule},
+    resource::v1::ResourceClaim,
 };
 use kube::{Api, Client, ResourceExt, runtime::watcher};
 use tokio::sync::{Notify, mpsc};
@@ -238,7 +241,7 @@ impl Recorder {
             })
         };
         let fences = {
-            let api: Api<DeviceTaintRule> = Api::all(client.clone());
+            let client = client.clone();
             let config = watcher::Config::default()
                 .labels(&format!("{}={}", MANAGED_BY_LABEL.0, MANAGED_BY_LABEL.1));
             let prefix = format!("{group}-");
@@ -252,6 +255,10 @@ impl Recorder {
                         .get(RULE_NODE_LABEL)
                         .filter(|n| n.starts_with(&prefix))
                         .cloned()
+                };
+                // A cluster that serves no rules records none.
+                let Ok(api) = dra::rules(&client).await else {
+                    return;
                 };
                 let mut stream = std::pin::pin!(events(api, config));
                 while let Some(event) = stream.next().await {

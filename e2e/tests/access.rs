@@ -12,6 +12,7 @@
 
 use std::time::{Duration, Instant};
 
+use gpuhealth_api::device_taint_rule::DeviceTaintRule;
 use gpuhealth_api::{
     GpuHealthPolicy,
     policy::{ConditionRule, ConditionStatus, ConditionWriter},
@@ -20,6 +21,7 @@ use gpuhealth_api::{
 use gpuhealth_e2e::{
     client,
     cluster::client_with_token,
+    dra,
     identities::{account_with, bind, rule, token},
     kubectl, overlay,
     scenario::{Scenario, WAIT},
@@ -31,7 +33,6 @@ use k8s_openapi::{
     api::{
         core::v1::{Node, Pod},
         rbac::v1::ClusterRoleBinding,
-        resource::v1beta2::DeviceTaintRule,
     },
     apimachinery::pkg::apis::meta::v1::LabelSelector,
 };
@@ -349,11 +350,11 @@ async fn broad_roles_pass_as_no_identity_of_gpuhealth() {
     .await
     .expect_err("break glass");
     assert!(e.contains("may write gpuhealth.io/break-glass"), "{e}");
-    let rules: Api<DeviceTaintRule> = Api::all(manager.clone());
+    let rules = dra::rules(&manager).await.expect("rules");
     let e = rules
         .create(
             &PostParams::default(),
-            &device_rule(&unique("forged"), &node, true),
+            &device_rule(&unique("forged"), &node, true).await,
         )
         .await
         .expect_err("a fence of gpuhealth's");
@@ -781,13 +782,19 @@ async fn break_glass_clears_a_stuck_request_and_is_seen() {
     }
 }
 
-/// A DeviceTaintRule fencing GPU 7 of `node`, with gpuhealth's label or not.
-fn device_rule(name: &str, node: &str, ours: bool) -> DeviceTaintRule {
+/// A DeviceTaintRule fencing GPU 7 of `node`, with gpuhealth's label or
+/// not, in the version the cluster serves.
+async fn device_rule(name: &str, node: &str, ours: bool) -> DeviceTaintRule {
+    let version = dra::rule_version(&client().await.expect("client"))
+        .await
+        .expect("the cluster serves DeviceTaintRules");
     let mut labels = serde_json::Map::new();
     if ours {
         labels.insert("app.kubernetes.io/managed-by".into(), json!("gpuhealth"));
     }
     serde_json::from_value(json!({
+        "apiVersion": version.group_version(),
+        "kind": "DeviceTaintRule",
         "metadata": {"name": name, "labels": labels},
         "spec": {
             "deviceSelector": {"driver": "gpu.nvidia.com", "pool": node, "device": "gpu-7"},
@@ -804,7 +811,7 @@ async fn only_the_operator_writes_or_lifts_its_device_fences() {
         apply(dir).await;
     }
     let node = unique("fence");
-    let admins: Api<DeviceTaintRule> = Api::all(admin.clone());
+    let admins = dra::rules(&admin).await.expect("rules");
     // A DRA administrator's identity: it may write any DeviceTaintRule.
     let dra_admin_name = unique("dra-admin");
     let dra_admin = account_with(
@@ -819,12 +826,15 @@ async fn only_the_operator_writes_or_lifts_its_device_fences() {
     )
     .await
     .expect("a DRA administrator");
-    let rules: Api<DeviceTaintRule> = Api::all(dra_admin.clone());
+    let rules = dra::rules(&dra_admin).await.expect("rules");
 
     // Its own rules, as ever.
     let theirs = format!("{node}-theirs");
     rules
-        .create(&PostParams::default(), &device_rule(&theirs, &node, false))
+        .create(
+            &PostParams::default(),
+            &device_rule(&theirs, &node, false).await,
+        )
         .await
         .expect("an unlabelled rule");
     rules
@@ -837,7 +847,10 @@ async fn only_the_operator_writes_or_lifts_its_device_fences() {
     let deadline = Instant::now() + WAIT;
     let e = loop {
         match rules
-            .create(&PostParams::default(), &device_rule(&forged, &node, true))
+            .create(
+                &PostParams::default(),
+                &device_rule(&forged, &node, true).await,
+            )
             .await
         {
             Err(e) => break e.to_string(),
@@ -857,8 +870,13 @@ async fn only_the_operator_writes_or_lifts_its_device_fences() {
     // not lift it; break glass may.
     let operator = account_client(&admin, "gpuhealth-system", "gpuhealth-operator").await;
     let fence = format!("gpuhealth-{node}-gpu-7");
-    Api::<DeviceTaintRule>::all(operator)
-        .create(&PostParams::default(), &device_rule(&fence, &node, true))
+    dra::rules(&operator)
+        .await
+        .expect("rules")
+        .create(
+            &PostParams::default(),
+            &device_rule(&fence, &node, true).await,
+        )
         .await
         .expect("the operator fences a GPU");
     let e = rules
@@ -872,7 +890,7 @@ async fn only_the_operator_writes_or_lifts_its_device_fences() {
     );
     // The shipped break-glass role alone lifts it, as docs/security.md says.
     let (on_call, on_call_bindings) = on_call(&admin).await;
-    let on_call_rules: Api<DeviceTaintRule> = Api::all(on_call);
+    let on_call_rules = dra::rules(&on_call).await.expect("rules");
     let deadline = Instant::now() + WAIT;
     while let Err(e) = on_call_rules.delete(&fence, &DeleteParams::default()).await {
         assert!(Instant::now() < deadline, "break glass lifts a fence: {e}");

@@ -1,5 +1,6 @@
 //! The chart on the real API server, with the Helm the repository pins
-//! (scripts/helm.sh): `helm install` of charts/gpuhealth into a namespace of
+//! (scripts/helm.sh): `helm install` of charts/gpuhealth, packaged as a
+//! release packages it (`helm package`: its links to config/ resolved), into a namespace of
 //! its own (its pods scheduled; KWOK runs them, the agent's on the GPU
 //! node); the operator binary, on the chart's ServiceAccount's own token,
 //! and the agent binary take a node through the incident to Healthy; `helm
@@ -47,6 +48,19 @@ use serde::Deserialize;
 const RELEASE: &str = "gpuhealth";
 const NAMESPACE: &str = "gpuhealth-helm";
 const CHART: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../charts/gpuhealth");
+
+/// The chart packaged into a directory of the test's, as `make release`
+/// packages it: the `.tgz` to install.
+async fn packaged(group: &str) -> String {
+    let dir = std::env::temp_dir().join(format!("{group}-chart"));
+    let _ = std::fs::remove_dir_all(&dir);
+    let dir = dir.to_string_lossy().into_owned();
+    helm(&["package", CHART, "--destination", &dir])
+        .await
+        .expect("helm package");
+    let version = env!("CARGO_PKG_VERSION");
+    format!("{dir}/gpuhealth-{version}.tgz")
+}
 
 /// Every ValidatingAdmissionPolicy and binding gpuhealth ships, by name,
 /// with its uid: the same uid after an upgrade is the same object, patched,
@@ -150,6 +164,7 @@ async fn helm_install_upgrade_mid_remediation_and_uninstall() {
     gpu_operator_runtime_class(&admin)
         .await
         .expect("the nvidia RuntimeClass");
+    let chart = packaged(&s.group).await;
 
     // A namespace whose Pod Security would refuse the agent's pods is
     // refused at install, before any of the release's objects is made
@@ -167,7 +182,7 @@ async fn helm_install_upgrade_mid_remediation_and_uninstall() {
     let refused = helm(&[
         "install",
         RELEASE,
-        CHART,
+        &chart,
         "--namespace",
         &strict,
         "--force-conflicts",
@@ -189,7 +204,7 @@ async fn helm_install_upgrade_mid_remediation_and_uninstall() {
     helm(&[
         "install",
         RELEASE,
-        CHART,
+        &chart,
         "--namespace",
         NAMESPACE,
         "--create-namespace",
@@ -272,7 +287,7 @@ async fn helm_install_upgrade_mid_remediation_and_uninstall() {
     helm(&[
         "upgrade",
         RELEASE,
-        CHART,
+        &chart,
         "--namespace",
         NAMESPACE,
         "--reuse-values",

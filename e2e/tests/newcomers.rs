@@ -20,7 +20,6 @@ use k8s_openapi::{
     api::{
         core::v1::{Container, Node, Pod, PodSpec, Toleration},
         policy::v1::PodDisruptionBudget,
-        resource::v1beta2::DeviceTaintRule,
     },
     apimachinery::pkg::apis::meta::v1::ObjectMeta,
 };
@@ -68,7 +67,7 @@ fn claimed_at(timeline: &[Seen], pod: &str, gpu: u32) -> Option<usize> {
 /// Waits until gpuhealth has a rule up for `node`.
 async fn rule_up(s: &Scenario, node: &str) {
     until_set(
-        Api::<DeviceTaintRule>::all(s.client.clone()),
+        dra::rules(&s.client).await.expect("rules"),
         watcher::Config::default().labels(&format!("{RULE_NODE_LABEL}={node}")),
         "gpuhealth's rule up",
         WAIT,

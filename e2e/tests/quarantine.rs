@@ -16,6 +16,7 @@ use std::sync::{
 use futures::StreamExt;
 use gpuhealth_api::{
     GpuHealth, RecoveryAction,
+    device_taint_rule::{DeviceTaintRule, RuleVersion},
     node_health::Phase,
     quarantine::{DEVICE_TAINT_KEY, Fenced, GpuFence, RULE_NODE_LABEL},
     vocabulary::{FindingKind, IncidentOutcome, QuarantineWhy, Reason},
@@ -30,10 +31,7 @@ use gpuhealth_e2e::{
     wait::{Background, applied, until, until_set},
 };
 use k8s_openapi::{
-    api::{
-        core::v1::{Node, Pod, ResourceHealth, ResourceStatus},
-        resource::v1beta2::DeviceTaintRule,
-    },
+    api::core::v1::{Node, Pod, ResourceHealth, ResourceStatus},
     apimachinery::pkg::util::intstr::IntOrString,
 };
 use kube::{
@@ -94,7 +92,7 @@ async fn holders(s: &Scenario, gpus: &[u32]) {
 /// status has forgotten the fence: no rule outlives its incident.
 async fn fence_gone(s: &Scenario, node: &str) {
     until_set(
-        Api::<DeviceTaintRule>::all(s.client.clone()),
+        dra::rules(&s.client).await.expect("rules"),
         watcher::Config::default().labels(&format!("{RULE_NODE_LABEL}={node}")),
         "gpuhealth's rules gone",
         WAIT,
@@ -111,7 +109,9 @@ async fn fence_gone(s: &Scenario, node: &str) {
 
 /// gpuhealth's DeviceTaintRules for `node`.
 async fn rules_of(client: &Client, node: &str) -> Vec<DeviceTaintRule> {
-    Api::<DeviceTaintRule>::all(client.clone())
+    dra::rules(client)
+        .await
+        .expect("rules")
         .list(&ListParams::default().labels(&format!("{RULE_NODE_LABEL}={node}")))
         .await
         .expect("list DeviceTaintRules")
@@ -155,6 +155,24 @@ async fn a_bad_gpu_on_a_dra_node_costs_that_gpu_and_the_node_keeps_serving() {
     assert_eq!(selector.device.as_deref(), Some("gpu-7"));
     assert_eq!(rules[0].spec.taint.key, DEVICE_TAINT_KEY);
     assert_eq!(rules[0].spec.taint.effect, "NoSchedule");
+    // In the newest version the cluster serves: v1 from 1.37, v1beta2 on
+    // 1.36 (the local cluster turns its gate on); the operator said which.
+    let minor = s.client.apiserver_version().await.expect("version").minor;
+    let minor: u32 = minor.trim_end_matches('+').parse().expect("a minor");
+    let newest = if minor >= 37 {
+        RuleVersion::V1
+    } else {
+        RuleVersion::V1beta2
+    };
+    assert_eq!(dra::rule_version(&s.client).await.expect("served"), newest);
+    let log =
+        std::fs::read_to_string(&s.operator.as_ref().expect("operator").log).unwrap_or_default();
+    assert!(
+        log.lines()
+            .any(|line| line.contains("serves DeviceTaintRules")
+                && line.ends_with(&format!("version={newest}"))),
+        "the operator says it fences in {newest}:\n{log}"
+    );
 
     // Only GPU 7's holder was evicted.
     let pods: Api<Pod> = Api::namespaced(s.client.clone(), &s.namespace);
@@ -671,7 +689,7 @@ async fn a_node_deleted_mid_reset_leaves_its_incident_failed_and_said() {
     .await
     .expect("said in an Event about the Node");
     until_set(
-        Api::<DeviceTaintRule>::all(s.client.clone()),
+        dra::rules(&s.client).await.expect("rules"),
         watcher::Config::default().labels(&format!("{RULE_NODE_LABEL}={node}")),
         "the gone GPU's fence down",
         WAIT,

@@ -4,6 +4,7 @@
 
 pub mod contract;
 pub mod crds;
+pub mod device_taint_rule;
 pub mod duration;
 pub mod node_health;
 pub mod policy;

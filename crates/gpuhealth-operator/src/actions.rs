@@ -11,10 +11,7 @@ use gpuhealth_api::{
 };
 use gpuhealth_engine::machine::Action;
 use k8s_openapi::{
-    api::{
-        core::v1::{Node, ObjectReference, Pod},
-        resource::v1beta2::DeviceTaintRule,
-    },
+    api::core::v1::{Node, ObjectReference, Pod},
     apimachinery::pkg::apis::meta::v1::Time,
     jiff::Timestamp,
 };
@@ -271,19 +268,27 @@ async fn carry_out(
             device,
             incident,
         } => {
-            let object = devices::rule(rule, device, incident, &name).ok_or_else(|| {
-                Error::InvalidRequest(format!("device {device:?} is not driver/pool/device"))
-            })?;
-            let rules: Api<DeviceTaintRule> = Api::all(ctx.client.clone());
-            match rules.create(&post_params(), &object).await {
+            let served = served_rules(ctx)?;
+            let object =
+                devices::rule(served.version, rule, device, incident, &name).ok_or_else(|| {
+                    Error::InvalidRequest(format!("device {device:?} is not driver/pool/device"))
+                })?;
+            match served
+                .api(&ctx.client)
+                .create(&post_params(), &object)
+                .await
+            {
                 Ok(_) => info!(node = %name, rule, device, "fenced a GPU"),
                 Err(kube::Error::Api(s)) if s.code == 409 => return Ok("gone"),
                 Err(e) => return Err(e.into()),
             }
         }
         Action::UntaintDevice { rule } => {
-            let rules: Api<DeviceTaintRule> = Api::all(ctx.client.clone());
-            match rules.delete(rule, &DeleteParams::default()).await {
+            match served_rules(ctx)?
+                .api(&ctx.client)
+                .delete(rule, &DeleteParams::default())
+                .await
+            {
                 Ok(_) => info!(node = %name, rule, "lifted a GPU's fence"),
                 Err(kube::Error::Api(s)) if s.code == 404 => return Ok("gone"),
                 Err(e) => return Err(e.into()),
@@ -302,6 +307,15 @@ async fn carry_out(
         }
     }
     Ok("done")
+}
+
+/// gpuhealth's rules and their version; an error where the cluster serves
+/// none (the engine fences no GPU there).
+fn served_rules(ctx: &Context) -> Result<&devices::Rules, Error> {
+    ctx.dra
+        .as_ref()
+        .and_then(|d| d.rules.as_ref())
+        .ok_or_else(|| Error::InvalidRequest("the cluster serves no DeviceTaintRules".into()))
 }
 
 /// Publishes an Event about `about`. Events are best effort: a lost one

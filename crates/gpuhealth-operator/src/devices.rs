@@ -2,9 +2,10 @@
 //! a DRA driver publishes them in ResourceSlices, gpuhealth's
 //! `DeviceTaintRule`s over them, and which GPUs a pod's claims hold.
 //!
-//! `DeviceTaintRule` is served in `resource.k8s.io/v1beta2` (Kubernetes
-//! 1.36, off by default): the operator looks once at start whether the
-//! cluster serves it, and fences per GPU with it only if so.
+//! `DeviceTaintRule` is served in `resource.k8s.io/v1` from Kubernetes 1.37
+//! and in `v1beta2` on 1.36 with its feature gate on: the operator looks
+//! once at start which the cluster serves, uses the newest, and fences per
+//! GPU only if it serves one.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -12,8 +13,9 @@ use std::{
 };
 
 use futures::{StreamExt, channel::mpsc::UnboundedSender};
-use gpuhealth_api::quarantine::{
-    DEVICE_TAINT_KEY, MANAGED_BY_LABEL, RULE_INCIDENT_LABEL, RULE_NODE_LABEL,
+use gpuhealth_api::{
+    device_taint_rule::{self, DeviceTaintRule, RuleVersion},
+    quarantine::{DEVICE_TAINT_KEY, MANAGED_BY_LABEL, RULE_INCIDENT_LABEL, RULE_NODE_LABEL},
 };
 use gpuhealth_engine::fence::{DeviceTaintView, DeviceView, RuleView};
 use k8s_openapi::{
@@ -21,7 +23,7 @@ use k8s_openapi::{
         core::v1::{Node, Pod},
         resource::{
             v1::{Device, ResourceClaim, ResourceSlice},
-            v1beta2::{DeviceTaint, DeviceTaintRule, DeviceTaintRuleSpec, DeviceTaintSelector},
+            v1beta2::{DeviceTaint, DeviceTaintRuleSpec, DeviceTaintSelector},
         },
     },
     apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time},
@@ -46,7 +48,21 @@ pub struct Dra {
     /// pod holds which device, read with no request of its own.
     pub claims: Store<ResourceClaim>,
     /// gpuhealth's own `DeviceTaintRule`s; None where none are served.
-    pub rules: Option<Store<DeviceTaintRule>>,
+    pub rules: Option<Rules>,
+}
+
+/// gpuhealth's own `DeviceTaintRule`s, from the watch, and the version of
+/// `resource.k8s.io` they are read and written in.
+pub struct Rules {
+    pub store: Store<DeviceTaintRule>,
+    pub version: RuleVersion,
+}
+
+impl Rules {
+    /// The rules, in their version.
+    pub fn api(&self, client: &Client) -> Api<DeviceTaintRule> {
+        Api::all_with(client.clone(), &self.version)
+    }
 }
 
 impl Dra {
@@ -58,7 +74,7 @@ impl Dra {
         self.slices.wait_until_ready().await?;
         self.claims.wait_until_ready().await?;
         if let Some(rules) = &self.rules {
-            rules.wait_until_ready().await?;
+            rules.store.wait_until_ready().await?;
         }
         Ok(())
     }
@@ -91,12 +107,17 @@ pub async fn watch(client: &Client, changed: UnboundedSender<ObjectRef<Node>>) -
             futures::future::ready(())
         }),
     );
-    let rules = if served(client, "resource.k8s.io/v1beta2", "devicetaintrules").await {
-        info!("the cluster serves DeviceTaintRules: a bad GPU can be fenced alone");
-        let (rules, rule_writer) = reflector::store::<DeviceTaintRule>();
+    let version = RuleVersion::choose(|group_version: String| async move {
+        served(client, &group_version, device_taint_rule::PLURAL).await
+    })
+    .await;
+    let rules = if let Some(version) = version {
+        info!(%version, "the cluster serves DeviceTaintRules: a bad GPU can be fenced alone");
+        let rule_writer = reflector::store::Writer::<DeviceTaintRule>::new(version);
+        let store = rule_writer.as_reader();
         tokio::spawn(
             watcher(
-                Api::<DeviceTaintRule>::all(client.clone()),
+                Api::<DeviceTaintRule>::all_with(client.clone(), &version),
                 watcher::Config::default().labels(&ours()),
             )
             .default_backoff()
@@ -110,10 +131,10 @@ pub async fn watch(client: &Client, changed: UnboundedSender<ObjectRef<Node>>) -
                 futures::future::ready(())
             }),
         );
-        Some(rules)
+        Some(Rules { store, version })
     } else {
         info!(
-            "the cluster serves no resource.k8s.io/v1beta2 DeviceTaintRules: on DRA nodes a bad GPU's node is cordoned"
+            "the cluster serves no DeviceTaintRules (resource.k8s.io/v1 from Kubernetes 1.37, v1beta2 on 1.36 with the DRADeviceTaintRules gate): on DRA nodes a bad GPU's node is cordoned"
         );
         None
     };
@@ -365,13 +386,21 @@ fn allocated(claim: &ResourceClaim) -> impl Iterator<Item = String> + '_ {
         .map(|r| format!("{}/{}/{}", r.driver, r.pool, r.device))
 }
 
-/// The rule that taints `device` (`driver/pool/device`) `NoSchedule` for
-/// `incident` on `node`. None if `device` is not three names.
-pub fn rule(name: &str, device: &str, incident: &str, node: &str) -> Option<DeviceTaintRule> {
+/// The rule, in `version`, that taints `device` (`driver/pool/device`)
+/// `NoSchedule` for `incident` on `node`. None if `device` is not three
+/// names.
+pub fn rule(
+    version: RuleVersion,
+    name: &str,
+    device: &str,
+    incident: &str,
+    node: &str,
+) -> Option<DeviceTaintRule> {
     let mut parts = device.splitn(3, '/');
     let (driver, pool, device) = (parts.next()?, parts.next()?, parts.next()?);
-    Some(DeviceTaintRule {
-        metadata: ObjectMeta {
+    Some(DeviceTaintRule::new(
+        version,
+        ObjectMeta {
             name: Some(name.to_owned()),
             labels: Some(
                 [
@@ -383,7 +412,7 @@ pub fn rule(name: &str, device: &str, incident: &str, node: &str) -> Option<Devi
             ),
             ..ObjectMeta::default()
         },
-        spec: DeviceTaintRuleSpec {
+        DeviceTaintRuleSpec {
             device_selector: Some(DeviceTaintSelector {
                 driver: Some(driver.to_owned()),
                 pool: Some(pool.to_owned()),
@@ -396,8 +425,7 @@ pub fn rule(name: &str, device: &str, incident: &str, node: &str) -> Option<Devi
                 time_added: Some(Time(Timestamp::now())),
             },
         },
-        status: None,
-    })
+    ))
 }
 
 #[cfg(test)]
@@ -410,11 +438,14 @@ mod tests {
     fn no_step_reads_the_devices_before_every_store_has_listed() {
         let (slices, mut slice_writer) = reflector::store::<ResourceSlice>();
         let (claims, mut claim_writer) = reflector::store::<ResourceClaim>();
-        let (rules, mut rule_writer) = reflector::store::<DeviceTaintRule>();
+        let mut rule_writer = reflector::store::Writer::<DeviceTaintRule>::new(RuleVersion::V1);
         let dra = Dra {
             slices,
             claims,
-            rules: Some(rules),
+            rules: Some(Rules {
+                store: rule_writer.as_reader(),
+                version: RuleVersion::V1,
+            }),
         };
         slice_writer.apply_watcher_event(&watcher::Event::InitDone);
         claim_writer.apply_watcher_event(&watcher::Event::InitDone);
@@ -570,6 +601,7 @@ mod tests {
     #[test]
     fn a_rule_selects_one_device_by_driver_pool_and_name() {
         let r = rule(
+            RuleVersion::V1,
             "gpuhealth-inc-1-ab-gpu-7",
             "gpu.nvidia.com/node-a/gpu-7",
             "inc-1-ab",
@@ -582,8 +614,9 @@ mod tests {
         assert_eq!(s.device.as_deref(), Some("gpu-7"));
         assert_eq!(r.spec.taint.effect, "NoSchedule");
         assert_eq!(node_of(&r).as_deref(), Some("node-a"));
+        assert_eq!(r.api_version, "resource.k8s.io/v1");
         assert!(
-            rule("x", "gpu-7", "inc-1-ab", "node-a").is_none(),
+            rule(RuleVersion::V1beta2, "x", "gpu-7", "inc-1-ab", "node-a").is_none(),
             "a selector names all three"
         );
     }

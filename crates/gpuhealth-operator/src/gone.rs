@@ -120,7 +120,7 @@ async fn gone(ctx: &Context, record: &GpuNodeHealth) -> Result<(), Error> {
         .dra
         .as_ref()
         .and_then(|d| d.rules.as_ref())
-        .map(|r| devices::rules_of(r, &name));
+        .map(|r| devices::rules_of(&r.store, &name));
     let policy_name = stored.policy.clone().unwrap_or_default();
     match node_deleted(Timestamp::now(), &policy_name, &spec, rules, stored) {
         Gone::Kept => Ok(()),

@@ -25,7 +25,7 @@ use gpuhealth_api::{GpuHealth, quarantine::RULE_NODE_LABEL};
 use k8s_openapi::{
     api::{
         core::v1::{Node, Pod},
-        resource::{v1::ResourceClaim, v1beta2::DeviceTaintRule},
+        resource::v1::ResourceClaim,
     },
     apimachinery::pkg::util::intstr::IntOrString,
 };
@@ -146,7 +146,7 @@ async fn arrive(
                 })
                 .await?;
             let leader = fleet.stall_leader().await?;
-            let rules: Api<DeviceTaintRule> = Api::all(fleet.s.client.clone());
+            let rules = dra::rules(&fleet.s.client).await?;
             let of_node = ListParams::default().labels(&format!("{RULE_NODE_LABEL}={node}"));
             rules
                 .delete_collection(&DeleteParams::default(), &of_node)

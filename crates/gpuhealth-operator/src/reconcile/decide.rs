@@ -154,7 +154,14 @@ impl Fleet {
             .dra
             .as_ref()
             .and_then(|dra| dra.rules.as_ref())
-            .map(|rules| rules.state().iter().filter_map(|r| node_of(r)).collect())
+            .map(|rules| {
+                rules
+                    .store
+                    .state()
+                    .iter()
+                    .filter_map(|r| node_of(r))
+                    .collect()
+            })
             .unwrap_or_default();
         let still_fenced = others()
             .filter(|(n, name)| carries_our_cordon(n) || with_rules.contains(*name))

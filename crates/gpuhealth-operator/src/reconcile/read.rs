@@ -99,7 +99,7 @@ pub async fn read(ctx: &Context, node: &Node) -> Result<Option<Read>, Error> {
             rules: dra
                 .rules
                 .as_ref()
-                .map(|r| devices::rules_of(r, &name))
+                .map(|r| devices::rules_of(&r.store, &name))
                 .unwrap_or_default(),
         });
     }

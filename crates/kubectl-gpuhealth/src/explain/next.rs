@@ -133,7 +133,7 @@ pub fn steps(input: &ExplainInput, now: Timestamp) -> Vec<String> {
             // Said with the phase it left the node in.
             FindingKind::NodeDeleted => {}
             FindingKind::NodeQuarantinedInstead => steps.push(format!(
-                "{}; to fence a GPU alone, the cluster needs DeviceTaintRules (resource.k8s.io/v1beta2, feature gate DRADeviceTaintRules) and a DRA driver publishing the GPUs, or a device plugin that withdraws exactly the bad GPUs",
+                "{}; to fence a GPU alone, the cluster needs DeviceTaintRules (Kubernetes 1.37, or 1.36 with the DRADeviceTaintRules feature gate and resource.k8s.io/v1beta2 on) and a DRA driver publishing the GPUs, or a device plugin that withdraws exactly the bad GPUs",
                 f.message
             )),
             // Each says in its message what to do about it.
