@@ -71,11 +71,14 @@ impl std::fmt::Display for RuleVersion {
     }
 }
 
-/// A `DeviceTaintRule`, in the version its `apiVersion` names.
+/// A `DeviceTaintRule`, in the version its `apiVersion` names (empty in a
+/// list's items, which the API server sends without it).
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct DeviceTaintRule {
+    #[serde(default)]
     pub api_version: String,
+    #[serde(default)]
     pub kind: String,
     #[serde(default)]
     pub metadata: ObjectMeta,
@@ -159,6 +162,11 @@ mod tests {
         assert_eq!(json["kind"], "DeviceTaintRule");
         let back: DeviceTaintRule = serde_json::from_value(json).expect("deserialises");
         assert_eq!(back, rule);
+        // As a list's item: no apiVersion, no kind.
+        let item: DeviceTaintRule =
+            serde_json::from_value(serde_json::json!({"metadata": {"name": "r"}, "spec": {"taint": {"key": "k", "effect": "NoSchedule"}}}))
+                .expect("a list's item");
+        assert_eq!(item.metadata.name.as_deref(), Some("r"));
         assert_eq!(
             DeviceTaintRule::url_path(&RuleVersion::V1beta2, None),
             "/apis/resource.k8s.io/v1beta2/devicetaintrules"
