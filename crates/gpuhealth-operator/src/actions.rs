@@ -25,7 +25,7 @@ use tracing::{info, warn};
 
 use crate::{
     context::{Context, Error, MANAGER},
-    devices, validation,
+    fences, validation,
 };
 
 /// Carries out `action`, counting it by outcome in the metrics.
@@ -270,7 +270,7 @@ async fn carry_out(
         } => {
             let served = served_rules(ctx)?;
             let object =
-                devices::rule(served.version, rule, device, incident, &name).ok_or_else(|| {
+                fences::rule(served.version, rule, device, incident, &name).ok_or_else(|| {
                     Error::InvalidRequest(format!("device {device:?} is not driver/pool/device"))
                 })?;
             match served
@@ -311,7 +311,7 @@ async fn carry_out(
 
 /// gpuhealth's rules and their version; an error where the cluster serves
 /// none (the engine fences no GPU there).
-fn served_rules(ctx: &Context) -> Result<&devices::Rules, Error> {
+fn served_rules(ctx: &Context) -> Result<&fences::Rules, Error> {
     ctx.dra
         .as_ref()
         .and_then(|d| d.rules.as_ref())

@@ -1,6 +1,7 @@
 //! Dynamic Resource Allocation, as the engine reads it: the node's GPUs as
 //! a DRA driver publishes them in ResourceSlices, gpuhealth's
-//! `DeviceTaintRule`s over them, and which GPUs a pod's claims hold.
+//! `DeviceTaintRule`s over them (crate::fences), and which GPUs a pod's
+//! claims hold.
 //!
 //! `DeviceTaintRule` is served in `resource.k8s.io/v1` from Kubernetes 1.37
 //! and in `v1beta2` on 1.36 with its feature gate on: the operator looks
@@ -13,21 +14,10 @@ use std::{
 };
 
 use futures::{StreamExt, channel::mpsc::UnboundedSender};
-use gpuhealth_api::{
-    device_taint_rule::{self, DeviceTaintRule, RuleVersion},
-    quarantine::{DEVICE_TAINT_KEY, MANAGED_BY_LABEL, RULE_INCIDENT_LABEL, RULE_NODE_LABEL},
-};
-use gpuhealth_engine::fence::{DeviceTaintView, DeviceView, RuleView};
-use k8s_openapi::{
-    api::{
-        core::v1::{Node, Pod},
-        resource::{
-            v1::{Device, ResourceClaim, ResourceSlice},
-            v1beta2::{DeviceTaint, DeviceTaintRuleSpec, DeviceTaintSelector},
-        },
-    },
-    apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time},
-    jiff::Timestamp,
+use gpuhealth_engine::fence::{DeviceTaintView, DeviceView};
+use k8s_openapi::api::{
+    core::v1::{Node, Pod},
+    resource::v1::{Device, ResourceClaim, ResourceSlice},
 };
 use kube::{
     Api, Client, ResourceExt,
@@ -37,7 +27,9 @@ use kube::{
         watcher,
     },
 };
-use tracing::{info, warn};
+use tracing::info;
+
+use crate::{discovery, fences};
 
 /// What the operator keeps of the cluster's DRA objects, where it serves
 /// them.
@@ -48,21 +40,7 @@ pub struct Dra {
     /// pod holds which device, read with no request of its own.
     pub claims: Store<ResourceClaim>,
     /// gpuhealth's own `DeviceTaintRule`s; None where none are served.
-    pub rules: Option<Rules>,
-}
-
-/// gpuhealth's own `DeviceTaintRule`s, from the watch, and the version of
-/// `resource.k8s.io` they are read and written in.
-pub struct Rules {
-    pub store: Store<DeviceTaintRule>,
-    pub version: RuleVersion,
-}
-
-impl Rules {
-    /// The rules, in their version.
-    pub fn api(&self, client: &Client) -> Api<DeviceTaintRule> {
-        Api::all_with(client.clone(), &self.version)
-    }
+    pub rules: Option<fences::Rules>,
 }
 
 impl Dra {
@@ -84,7 +62,7 @@ impl Dra {
 /// serves no ResourceSlice); a change that a node's step reads (a device's
 /// taints, a rule of ours) is sent as that node.
 pub async fn watch(client: &Client, changed: UnboundedSender<ObjectRef<Node>>) -> Option<Dra> {
-    if !served(client, "resource.k8s.io/v1", "resourceslices").await {
+    if !discovery::served(client, "resource.k8s.io/v1", "resourceslices").await {
         info!("the cluster serves no resource.k8s.io/v1 ResourceSlices: no DRA device is read");
         return None;
     }
@@ -107,37 +85,7 @@ pub async fn watch(client: &Client, changed: UnboundedSender<ObjectRef<Node>>) -
             futures::future::ready(())
         }),
     );
-    let version = RuleVersion::choose(|group_version: String| async move {
-        served(client, &group_version, device_taint_rule::PLURAL).await
-    })
-    .await;
-    let rules = if let Some(version) = version {
-        info!(%version, "the cluster serves DeviceTaintRules: a bad GPU can be fenced alone");
-        let rule_writer = reflector::store::Writer::<DeviceTaintRule>::new(version);
-        let store = rule_writer.as_reader();
-        tokio::spawn(
-            watcher(
-                Api::<DeviceTaintRule>::all_with(client.clone(), &version),
-                watcher::Config::default().labels(&ours()),
-            )
-            .default_backoff()
-            .modify(|r| r.managed_fields_mut().clear())
-            .reflect(rule_writer)
-            .touched_objects()
-            .for_each(move |rule| {
-                if let Some(node) = rule.ok().as_ref().and_then(node_of) {
-                    let _ = changed.unbounded_send(ObjectRef::new(&node));
-                }
-                futures::future::ready(())
-            }),
-        );
-        Some(Rules { store, version })
-    } else {
-        info!(
-            "the cluster serves no DeviceTaintRules (resource.k8s.io/v1 from Kubernetes 1.37, v1beta2 on 1.36 with the DRADeviceTaintRules gate): on DRA nodes a bad GPU's node is cordoned"
-        );
-        None
-    };
+    let rules = fences::watch(client, changed).await;
     let (claims, claim_writer) = reflector::store::<ResourceClaim>();
     tokio::spawn(
         watcher(
@@ -154,18 +102,6 @@ pub async fn watch(client: &Client, changed: UnboundedSender<ObjectRef<Node>>) -
         claims,
         rules,
     })
-}
-
-/// Whether the cluster serves `resource` in `group_version`.
-async fn served(client: &Client, group_version: &str, resource: &str) -> bool {
-    match client.list_api_group_resources(group_version).await {
-        Ok(list) => list.resources.iter().any(|r| r.name == resource),
-        Err(kube::Error::Api(_)) => false,
-        Err(e) => {
-            warn!(error = %e, group_version, resource, "could not ask whether the cluster serves it; taking it that it does not");
-            false
-        }
-    }
 }
 
 /// Keeps of a slice its node, driver and pool, and of each device its
@@ -221,34 +157,6 @@ pub fn devices_of(store: &Store<ResourceSlice>, node: &str, driver: &str) -> Vec
         .iter()
         .filter(|s| s.spec.driver == driver && s.spec.node_name.as_deref() == Some(node))
         .flat_map(|s| device_views(s))
-        .collect()
-}
-
-/// The label selector of gpuhealth's own rules.
-pub fn ours() -> String {
-    format!("{}={}", MANAGED_BY_LABEL.0, MANAGED_BY_LABEL.1)
-}
-
-/// The node a rule of ours is for.
-pub fn node_of(rule: &DeviceTaintRule) -> Option<String> {
-    rule.labels().get(RULE_NODE_LABEL).cloned()
-}
-
-/// gpuhealth's rules for `node`, from the watch.
-pub fn rules_of(store: &Store<DeviceTaintRule>, node: &str) -> Vec<RuleView> {
-    store
-        .state()
-        .iter()
-        .filter(|r| node_of(r).as_deref() == Some(node))
-        .map(|r| RuleView {
-            name: r.name_any(),
-            created: r.metadata.creation_timestamp.as_ref().map(|t| t.0),
-            incident: r
-                .labels()
-                .get(RULE_INCIDENT_LABEL)
-                .cloned()
-                .unwrap_or_default(),
-        })
         .collect()
 }
 
@@ -386,53 +294,13 @@ fn allocated(claim: &ResourceClaim) -> impl Iterator<Item = String> + '_ {
         .map(|r| format!("{}/{}/{}", r.driver, r.pool, r.device))
 }
 
-/// The rule, in `version`, that taints `device` (`driver/pool/device`)
-/// `NoSchedule` for `incident` on `node`. None if `device` is not three
-/// names.
-pub fn rule(
-    version: RuleVersion,
-    name: &str,
-    device: &str,
-    incident: &str,
-    node: &str,
-) -> Option<DeviceTaintRule> {
-    let mut parts = device.splitn(3, '/');
-    let (driver, pool, device) = (parts.next()?, parts.next()?, parts.next()?);
-    Some(DeviceTaintRule::new(
-        version,
-        ObjectMeta {
-            name: Some(name.to_owned()),
-            labels: Some(
-                [
-                    (MANAGED_BY_LABEL.0.to_owned(), MANAGED_BY_LABEL.1.to_owned()),
-                    (RULE_NODE_LABEL.to_owned(), node.to_owned()),
-                    (RULE_INCIDENT_LABEL.to_owned(), incident.to_owned()),
-                ]
-                .into(),
-            ),
-            ..ObjectMeta::default()
-        },
-        DeviceTaintRuleSpec {
-            device_selector: Some(DeviceTaintSelector {
-                driver: Some(driver.to_owned()),
-                pool: Some(pool.to_owned()),
-                device: Some(device.to_owned()),
-            }),
-            taint: DeviceTaint {
-                key: DEVICE_TAINT_KEY.to_owned(),
-                value: Some(incident.chars().take(63).collect()),
-                effect: "NoSchedule".to_owned(),
-                time_added: Some(Time(Timestamp::now())),
-            },
-        },
-    ))
-}
-
 #[cfg(test)]
 mod tests {
     use futures::FutureExt;
+    use gpuhealth_api::device_taint_rule::{DeviceTaintRule, RuleVersion};
 
     use super::*;
+    use crate::fences::Rules;
 
     #[test]
     fn no_step_reads_the_devices_before_every_store_has_listed() {
@@ -596,28 +464,5 @@ mod tests {
         assert_eq!(devices[1].id(), "gpu.nvidia.com/node-a/gpu-7");
         assert!(devices_of(&store, "node-b", "gpu.nvidia.com").is_empty());
         assert!(devices_of(&store, "node-a", "other.example.com").is_empty());
-    }
-
-    #[test]
-    fn a_rule_selects_one_device_by_driver_pool_and_name() {
-        let r = rule(
-            RuleVersion::V1,
-            "gpuhealth-inc-1-ab-gpu-7",
-            "gpu.nvidia.com/node-a/gpu-7",
-            "inc-1-ab",
-            "node-a",
-        )
-        .expect("a rule");
-        let s = r.spec.device_selector.clone().expect("a selector");
-        assert_eq!(s.driver.as_deref(), Some("gpu.nvidia.com"));
-        assert_eq!(s.pool.as_deref(), Some("node-a"));
-        assert_eq!(s.device.as_deref(), Some("gpu-7"));
-        assert_eq!(r.spec.taint.effect, "NoSchedule");
-        assert_eq!(node_of(&r).as_deref(), Some("node-a"));
-        assert_eq!(r.api_version, "resource.k8s.io/v1");
-        assert!(
-            rule(RuleVersion::V1beta2, "x", "gpu-7", "inc-1-ab", "node-a").is_none(),
-            "a selector names all three"
-        );
     }
 }

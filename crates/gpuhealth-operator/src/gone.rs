@@ -26,7 +26,7 @@ use tracing::{debug, info, warn};
 use crate::{
     account, actions,
     context::{Context, Error},
-    devices,
+    fences,
     reconcile::write_status,
 };
 
@@ -120,7 +120,7 @@ async fn gone(ctx: &Context, record: &GpuNodeHealth) -> Result<(), Error> {
         .dra
         .as_ref()
         .and_then(|d| d.rules.as_ref())
-        .map(|r| devices::rules_of(&r.store, &name));
+        .map(|r| fences::rules_of(&r.store, &name));
     let policy_name = stored.policy.clone().unwrap_or_default();
     match node_deleted(Timestamp::now(), &policy_name, &spec, rules, stored) {
         Gone::Kept => Ok(()),

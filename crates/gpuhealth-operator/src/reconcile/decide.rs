@@ -24,7 +24,7 @@ use kube::runtime::reflector::ObjectRef;
 use super::{pending::Pending, read::Read};
 use crate::{
     context::{Context, latest},
-    devices::node_of,
+    fences::node_of,
     observe::{carries_our_cordon, disrupted_by},
     selection::policy_nodes,
 };

@@ -23,7 +23,7 @@ use tracing::warn;
 
 use crate::{
     context::{Context, Error, HoldersSeen},
-    devices,
+    devices, fences,
     observe::{budget_views, gpu_holders, holders_hash, node_view, pod_view, resource_count},
     selection::winner,
     validation, workloads,
@@ -99,7 +99,7 @@ pub async fn read(ctx: &Context, node: &Node) -> Result<Option<Read>, Error> {
             rules: dra
                 .rules
                 .as_ref()
-                .map(|r| devices::rules_of(&r.store, &name))
+                .map(|r| fences::rules_of(&r.store, &name))
                 .unwrap_or_default(),
         });
     }
