@@ -13,7 +13,8 @@ ALLOWED may stand; anything else fails, naming the object and the field:
 - the chart's PrometheusRule (monitoring.prometheusRule.enabled) against
   config/monitoring.
 
-It checks that Chart.yaml's version and appVersion are the workspace's
+It checks that a wrong value is refused by values.schema.json, naming
+it, and that Chart.yaml's version and appVersion are the workspace's
 (Cargo.toml). Then it renders the chart with every other value that changes what it
 renders, so that no branch of a template is left unrendered. Helm comes
 from scripts/helm.sh, kubectl from the test cluster's cache
@@ -179,6 +180,19 @@ def main():
     )
     rule = {k: v for k, v in helm("monitoring.prometheusRule.enabled=true").items() if k[0] == "PrometheusRule"}
     ok &= compare("the PrometheusRule against config/monitoring", rule, kustomize("config/monitoring"))
+    # A wrong value is refused by the schema, naming it.
+    for value, named in (
+        ("agent.rebootMethod=reboot", "/agent/rebootMethod"),
+        ("operator.replica=3", "'replica' not allowed"),
+        ("agent.image.digest=latest", "/agent/image/digest"),
+    ):
+        helm_bin = run(str(ROOT / "scripts" / "helm.sh")).strip()
+        done = subprocess.run(
+            [helm_bin, "template", "gpuhealth", str(CHART), "--set", value], capture_output=True, text=True
+        )
+        if done.returncode == 0 or named not in done.stderr:
+            print(f"check-chart: --set {value} was not refused naming {named!r}: {done.stderr.strip()}")
+            ok = False
     # Every other branch renders (the schema and the templates agree).
     for values in (
         ["admission.enabled=false", "rbac.forceDelete=true"],

@@ -121,8 +121,9 @@ pub async fn measure(args: &Args, client: &Client, cordons: &Cordons) -> Result<
 }
 
 /// A Ready node of the group, its host, and the shipped agent serving it,
-/// once its first report from NVML is on the Node and the operator took
-/// the node in.
+/// once its report from NVML offers a reset (the executor checks it can
+/// before the reporter offers it: a fault before that would pass over the
+/// rung) and the operator took the node in.
 async fn serve(client: &Client, node: &str) -> Result<(Host, Agent)> {
     let nodes: Api<Node> = Api::all(client.clone());
     nodes
@@ -137,7 +138,11 @@ async fn serve(client: &Client, node: &str) -> Result<(Host, Agent)> {
         .start_agent(&format!("bench-{node}-agent"), &[])
         .await?;
     wait::until(nodes, node, STEP, |n| {
-        report(n).is_some_and(|r| r.source.as_deref() == Some("gpuhealth-agent/nvml") && clear(&r))
+        report(n).is_some_and(|r| {
+            r.source.as_deref() == Some("gpuhealth-agent/nvml")
+                && r.capabilities.is_some_and(|c| c.reset)
+                && clear(&r)
+        })
     })
     .await?;
     serving(client, node, |s| s.phase == Phase::Healthy).await?;
