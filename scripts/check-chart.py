@@ -21,6 +21,7 @@ from scripts/helm.sh, kubectl from the test cluster's cache
 (e2e/cluster/build.sh). Python 3 and PyYAML.
 """
 
+import functools
 import re
 import subprocess
 import sys
@@ -66,9 +67,18 @@ def run(*cmd):
     return done.stdout
 
 
+@functools.cache
+def helm_binary():
+    return run(str(ROOT / "scripts" / "helm.sh")).strip()
+
+
+@functools.cache
+def kubectl_binary():
+    return str(Path(run(str(ROOT / "e2e" / "cluster" / "build.sh")).strip()) / "kubectl")
+
+
 def helm(*values, crds=False):
-    helm_bin = run(str(ROOT / "scripts" / "helm.sh")).strip()
-    cmd = [helm_bin, "template", "gpuhealth", str(CHART), "--namespace", NAMESPACE]
+    cmd = [helm_binary(), "template", "gpuhealth", str(CHART), "--namespace", NAMESPACE]
     if crds:
         cmd.append("--include-crds")
     for value in values:
@@ -77,8 +87,7 @@ def helm(*values, crds=False):
 
 
 def kustomize(path):
-    kubectl = Path(run(str(ROOT / "e2e" / "cluster" / "build.sh")).strip()) / "kubectl"
-    return objects(run(str(kubectl), "kustomize", str(ROOT / path)), release=False)
+    return objects(run(kubectl_binary(), "kustomize", str(ROOT / path)), release=False)
 
 
 def objects(text, release):
@@ -103,16 +112,20 @@ def objects(text, release):
     return found
 
 
+def allowed(kind, path):
+    return (kind, re.sub(r"\[[^]]*\]", "[]", path)) in ALLOWED
+
+
 def differences(kind, chart, kustomized, path=""):
     """Dotted paths where the two differ, those ALLOWED left out."""
-    if (kind, re.sub(r"\[[^]]*\]", "[]", path)) in ALLOWED:
+    if allowed(kind, path):
         return []
     if isinstance(chart, dict) and isinstance(kustomized, dict):
         out = []
         for key in sorted(chart.keys() | kustomized.keys()):
             child = f"{path}.{key}" if path else key
             if key not in chart or key not in kustomized:
-                if (kind, re.sub(r"\[[^]]*\]", "[]", child)) not in ALLOWED:
+                if not allowed(kind, child):
                     out.append(f"{child}: only in {'the chart' if key in chart else 'kustomize'}")
                 continue
             out += differences(kind, chart[key], kustomized[key], child)
@@ -121,7 +134,8 @@ def differences(kind, chart, kustomized, path=""):
     if field in LIST_KEYS and isinstance(chart, list) and isinstance(kustomized, list):
         key = LIST_KEYS[field]
         ours, theirs = ({i.get(key): i for i in items} for items in (chart, kustomized))
-        out = []
+        # Two items under one key would hide one of them.
+        out = [f"{path}: two items with one {key}" for items, keyed in ((chart, ours), (kustomized, theirs)) if len(keyed) != len(items)]
         for item in sorted(ours.keys() | theirs.keys(), key=str):
             if item not in ours or item not in theirs:
                 out.append(f"{path}[{item}]: only in {'the chart' if item in ours else 'kustomize'}")
@@ -186,9 +200,8 @@ def main():
         ("operator.replica=3", "'replica' not allowed"),
         ("agent.image.digest=latest", "/agent/image/digest"),
     ):
-        helm_bin = run(str(ROOT / "scripts" / "helm.sh")).strip()
         done = subprocess.run(
-            [helm_bin, "template", "gpuhealth", str(CHART), "--set", value], capture_output=True, text=True
+            [helm_binary(), "template", "gpuhealth", str(CHART), "--set", value], capture_output=True, text=True
         )
         if done.returncode == 0 or named not in done.stderr:
             print(f"check-chart: --set {value} was not refused naming {named!r}: {done.stderr.strip()}")

@@ -119,7 +119,7 @@ fn watch(client: &Client, spans: &Arc<Mutex<Spans>>) -> Vec<Background> {
             .labels(&format!("{}={}", MANAGED_BY_LABEL.0, MANAGED_BY_LABEL.1));
         Background::spawn(async move {
             // A cluster that serves no rules has no spans of them.
-            let Ok(api) = dra::rules(&client).await else {
+            let Some(api) = dra::rules_once_answered(&client).await else {
                 return;
             };
             let mut stream = std::pin::pin!(events(api, config));

@@ -246,25 +246,53 @@ pub async fn device_of(client: &Client, namespace: &str, pod: &str) -> Result<St
 }
 
 /// The version of `resource.k8s.io` this cluster's DeviceTaintRules are
-/// read and written in: the newest it serves, as the operator chooses it.
-pub async fn rule_version(client: &Client) -> Result<RuleVersion> {
-    RuleVersion::choose(|group_version: String| async move {
-        client
-            .list_api_group_resources(&group_version)
-            .await
-            .is_ok_and(|list| {
-                list.resources
-                    .iter()
-                    .any(|r| r.name == device_taint_rule::PLURAL)
+/// read and written in: the newest it serves, as the operator chooses it;
+/// None where it serves none. Asked once per test binary (which runs
+/// against one cluster); an error is not taken for an answer.
+pub async fn served_rule_version(client: &Client) -> Result<Option<RuleVersion>> {
+    static CHOSEN: tokio::sync::OnceCell<Option<RuleVersion>> = tokio::sync::OnceCell::const_new();
+    let chosen = CHOSEN
+        .get_or_try_init(|| {
+            RuleVersion::choose(|group_version: String| async move {
+                match client.list_api_group_resources(&group_version).await {
+                    Ok(list) => Ok(list
+                        .resources
+                        .iter()
+                        .any(|r| r.name == device_taint_rule::PLURAL)),
+                    Err(kube::Error::Api(status)) if status.code == 404 => Ok(false),
+                    Err(e) => Err(HarnessError::from(e)),
+                }
             })
-    })
-    .await
-    .ok_or_else(|| HarnessError::Invalid("the cluster serves no DeviceTaintRules".into()))
+        })
+        .await?;
+    Ok(*chosen)
+}
+
+/// [`served_rule_version`], for a test that needs one.
+pub async fn rule_version(client: &Client) -> Result<RuleVersion> {
+    served_rule_version(client)
+        .await?
+        .ok_or_else(|| HarnessError::Invalid("the cluster serves no DeviceTaintRules".into()))
 }
 
 /// DeviceTaintRules, in [`rule_version`].
 pub async fn rules(client: &Client) -> Result<Api<DeviceTaintRule>> {
     Ok(Api::all_with(client.clone(), &rule_version(client).await?))
+}
+
+/// For a watcher that must not miss a rule: DeviceTaintRules in the
+/// version the cluster serves, asked again until it answers (an API server
+/// restarting); None only where it serves none.
+pub async fn rules_once_answered(client: &Client) -> Option<Api<DeviceTaintRule>> {
+    loop {
+        match served_rule_version(client).await {
+            Ok(version) => return version.map(|v| Api::all_with(client.clone(), &v)),
+            Err(e) => {
+                eprintln!("asking which DeviceTaintRules are served (retrying): {e}");
+                tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+            }
+        }
+    }
 }
 
 /// Deletes every DeviceTaintRule of gpuhealth's for `node` (an identity

@@ -256,8 +256,9 @@ impl Recorder {
                         .filter(|n| n.starts_with(&prefix))
                         .cloned()
                 };
-                // A cluster that serves no rules records none.
-                let Ok(api) = dra::rules(&client).await else {
+                // A cluster that serves no rules has none to list or record.
+                let Some(api) = dra::rules_once_answered(&client).await else {
+                    let _ = tx.try_send(());
                     return;
                 };
                 let mut stream = std::pin::pin!(events(api, config));

@@ -36,7 +36,10 @@ use crate::{
     operator,
     process::Process,
     reports,
-    sim::{GpuNodeSpec, SIM_GROUP_LABEL, gpu_deployment, gpu_node, node_is_ready},
+    sim::{
+        GpuNodeSpec, SIM_GROUP_LABEL, cpu_node, gpu_deployment, gpu_node,
+        gpu_operator_runtime_class, node_is_ready,
+    },
     unique,
     wait::{Background, until, until_set},
 };
@@ -198,6 +201,22 @@ impl Scenario {
             )
             .await?;
         Ok(self)
+    }
+
+    /// For a test of an install: one GPU node, a CPU node beside it where
+    /// the operator's pods may go (never on a GPU node), the GPU Operator's
+    /// `nvidia` RuntimeClass the agent's pods ask for, and no cooldown
+    /// between incidents (such a test runs two). With the CPU node's name.
+    pub async fn for_an_install(name: &str) -> Result<(Scenario, String)> {
+        let mut spec = Scenario::quick_spec();
+        spec.remediation_limits.cooldown = gpuhealth_api::Duration::from_secs(0);
+        let s = Scenario::new(name, 1, spec).await?;
+        let cpu = format!("{}-cpu", s.group);
+        Api::<Node>::all(s.client.clone())
+            .create(&PostParams::default(), &cpu_node(&cpu, &s.group))
+            .await?;
+        gpu_operator_runtime_class(&s.client).await?;
+        Ok((s, cpu))
     }
 
     /// A policy spec with the defaults, verified quickly.

@@ -29,7 +29,7 @@ use gpuhealth_e2e::{
     operator::Options,
     recorder::Recorder,
     scenario::{Scenario, WAIT},
-    sim::{cpu_node, gpu_operator_runtime_class, pod_is_ready},
+    sim::pod_is_ready,
     wait,
 };
 use k8s_openapi::api::{
@@ -151,19 +151,9 @@ async fn executor_rolled_out(admin: &Client) -> (String, String) {
 #[tokio::test]
 async fn helm_install_upgrade_mid_remediation_and_uninstall() {
     let admin = client().await.expect("client");
-    let mut spec = Scenario::quick_spec();
-    spec.remediation_limits.cooldown = gpuhealth_api::Duration::from_secs(0);
-    let mut s = Scenario::new("helm", 1, spec).await.expect("scenario");
+    let (mut s, cpu) = Scenario::for_an_install("helm").await.expect("scenario");
     let node = s.nodes[0].clone();
     let nodes: Api<Node> = Api::all(admin.clone());
-    let cpu = format!("{}-cpu", s.group);
-    nodes
-        .create(&PostParams::default(), &cpu_node(&cpu, &s.group))
-        .await
-        .expect("a CPU node");
-    gpu_operator_runtime_class(&admin)
-        .await
-        .expect("the nvidia RuntimeClass");
     let chart = packaged(&s.group).await;
 
     // A namespace whose Pod Security would refuse the agent's pods is
@@ -226,7 +216,8 @@ async fn helm_install_upgrade_mid_remediation_and_uninstall() {
     .expect("both agent DaemonSets run on the GPU node");
     let (reboot, image) = executor_rolled_out(&admin).await;
     assert_eq!(reboot, "--reboot-method=logind");
-    assert!(image.ends_with(":0.1.0"), "{image}");
+    let version = env!("CARGO_PKG_VERSION");
+    assert!(image.ends_with(&format!(":{version}")), "{image}");
 
     let mut recorder = Recorder::start(&s.client, &s.group, &s.namespace);
     recorder.ready().await.expect("the recorder lists");

@@ -18,7 +18,7 @@ use gpuhealth_e2e::{
     operator::{self, Options},
     overlay,
     scenario::{Scenario, WAIT},
-    sim::{cpu_node, gpu_operator_runtime_class, pod_is_ready},
+    sim::{gpu_operator_runtime_class, pod_is_ready},
     unique, wait,
 };
 use k8s_openapi::api::{
@@ -143,23 +143,9 @@ fn refused<T: std::fmt::Debug>(what: &str, result: Result<T, kube::Error>) {
 #[tokio::test]
 async fn install_run_the_incident_on_the_operators_own_rights_and_uninstall() {
     let admin = client().await.expect("client");
-    // A second incident follows the first below: no cooldown between them.
-    let mut spec = Scenario::quick_spec();
-    spec.remediation_limits.cooldown = gpuhealth_api::Duration::from_secs(0);
-    let mut s = Scenario::new("install", 1, spec).await.expect("scenario");
+    let (mut s, cpu) = Scenario::for_an_install("install").await.expect("scenario");
     let node = s.nodes[0].clone();
-    // Where the operator's pods may go: they never run on GPU nodes.
     let nodes: Api<Node> = Api::all(admin.clone());
-    let cpu = format!("{}-cpu", s.group);
-    nodes
-        .create(&PostParams::default(), &cpu_node(&cpu, &s.group))
-        .await
-        .expect("a CPU node");
-
-    // A cluster the GPU Operator runs on: the agent's runtime is there.
-    gpu_operator_runtime_class(&admin)
-        .await
-        .expect("the nvidia RuntimeClass");
     // --force-conflicts: the harness applied the same CRDs as its own manager.
     kubectl(&["apply", "--server-side", "--force-conflicts", "-k", DEFAULT])
         .await

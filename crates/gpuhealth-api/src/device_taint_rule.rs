@@ -50,18 +50,18 @@ impl RuleVersion {
     /// The version to read and write rules in: the first of
     /// [`RuleVersion::PREFERRED`] for which `serves` (asked with a group
     /// version) says the cluster lists `devicetaintrules`; None when it
-    /// serves neither.
-    pub async fn choose<F, Fut>(serves: F) -> Option<RuleVersion>
+    /// serves neither; the first error `serves` gives, if any.
+    pub async fn choose<F, Fut, E>(serves: F) -> Result<Option<RuleVersion>, E>
     where
         F: Fn(String) -> Fut,
-        Fut: Future<Output = bool>,
+        Fut: Future<Output = Result<bool, E>>,
     {
         for version in RuleVersion::PREFERRED {
-            if serves(version.group_version()).await {
-                return Some(version);
+            if serves(version.group_version()).await? {
+                return Ok(Some(version));
             }
         }
-        None
+        Ok(None)
     }
 }
 
@@ -133,17 +133,28 @@ impl kube::Resource for DeviceTaintRule {
 mod tests {
     use super::*;
 
-    fn served(versions: &'static [&'static str]) -> impl Fn(String) -> std::future::Ready<bool> {
-        move |gv| std::future::ready(versions.contains(&gv.as_str()))
+    fn served(
+        versions: &'static [&'static str],
+    ) -> impl Fn(String) -> std::future::Ready<Result<bool, String>> {
+        move |gv| std::future::ready(Ok(versions.contains(&gv.as_str())))
     }
 
     #[tokio::test]
     async fn the_newest_served_version_is_chosen() {
         let both = served(&["resource.k8s.io/v1", "resource.k8s.io/v1beta2"]);
-        assert_eq!(RuleVersion::choose(both).await, Some(RuleVersion::V1));
+        assert_eq!(RuleVersion::choose(both).await, Ok(Some(RuleVersion::V1)));
         let beta = served(&["resource.k8s.io/v1beta2"]);
-        assert_eq!(RuleVersion::choose(beta).await, Some(RuleVersion::V1beta2));
-        assert_eq!(RuleVersion::choose(served(&[])).await, None);
+        assert_eq!(
+            RuleVersion::choose(beta).await,
+            Ok(Some(RuleVersion::V1beta2))
+        );
+        assert_eq!(RuleVersion::choose(served(&[])).await, Ok(None));
+        // An unanswered question is not a "no".
+        let failing = |_| std::future::ready(Err::<bool, _>("unreachable".to_owned()));
+        assert_eq!(
+            RuleVersion::choose(failing).await,
+            Err("unreachable".to_owned())
+        );
     }
 
     #[test]

@@ -47,11 +47,14 @@ impl Rules {
 /// serves; None where it serves none. A change to a rule is sent as its
 /// node.
 pub async fn watch(client: &Client, changed: UnboundedSender<ObjectRef<Node>>) -> Option<Rules> {
-    let Some(version) = RuleVersion::choose(|group_version: String| async move {
-        served(client, &group_version, device_taint_rule::PLURAL).await
+    // `served` takes an unanswered question for a no, as for DRA itself.
+    let chosen = RuleVersion::choose(|group_version: String| async move {
+        Ok::<_, std::convert::Infallible>(
+            served(client, &group_version, device_taint_rule::PLURAL).await,
+        )
     })
-    .await
-    else {
+    .await;
+    let Ok(Some(version)) = chosen else {
         info!(
             "the cluster serves no DeviceTaintRules (resource.k8s.io/v1 from Kubernetes 1.37, v1beta2 on 1.36 with the DRADeviceTaintRules gate): on DRA nodes a bad GPU's node is cordoned"
         );
