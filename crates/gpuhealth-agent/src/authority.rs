@@ -251,6 +251,7 @@ mod tests {
             gpus: Vec::new(),
             maintenance_deadline: None,
             workloads: None,
+            gangs: Vec::new(),
         };
         health.history = vec![past(None)];
         assert_eq!(

@@ -6,6 +6,7 @@ pub mod contract;
 pub mod crds;
 pub mod device_taint_rule;
 pub mod duration;
+pub mod gang;
 pub mod node_health;
 pub mod policy;
 pub mod quarantine;

@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::{
     contract::{RequestId, XidEvent},
+    gang::GangRecord,
     quarantine::{Fenced, QuarantineStatus},
     types::{GpuHealth, RecoveryAction},
     vocabulary::{
@@ -364,6 +365,10 @@ pub struct Incident {
     /// came back after the node did.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub workloads: Option<WorkloadRecovery>,
+    /// The gangs whose members held the GPUs it acted on, and how they left.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 8))]
+    pub gangs: Vec<GangRecord>,
 }
 
 /// A scheduled maintenance being handled.
@@ -441,6 +446,8 @@ struct IncidentRecord {
     /// came back after the node did.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     workloads: Option<WorkloadRecovery>,
+    #[serde(default)]
+    gangs: Vec<GangRecord>,
 }
 
 impl From<IncidentRecord> for Incident {
@@ -472,6 +479,7 @@ impl From<IncidentRecord> for Incident {
             gpus: r.gpus,
             maintenance_deadline: r.maintenance_deadline,
             workloads: r.workloads,
+            gangs: r.gangs,
         }
     }
 }

@@ -20,6 +20,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::{
     duration::Duration,
+    gang::GangDrain,
     quarantine::Quarantine,
     types::{GpuHealth, RecoveryAction, SignalAction},
 };
@@ -643,6 +644,9 @@ pub enum DrainTimeoutAction {
 #[schemars(extend("x-kubernetes-validations" = [{
     "rule": "!has(self.gracePeriod) || duration(self.gracePeriod) < duration(self.timeout)",
     "message": "drain.gracePeriod must be shorter than drain.timeout"
+}, {
+    "rule": "!has(self.gangs) || !has(self.gangs.notice) || duration(self.gangs.notice) < duration(self.timeout)",
+    "message": "drain.gangs.notice must be shorter than drain.timeout"
 }]))]
 pub struct Drain {
     #[serde(default)]
@@ -674,6 +678,12 @@ pub struct Drain {
     /// the step acts on holds the step back.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub exclude_pod_selector: Option<LabelSelector>,
+
+    /// Pods that run as one of a gang (a JobSet, a LeaderWorkerSet group,
+    /// a PodGroup, a Kueue, Volcano or KAI pod group, or the label the
+    /// policy names) and how they leave.
+    #[serde(default)]
+    pub gangs: GangDrain,
 }
 
 impl Default for Drain {
@@ -685,6 +695,7 @@ impl Default for Drain {
             on_timeout: DrainTimeoutAction::default(),
             exclude_namespaces: Vec::new(),
             exclude_pod_selector: None,
+            gangs: GangDrain::default(),
         }
     }
 }

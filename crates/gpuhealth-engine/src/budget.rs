@@ -4,6 +4,7 @@
 use std::collections::HashSet;
 
 use gpuhealth_api::{
+    gang::GangMode,
     node_health::{GpuNodeHealthStatus, Phase},
     policy::GpuHealthPolicySpec,
     vocabulary::Reason,
@@ -31,6 +32,22 @@ pub fn unhealthy(s: &GpuNodeHealthStatus) -> bool {
         && s.maintenance.is_none()
 }
 
+/// The nodes of the gangs a draining node is taking down whole: from the
+/// notice until the node's drain is over, their work is stopped on
+/// gpuhealth's account as surely as the node's own. The gang's own start is
+/// not held for them: one bad GPU has stopped it already.
+fn gang_nodes(status: &GpuNodeHealthStatus) -> impl Iterator<Item = &str> {
+    let draining = status.phase == Phase::Draining;
+    status
+        .history
+        .first()
+        .filter(|i| draining && i.ended_at.is_none())
+        .into_iter()
+        .flat_map(|i| &i.gangs)
+        .filter(|g| g.mode == GangMode::Whole && g.evict_at.is_some())
+        .flat_map(|g| g.nodes.iter().map(String::as_str))
+}
+
 /// A policy's nodes as its budget counts them: the one place they are
 /// counted, for a node's decision and for the policy's status alike.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -52,6 +69,7 @@ impl<'a> Fleet<'a> {
         for (name, status) in statuses {
             if is_disruptive(status.phase) {
                 fleet.disruptive.insert(name);
+                fleet.disruptive.extend(gang_nodes(status));
             }
             if status.phase == Phase::Failed {
                 fleet.handed_over.insert(name);

@@ -5,9 +5,11 @@ use std::collections::BTreeMap;
 
 use gpuhealth_api::{
     contract::{ContractError, DisruptionTolerance},
+    gang::GangKey,
     policy::{Drain, DrainScope},
     vocabulary::PodKey,
 };
+use k8s_openapi::jiff::Timestamp;
 use kube::core::{Selector, SelectorExt};
 
 /// A pod as the planner sees it.
@@ -33,6 +35,11 @@ pub struct PodView {
     pub workload: Option<String>,
     /// Its `gpuhealth.io/gpu-healthy` readiness gate.
     pub gpu_gate: GpuGate,
+    /// The gang it runs as one of, if any.
+    pub gang: Option<GangKey>,
+    /// Its `gpuhealth.io/evict-at` annotation: when it was told it leaves
+    /// with its gang (unreadable: not told).
+    pub evict_at: Option<Timestamp>,
 }
 
 /// A pod's `gpuhealth.io/gpu-healthy` readiness gate: pods that list it in
@@ -100,12 +107,22 @@ pub struct DrainPlan {
     pub blocked: Vec<(PodKey, String)>,
     /// Why the drain takes more than the GPUs' holders, when it does.
     pub widened: Option<String>,
+    /// Members of gangs that leave whole: they go with their gang, by the
+    /// gang's round, never one by one (nor forced alone at the timeout).
+    pub with_gang: Vec<PodKey>,
+    /// Where each gang stands, in words.
+    pub gangs: Vec<String>,
+    /// Budgets that hold a gang back, in words.
+    pub gang_budgets: Vec<String>,
 }
 
 impl DrainPlan {
     /// Nothing left in scope: the action may proceed.
     pub fn is_done(&self) -> bool {
-        self.evict.is_empty() && self.waiting.is_empty() && self.blocked.is_empty()
+        self.evict.is_empty()
+            && self.waiting.is_empty()
+            && self.blocked.is_empty()
+            && self.with_gang.is_empty()
     }
 
     /// Leaves the pod named `name` out of the plan, whatever it holds.
@@ -113,7 +130,36 @@ impl DrainPlan {
         self.evict.retain(|p| p.name != name);
         self.waiting.retain(|p| p.name != name);
         self.blocked.retain(|(p, _)| p.name != name);
+        self.with_gang.retain(|p| p.name != name);
     }
+}
+
+/// Why a drain may never evict `pod`, if it may not: the policy's
+/// exclusions, the cluster's `never` namespaces, or its tolerance.
+pub fn never_evicted(drain: &Drain, never: &[String], pod: &PodView) -> Option<String> {
+    if excluded(drain, never, pod) {
+        return Some("the drain excludes it (the policy's excludeNamespaces or excludePodSelector, or a namespace the cluster never drains)".into());
+    }
+    match &pod.tolerance {
+        Ok(DisruptionTolerance::Never) => Some("its disruption tolerance is `never`".into()),
+        Err(e) => Some(format!("unreadable disruption tolerance: {e}")),
+        Ok(_) => None,
+    }
+}
+
+/// Whether the policy or the cluster leaves `pod` alone, whatever it holds.
+fn excluded(drain: &Drain, never: &[String], pod: &PodView) -> bool {
+    // The API server validated the selector; one that still fails to parse
+    // excludes nothing rather than everything.
+    let selector = || {
+        drain
+            .exclude_pod_selector
+            .clone()
+            .and_then(|s| Selector::try_from(s).ok())
+    };
+    drain.exclude_namespaces.contains(&pod.namespace)
+        || never.contains(&pod.namespace)
+        || selector().is_some_and(|s| s.matches(&pod.labels))
 }
 
 /// Plans a drain of `pods` for an action on `bad_gpus` (empty: the whole node).
@@ -126,12 +172,6 @@ pub fn plan(
     bad_gpus: &[String],
     pods: &[PodView],
 ) -> DrainPlan {
-    // The API server validated the selector; one that still fails to parse
-    // excludes nothing rather than everything.
-    let excluded_by_selector: Option<Selector> = drain
-        .exclude_pod_selector
-        .clone()
-        .and_then(|s| Selector::try_from(s).ok());
     let mut plan = DrainPlan::default();
     for pod in pods {
         if pod.daemon || pod.mirror || pod.finished {
@@ -146,12 +186,7 @@ pub fn plan(
         if !in_scope {
             continue;
         }
-        if drain.exclude_namespaces.contains(&pod.namespace)
-            || never.contains(&pod.namespace)
-            || excluded_by_selector
-                .as_ref()
-                .is_some_and(|s| s.matches(&pod.labels))
-        {
+        if excluded(drain, never, pod) {
             // Never evicted; but a reset or reboot under a pod holding a
             // GPU it acts on would take the GPU from it mid-use: such a
             // pod holds the step back, as a `never` pod does.
@@ -207,6 +242,8 @@ mod tests {
             tolerance: Ok(DisruptionTolerance::Evict),
             workload: None,
             gpu_gate: GpuGate::NotOptedIn,
+            gang: None,
+            evict_at: None,
         }
     }
 

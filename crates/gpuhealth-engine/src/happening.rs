@@ -6,6 +6,7 @@
 use std::time::Duration;
 
 use gpuhealth_api::{
+    gang::GangKey,
     node_health::Phase,
     vocabulary::{Attempt, FindingKind, IncidentOutcome, PodKey, Reason},
 };
@@ -37,6 +38,18 @@ pub enum Happening {
         /// From its first signal to its end.
         lasted: Duration,
         message: String,
+    },
+    /// Every member of a gang was told it leaves with its gang at `at`.
+    GangTold {
+        gang: GangKey,
+        members: u32,
+        at: Timestamp,
+    },
+    /// Every member of a gang was deleted together.
+    GangEvicted {
+        gang: GangKey,
+        members: u32,
+        nodes: u32,
     },
     /// Every workload the last incident evicted is serving again.
     WorkloadsRecovered { message: String },

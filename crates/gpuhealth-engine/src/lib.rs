@@ -6,6 +6,7 @@ pub mod budget;
 pub mod diagnosis;
 pub mod drain;
 pub mod fence;
+pub mod gangs;
 pub mod guardrails;
 pub mod happening;
 pub mod honour;

@@ -2,7 +2,10 @@
 //! noticed (its happenings), counted in the metrics and told in Events.
 //! Nothing here reads a status back: each happening says what it is.
 
+use std::borrow::Cow;
+
 use gpuhealth_api::{
+    gang::{DISRUPTION_PENDING_CONDITION, EVICT_AT_ANNOTATION},
     node_health::Phase,
     vocabulary::{FindingKind, IncidentOutcome, PodKey, Reason},
 };
@@ -94,7 +97,14 @@ pub async fn tell(ctx: &Context, node: &ObjectReference, happenings: &[Happening
             Some(key) => pod_ref(key),
             None => node.clone(),
         };
-        let told = publish(ctx, &about, event.type_, event.reason, event.message.into()).await;
+        let told = publish(
+            ctx,
+            &about,
+            event.type_,
+            event.reason,
+            event.message.into_owned(),
+        )
+        .await;
         ctx.metrics
             .action("event", if told { "done" } else { "failed" });
     }
@@ -103,15 +113,15 @@ pub async fn tell(ctx: &Context, node: &ObjectReference, happenings: &[Happening
 struct Told<'a> {
     type_: EventType,
     reason: &'a str,
-    message: &'a str,
+    message: Cow<'a, str>,
     pod: Option<&'a PodKey>,
 }
 
-fn event_of(happening: &Happening) -> Option<Told<'_>> {
-    let told = |type_, reason, message| Told {
+fn event_of<'a>(happening: &'a Happening) -> Option<Told<'a>> {
+    let told = |type_, reason, message: &'a str| Told {
         type_,
         reason,
-        message,
+        message: message.into(),
         pod: None,
     };
     Some(match happening {
@@ -131,8 +141,30 @@ fn event_of(happening: &Happening) -> Option<Told<'_>> {
         Happening::Found { kind, message, pod } => Told {
             type_: EventType::Warning,
             reason: kind.as_str(),
-            message,
+            message: message.into(),
             pod: pod.as_ref(),
+        },
+        Happening::GangTold { gang, members, at } => Told {
+            type_: EventType::Normal,
+            reason: "GangTold",
+            message: format!(
+                "{gang}: its {members} members are told (annotation {EVICT_AT_ANNOTATION}, condition {DISRUPTION_PENDING_CONDITION}) that they are evicted together at {at}"
+            )
+            .into(),
+            pod: None,
+        },
+        Happening::GangEvicted {
+            gang,
+            members,
+            nodes,
+        } => Told {
+            type_: EventType::Normal,
+            reason: "GangEvicted",
+            message: format!(
+                "{gang}: its {members} members on {nodes} nodes deleted together, each with the DisruptionTarget condition"
+            )
+            .into(),
+            pod: None,
         },
         Happening::AttemptFailed { why } => told(EventType::Warning, "AttemptFailed", why),
         Happening::Closed {

@@ -7,6 +7,7 @@ use gpuhealth_api::{
         GPU_HEALTHY_READINESS_GATE, REBOOT_REQUEST_ANNOTATION, RESET_REQUEST_ANNOTATION,
         RebootRequest, RequestId, ResetRequest,
     },
+    gang::{DISRUPTION_PENDING_CONDITION, DISRUPTION_TARGET_REASON, EVICT_AT_ANNOTATION},
     policy::GpuHealthPolicySpec,
 };
 use gpuhealth_engine::machine::Action;
@@ -41,6 +42,8 @@ pub async fn run(
         Action::ForgetCordonRecord { .. } => "forget_cordon_record",
         Action::Evict { .. } => "evict",
         Action::ForceDelete { .. } => "force_delete",
+        Action::TellGangMember { .. } => "tell_gang_member",
+        Action::EvictGangMember { .. } => "evict_gang_member",
         Action::RequestReset { .. } => "request_reset",
         Action::RequestReboot { .. } => "request_reboot",
         Action::LabelNode { .. } => "label_node",
@@ -58,6 +61,17 @@ pub async fn run(
     };
     ctx.metrics.action(label, outcome);
     result.map(|_| ())
+}
+
+/// A pod's delete with the policy's grace period (unset: the pod's own).
+fn graceful(spec: &GpuHealthPolicySpec) -> DeleteParams {
+    DeleteParams {
+        grace_period_seconds: spec
+            .drain
+            .grace_period
+            .map(|g| u32::try_from(g.as_std().as_secs()).unwrap_or(u32::MAX)),
+        ..Default::default()
+    }
 }
 
 /// What happened: `done`, `refused` (a disruption budget said not now),
@@ -123,7 +137,7 @@ async fn carry_out(
                     &pod.name,
                     &EvictParams {
                         post_options: post_params(),
-                        ..EvictParams::default()
+                        delete_options: Some(graceful(spec)),
                     },
                 )
                 .await
@@ -134,6 +148,60 @@ async fn carry_out(
                     info!(node = %name, %pod, "eviction refused by a disruption budget; will retry");
                     return Ok("refused");
                 }
+                Err(kube::Error::Api(s)) if s.code == 404 => return Ok("gone"),
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Action::TellGangMember { pod, at, why } => {
+            let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &pod.namespace);
+            // The annotation for the pod's own processes (the downward API
+            // mounts it), the condition for whoever watches the pod.
+            let patch = json!({"metadata": {"annotations": {EVICT_AT_ANNOTATION: Time(*at)}}});
+            match pods
+                .patch(&pod.name, &patch_params(), &Patch::Merge(patch))
+                .await
+            {
+                Ok(_) => {}
+                Err(kube::Error::Api(s)) if s.code == 404 => return Ok("gone"),
+                Err(e) => return Err(e.into()),
+            }
+            let condition = json!({"status": {"conditions": [{
+                "type": DISRUPTION_PENDING_CONDITION,
+                "status": "True",
+                "reason": "GangEvictionScheduled",
+                "message": why,
+                "lastTransitionTime": now,
+            }]}});
+            match pods
+                .patch_status(&pod.name, &patch_params(), &Patch::Strategic(condition))
+                .await
+            {
+                Ok(_) => info!(node = %name, %pod, at = %at, "told it leaves with its gang"),
+                Err(kube::Error::Api(s)) if s.code == 404 => return Ok("gone"),
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Action::EvictGangMember { pod, why } => {
+            let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &pod.namespace);
+            // As the API server marks a pod it evicts: a Job's
+            // podFailurePolicy can ignore the restart this causes.
+            let condition = json!({"status": {"conditions": [{
+                "type": "DisruptionTarget",
+                "status": "True",
+                "reason": DISRUPTION_TARGET_REASON,
+                "message": why,
+                "lastTransitionTime": now,
+            }]}});
+            match pods
+                .patch_status(&pod.name, &patch_params(), &Patch::Strategic(condition))
+                .await
+            {
+                Ok(_) => {}
+                Err(kube::Error::Api(s)) if s.code == 404 => return Ok("gone"),
+                Err(e) => return Err(e.into()),
+            }
+            match pods.delete(&pod.name, &graceful(spec)).await {
+                Ok(_) => info!(node = %name, %pod, "deleted with its gang"),
                 Err(kube::Error::Api(s)) if s.code == 404 => return Ok("gone"),
                 Err(e) => return Err(e.into()),
             }

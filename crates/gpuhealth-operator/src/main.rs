@@ -12,6 +12,7 @@ mod error;
 mod events;
 mod failpoint;
 mod fences;
+mod gangs;
 mod gone;
 mod leader;
 mod locks;

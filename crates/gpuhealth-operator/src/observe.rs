@@ -12,7 +12,11 @@ use gpuhealth_api::contract::{
     REBOOT_REQUEST_ANNOTATION, REQUEST_RESULT_ANNOTATION, RESET_REQUEST_ANNOTATION, RebootRequest,
     RequestId, RequestResult, ResetRequest,
 };
-use gpuhealth_api::{policy::OtherActor, vocabulary::PodKey};
+use gpuhealth_api::{
+    gang::{EVICT_AT_ANNOTATION, GangKey},
+    policy::OtherActor,
+    vocabulary::PodKey,
+};
 use gpuhealth_engine::{
     diagnosis::ObservedCondition,
     drain::{BudgetView, GpuGate, PodView},
@@ -144,7 +148,13 @@ pub fn disrupted_by(
 
 /// A pod as the drain planner sees it; `holders` maps `namespace/name` to the
 /// GPU UUIDs the node's report says it holds.
-pub fn pod_view(pod: &Pod, holders: &BTreeMap<String, Vec<String>>) -> PodView {
+/// A pod as the drain planner sees it; `gang_label` is the policy's own
+/// label naming a pod's gang, if it has one.
+pub fn pod_view(
+    pod: &Pod,
+    holders: &BTreeMap<String, Vec<String>>,
+    gang_label: Option<&str>,
+) -> PodView {
     let key = format!("{}/{}", pod.namespace().unwrap_or_default(), pod.name_any());
     // NVIDIA's device plugin offers `nvidia.com/gpu`, shared GPUs and MIG
     // slices (`nvidia.com/mig-…`), all under `nvidia.com/`; a pod with
@@ -185,6 +195,12 @@ pub fn pod_view(pod: &Pod, holders: &BTreeMap<String, Vec<String>>) -> PodView {
         ),
         workload: controller_of(pod),
         gpu_gate: gpu_gate(pod),
+        gang: GangKey::of(pod, gang_label),
+        // Unreadable: not told, and told again.
+        evict_at: pod
+            .annotations()
+            .get(EVICT_AT_ANNOTATION)
+            .and_then(|v| v.parse().ok()),
     }
 }
 

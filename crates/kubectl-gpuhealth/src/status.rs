@@ -690,6 +690,7 @@ mod tests {
                 gpus: vec![],
                 maintenance_deadline: None,
                 workloads: None,
+                gangs: Vec::new(),
             }],
             bad_gpus: 1,
             ..Default::default()

@@ -55,7 +55,7 @@ macro_rules! words {
         }
     };
 }
-use words;
+pub(crate) use words;
 
 #[cfg(test)]
 mod tests {

@@ -40,6 +40,21 @@ pub enum Action {
     Evict {
         pod: PodKey,
     },
+    /// Tell a gang's member that its gang leaves at `at`: the
+    /// `gpuhealth.io/evict-at` annotation and the
+    /// `gpuhealth.io/disruption-pending` condition, with `why`.
+    TellGangMember {
+        pod: PodKey,
+        at: Timestamp,
+        why: String,
+    },
+    /// Delete a gang's member, with the `DisruptionTarget` condition
+    /// written first and the policy's grace period: its gang leaves
+    /// together, which the Eviction API (one pod at a time) cannot do.
+    EvictGangMember {
+        pod: PodKey,
+        why: String,
+    },
     /// Delete with no grace, bypassing budgets: only where the policy says so.
     ForceDelete {
         pod: PodKey,

@@ -31,6 +31,11 @@ impl Stepper<'_> {
                 .iter()
                 .chain(&plan.waiting)
                 .map(ToString::to_string)
+                .chain(
+                    plan.with_gang
+                        .iter()
+                        .map(|p| format!("{p} (with its gang)")),
+                )
                 .chain(plan.blocked.iter().map(|(p, why)| format!("{p} ({why})")))
                 .collect();
             return self.fail(
@@ -56,19 +61,23 @@ impl Stepper<'_> {
                 .filter_map(|b| b.against(&plan.evict))
                 .collect()
         };
-        let (budgets_at_zero, other_budgets) = (say(budgets_at_zero), say(other_budgets));
+        let (mut budgets_at_zero, other_budgets) = (say(budgets_at_zero), say(other_budgets));
+        budgets_at_zero.extend(plan.gang_budgets.iter().cloned());
         match plan.blocked.first() {
             Some((pod, why)) => {
                 let message = format!("waiting for pod {pod} to leave: {why}");
                 self.enter(Phase::Draining, Reason::WaitingForPod, message);
             }
             None if !budgets_at_zero.is_empty() => {
-                let message = format!(
+                let mut message = format!(
                     "waiting for PodDisruptionBudget {}; {} to evict, {} to finish",
                     budgets_at_zero.join("; "),
                     plan.evict.len(),
                     plan.waiting.len()
                 );
+                for gang in &plan.gangs {
+                    message.push_str(&format!("; {gang}"));
+                }
                 self.enter(Phase::Draining, Reason::WaitingForDisruptionBudget, message);
             }
             None => {
@@ -77,6 +86,12 @@ impl Stepper<'_> {
                     plan.evict.len(),
                     plan.waiting.len()
                 );
+                if !plan.with_gang.is_empty() {
+                    message.push_str(&format!(", {} with their gang", plan.with_gang.len()));
+                }
+                for gang in &plan.gangs {
+                    message.push_str(&format!("; {gang}"));
+                }
                 if let Some(why) = &plan.widened {
                     message.push_str(&format!("; {why}"));
                 }

@@ -62,6 +62,7 @@ pub fn node_deleted(
         node: &node,
         pods: &[],
         disruption_budgets: &[],
+        gangs: &[],
         validation: None,
         workloads: &[],
         budget: None,

@@ -74,6 +74,7 @@ impl Stepper<'_> {
                 gpus,
                 maintenance_deadline,
                 workloads: None,
+                gangs: Vec::new(),
             },
         );
         self.status.history.truncate(HISTORY_LIMIT);

@@ -14,6 +14,7 @@ use crate::{
     diagnosis::{ObservedCondition, UnhealthyDevice},
     drain::{BudgetView, PodView},
     fence::{DraView, ResourceCount},
+    gangs::GangView,
     guardrails::Guardrails,
     workload::WorkloadView,
 };
@@ -86,6 +87,9 @@ pub struct Input<'a> {
     /// The PodDisruptionBudgets covering those pods; read only for a
     /// `DryRun` plan (during a drain the Eviction API applies them).
     pub disruption_budgets: &'a [BudgetView],
+    /// The gangs of the pods on the node that a drain would evict, with
+    /// their members wherever they run (see [`super::Needs::gangs`]).
+    pub gangs: &'a [GangView],
     /// The validation pod of the attempt in flight, if the policy has one
     /// and it exists.
     pub validation: Option<&'a ValidationView>,

@@ -16,6 +16,7 @@ mod aftercare;
 mod core;
 mod decision;
 mod evictions;
+mod gangs;
 mod gone;
 mod incident;
 mod input;

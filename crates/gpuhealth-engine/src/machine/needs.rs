@@ -4,6 +4,7 @@
 
 use gpuhealth_api::{
     GpuHealthPolicySpec,
+    gang::GangMode,
     node_health::{GpuNodeHealthStatus, Phase},
     policy::Mode,
 };
@@ -37,6 +38,10 @@ pub struct Needs {
     /// a drain to name the budget that holds it (the Eviction API applies
     /// them).
     pub disruption_budgets: bool,
+    /// The gangs of the node's pods, with their members cluster-wide: while
+    /// a drain may evict them and the policy treats gangs as more than
+    /// their members.
+    pub gangs: bool,
     /// The workloads still watched after the last recovery.
     pub workloads: Vec<String>,
     /// The validation pod of the attempt being verified.
@@ -67,6 +72,10 @@ pub fn needs(
         gates_later,
         // For a DryRun plan, and for a drain to say which budget holds it.
         disruption_budgets: pods && (spec.mode == Mode::DryRun || state.phase == Phase::Draining),
+        gangs: pods
+            && spec.drain.gangs.mode != GangMode::Member
+            && (spec.mode == Mode::DryRun
+                || matches!(state.phase, Phase::Quarantined | Phase::Draining)),
         workloads: workloads_to_watch(state),
         validation_pod,
     }

@@ -20,6 +20,7 @@ use gpuhealth_engine::{
     budget::Budget,
     drain::{BudgetView, GpuGate, PodView},
     fence::{DeviceView, DraView, RuleView},
+    gangs::GangView,
     guardrails::Guardrails,
     happening::Happening,
     machine::ValidationView,
@@ -53,6 +54,8 @@ pub fn gpu_pod(name: &str, gpu: &str) -> PodView {
         tolerance: Ok(DisruptionTolerance::Evict),
         workload: Some(format!("ReplicaSet/ml-serving/{name}-rs")),
         gpu_gate: GpuGate::NotOptedIn,
+        gang: None,
+        evict_at: None,
     }
 }
 
@@ -71,6 +74,11 @@ pub struct World {
     pub node: NodeView,
     pub pods: Vec<PodView>,
     pub disruption_budgets: Vec<BudgetView>,
+    /// The gangs of the node's pods, with their members on every node, as
+    /// the operator reads them when the step needs them.
+    pub gangs: Vec<GangView>,
+    /// Gang members deleted (by `EvictGangMember`), in order.
+    pub gang_evicted: Vec<gpuhealth_api::vocabulary::PodKey>,
     /// The validation pod: created by the action, its phase set by a test.
     pub validation: Option<ValidationView>,
     /// The API server refuses the validation pod (an invalid template).
@@ -144,6 +152,8 @@ impl World {
             },
             pods,
             disruption_budgets: Vec::new(),
+            gangs: Vec::new(),
+            gang_evicted: Vec::new(),
             validation: None,
             refuse_validation_pod: false,
             state: GpuNodeHealthStatus::default(),
@@ -190,6 +200,7 @@ impl World {
             node: &self.node,
             pods: &self.pods,
             disruption_budgets: &self.disruption_budgets,
+            gangs: &self.gangs,
             validation: self.validation.as_ref(),
             workloads: &self.workloads,
             budget,
@@ -277,15 +288,21 @@ impl World {
                     .disruption_budgets
                     .iter()
                     .any(|b| b.allowed <= 0 && b.pods.contains(pod)) => {}
-            Action::Evict { pod } | Action::ForceDelete { pod } => {
-                self.pods.retain(|p| &p.key() != pod);
-                if let Some(Ok(report)) = &mut self.node.report {
-                    for g in &mut report.gpus {
-                        g.pods
-                            .retain(|p| p.namespace != pod.namespace || p.name != pod.name);
-                    }
+            Action::TellGangMember { pod, at, .. } => {
+                let told = self.pods.iter_mut().chain(
+                    self.gangs
+                        .iter_mut()
+                        .flat_map(|g| g.members.iter_mut().map(|m| &mut m.pod)),
+                );
+                for p in told.filter(|p| &p.key() == pod) {
+                    p.evict_at = Some(*at);
                 }
             }
+            Action::EvictGangMember { pod, .. } => {
+                self.gang_evicted.push(pod.clone());
+                self.remove_pod(pod);
+            }
+            Action::Evict { pod } | Action::ForceDelete { pod } => self.remove_pod(pod),
             Action::RequestReset {
                 id,
                 gpus,
@@ -346,6 +363,20 @@ impl World {
                 if let Some(dra) = self.node.dra.as_mut() {
                     dra.rules.retain(|r| &r.name != rule);
                 }
+            }
+        }
+    }
+
+    /// A pod gone from the node, its gang and the report.
+    fn remove_pod(&mut self, pod: &gpuhealth_api::vocabulary::PodKey) {
+        self.pods.retain(|p| &p.key() != pod);
+        for g in &mut self.gangs {
+            g.members.retain(|m| &m.pod.key() != pod);
+        }
+        if let Some(Ok(report)) = &mut self.node.report {
+            for g in &mut report.gpus {
+                g.pods
+                    .retain(|p| p.namespace != pod.namespace || p.name != pod.name);
             }
         }
     }

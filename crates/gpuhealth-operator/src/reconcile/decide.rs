@@ -49,6 +49,7 @@ pub fn decide<'a>(ctx: &'a Context, read: &Read, waiting: Instant) -> Decided<'a
         node: &read.view,
         pods: &read.pods,
         disruption_budgets: &read.disruption_budgets,
+        gangs: &read.gangs,
         validation: read.validation.as_ref(),
         workloads: &read.workloads,
         budget,

@@ -59,7 +59,7 @@ pub async fn unseen_holder(
             continue;
         };
         // As the drain sees it: one leaving or ended holds nothing.
-        let seen = observe::pod_view(&pod, &Default::default());
+        let seen = observe::pod_view(&pod, &Default::default(), None);
         if !seen.terminating && !seen.finished {
             return Ok(Some(format!("{namespace}/{name}")));
         }

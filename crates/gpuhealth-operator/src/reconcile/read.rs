@@ -8,6 +8,7 @@ use gpuhealth_api::{GpuHealthPolicy, node_health::GpuNodeHealthStatus};
 use gpuhealth_engine::{
     drain::{BudgetView, PodView},
     fence::DraView,
+    gangs::GangView,
     machine::{HoldersSince, Needs, NodeView, ValidationView, needs},
     workload::WorkloadView,
 };
@@ -23,7 +24,7 @@ use tracing::warn;
 
 use crate::{
     context::{Context, Error, HoldersSeen},
-    devices, fences,
+    devices, fences, gangs,
     observe::{budget_views, gpu_holders, holders_hash, node_view, pod_view, resource_count},
     selection::winner,
     validation, workloads,
@@ -47,6 +48,7 @@ pub struct Read {
     holders_now: HoldersSeen,
     pub pods: Vec<PodView>,
     pub disruption_budgets: Vec<BudgetView>,
+    pub gangs: Vec<GangView>,
     pub workloads: Vec<WorkloadView>,
     pub validation: Option<ValidationView>,
 }
@@ -144,7 +146,11 @@ pub async fn read(ctx: &Context, node: &Node) -> Result<Option<Read>, Error> {
                 }
             }
         }
-        items.iter().map(|p| pod_view(p, &held)).collect()
+        let gang_label = policy.spec.drain.gangs.label_key.as_deref();
+        items
+            .iter()
+            .map(|p| pod_view(p, &held, gang_label))
+            .collect()
     } else {
         Vec::new()
     };
@@ -161,6 +167,11 @@ pub async fn read(ctx: &Context, node: &Node) -> Result<Option<Read>, Error> {
             .map(|b| PodDisruptionBudget::clone(b))
             .collect();
         budget_views(&pdbs, &pods)
+    } else {
+        Vec::new()
+    };
+    let gangs = if needs.gangs {
+        gangs::read(ctx, &policy.spec, &pods).await?
     } else {
         Vec::new()
     };
@@ -188,6 +199,7 @@ pub async fn read(ctx: &Context, node: &Node) -> Result<Option<Read>, Error> {
         holders_now,
         pods,
         disruption_budgets,
+        gangs,
         workloads,
         validation,
     }))

@@ -42,7 +42,8 @@ impl Stepper<'_> {
         if self.widened_and_not_cordoned() || self.held_by_other_actor(Phase::Draining) {
             return Then::Done;
         }
-        let plan = self.drain_plan(action.type_, &action.gpus);
+        let mut plan = self.drain_plan(action.type_, &action.gpus);
+        self.gang_rounds(&mut plan, &action);
         if self.disrupts_healthy_gpus(action.type_, &action.gpus, &plan)
             && let Some(why) = self.outside_window()
         {
