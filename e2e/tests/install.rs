@@ -319,12 +319,54 @@ async fn install_run_the_incident_on_the_operators_own_rights_and_uninstall() {
             .await,
     );
     let pods = s.pods_on(&node).await.expect("pods");
+    let as_operator = Api::<Pod>::namespaced(sa.clone(), &s.namespace);
     refused(
-        "deleting a pod (force-delete is opt-in: config/rbac-force-delete)",
-        Api::<Pod>::namespaced(sa.clone(), &s.namespace)
-            .delete(&pods[0], &DeleteParams::default())
-            .await,
+        "deleting a pod it never told it leaves with its gang (force-delete is opt-in: config/rbac-force-delete)",
+        as_operator.delete(&pods[0], &DeleteParams::default()).await,
     );
+    // It may patch pods for a gang's notice, and admission holds it to that.
+    for (what, patch) in [
+        (
+            "changing a pod's image",
+            json!({"spec": {"containers": [{"name": "server", "image": "evil:latest"}]}}),
+        ),
+        (
+            "changing a pod's labels",
+            json!({"metadata": {"labels": {"app": "other"}}}),
+        ),
+        (
+            "writing another annotation on a pod",
+            json!({"metadata": {"annotations": {"example.com/x": "y"}}}),
+        ),
+    ] {
+        refused(
+            what,
+            as_operator
+                .patch(&pods[0], &PatchParams::default(), &Patch::Strategic(patch))
+                .await,
+        );
+    }
+    as_operator
+        .patch(
+            &pods[0],
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"annotations": {"gpuhealth.io/evict-at": "2026-12-05T00:00:00Z"}}})),
+        )
+        .await
+        .expect("the operator tells a pod it leaves with its gang");
+    let told: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "told", "annotations": {"gpuhealth.io/evict-at": "2026-12-05T00:00:00Z"}},
+        "spec": {"containers": [{"name": "c", "image": "busybox"}], "nodeName": cpu},
+    }))
+    .expect("a pod");
+    Api::<Pod>::namespaced(admin.clone(), &s.namespace)
+        .create(&PostParams::default(), &told)
+        .await
+        .expect("a pod told it leaves with its gang");
+    as_operator
+        .delete("told", &DeleteParams::default())
+        .await
+        .expect("the operator deletes a pod it told");
     // Pods only where validation pods run: not a workload's namespace, not
     // its own (where the agent's ServiceAccount is).
     for namespace in [s.namespace.as_str(), NAMESPACE] {

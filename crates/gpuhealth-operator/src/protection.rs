@@ -39,8 +39,9 @@ pub const PROTECTS_LABEL: &str = "gpuhealth.io/protects";
 
 /// What the install's policies guard, by their `gpuhealth.io/protects`
 /// label: each must exist and be bound to deny.
-pub const GUARDS: [&str; 7] = [
+pub const GUARDS: [&str; 8] = [
     "operator-keys",
+    "operator-pods",
     "agent-keys",
     "maintenance-notice",
     "device-taint-rules",
