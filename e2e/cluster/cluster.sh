@@ -20,6 +20,11 @@
 # ($NODE_ADDRESS, added to this machine's loopback interface, which pods
 # reach through the `kubernetes` Service) instead of loopback, and reaches the
 # kubelet with a client certificate of its own.
+#
+# With GPUHEALTH_CLUSTER_JOBS=1, `up` also runs the JobSet and LeaderWorkerSet
+# controllers (built by controllers.sh) as host processes, with their CRDs
+# and their admission webhooks, served on loopback; a running cluster
+# without them gets them. `down` stops them whatever the variable says.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../.." && pwd)
@@ -37,9 +42,18 @@ components=(etcd kube-apiserver kube-controller-manager kube-scheduler kwok)
 # only (this kernel has no dummy links).
 NODE_ADDRESS=10.213.0.1
 with_node() { [[ "${GPUHEALTH_CLUSTER_NODE:-0}" == 1 ]]; }
+# Started after the cluster, stopped before it (start_jobs).
+job_controllers=(jobset-controller lws-controller)
+with_jobs() { [[ "${GPUHEALTH_CLUSTER_JOBS:-0}" == 1 ]]; }
 
 alive() {
-  [[ -f "$state/pids/$1" ]] && kill -0 "$(cat "$state/pids/$1")" 2>/dev/null
+  [[ -f "$state/pids/$1" ]] || return 1
+  local pid
+  pid=$(cat "$state/pids/$1")
+  kill -0 "$pid" 2>/dev/null || return 1
+  # Exited but not yet reaped (init reaps the components, in its own time)
+  # is not alive: the state follows the command's name in parentheses.
+  [[ "$(sed 's/.*) //' "/proc/$pid/stat" 2>/dev/null | cut -d' ' -f1)" != Z ]]
 }
 
 answers() {
@@ -55,22 +69,29 @@ answers() {
   "$bin/kubectl" --kubeconfig "$kubeconfig" get --raw /readyz >/dev/null 2>&1
 }
 
+terminate() { # component
+  [[ -f "$state/pids/$1" ]] || return 0
+  local pid
+  pid=$(cat "$state/pids/$1")
+  # Each component runs in its own process group (setsid).
+  kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null || true
+  for _ in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
+  kill -KILL -- "-$pid" 2>/dev/null || kill -KILL "$pid" 2>/dev/null || true
+  rm -f "$state/pids/$1"
+}
+
 stop() {
   [[ -d "$state" ]] || return 0
-  local c pid
+  local c
   # A real node first: its kubelet still talks to this API server.
   if [[ -d "$state/node" ]]; then
     GPUHEALTH_CLUSTER_DIR=$state "$here/../node/node.sh" down || true
   fi
-  # Reverse order: clients first, etcd last.
+  # Reverse order: clients first (the job controllers, when started), etcd
+  # last.
+  for c in "${job_controllers[@]}"; do terminate "$c"; done
   for ((i = ${#components[@]} - 1; i >= 0; i--)); do
-    c=${components[i]}
-    [[ -f "$state/pids/$c" ]] || continue
-    pid=$(cat "$state/pids/$c")
-    # Each component runs in its own process group (setsid).
-    kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null || true
-    for _ in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
-    kill -KILL -- "-$pid" 2>/dev/null || kill -KILL "$pid" 2>/dev/null || true
+    terminate "${components[i]}"
   done
   if [[ -f "$state/node-address" ]]; then
     ip addr del "$NODE_ADDRESS/32" dev lo 2>/dev/null || true
@@ -166,6 +187,11 @@ restart() { # component
   launch "$c" "${args[@]}"
   wait_for "the API server after restarting $c" 120 \
     "$bin/kubectl" --kubeconfig "$kubeconfig" get --raw /readyz
+  # A job controller is back once its webhooks answer again.
+  case $c in
+    jobset-controller) wait_for "the JobSet webhooks" 60 webhook_defaults "$bin" jobset ;;
+    lws-controller) wait_for "the LeaderWorkerSet webhooks" 60 webhook_defaults "$bin" lws ;;
+  esac
 }
 
 kwok_config() {
@@ -185,12 +211,163 @@ kwok_config() {
   done
 }
 
+# The job controllers' webhooks: the API server runs on this machine, so it
+# calls them at https://127.0.0.1:PORT, trusting a CA of their own (the
+# controllers' own certificate management, which writes a Secret for an
+# in-cluster Service, is turned off in their configuration).
+webhook_pki() { # dir
+  (
+    cd "$1"
+    openssl req -x509 -newkey rsa:2048 -nodes -days 3650 -subj "/CN=gpuhealth-e2e-webhook-ca" \
+      -keyout ca.key -out ca.crt 2>/dev/null
+    openssl req -newkey rsa:2048 -nodes -subj "/CN=127.0.0.1" -keyout tls.key -out tls.csr 2>/dev/null
+    printf 'subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth\n' >tls.ext
+    openssl x509 -req -in tls.csr -CA ca.crt -CAkey ca.key -CAcreateserial -days 3650 \
+      -extfile tls.ext -out tls.crt 2>/dev/null
+  )
+}
+
+# The webhook configurations as each module's kustomization writes them (its
+# own rules, object selectors and failure policies), with the in-cluster
+# Service swapped for the loopback URL and the CA, and named apart as the
+# modules' default installs name them (jobset-, lws-).
+webhook_configs() { # bin kustomization prefix port cafile
+  "$1/kubectl" kustomize "$2" |
+    "$1/kubectl" --kubeconfig "$kubeconfig" create --dry-run=client -o json -f - |
+    python3 -c '
+import base64, json, sys
+prefix, port, cafile = sys.argv[1:]
+ca = base64.b64encode(open(cafile, "rb").read()).decode()
+# kubectl writes one JSON document per object, one after the other.
+text, docs, at, dec = sys.stdin.read(), [], 0, json.JSONDecoder()
+while text[at:].strip():
+    o, at = dec.raw_decode(text, len(text) - len(text[at:].lstrip()))
+    docs.append(o)
+items = []
+for o in docs:
+    if not o["kind"].endswith("WebhookConfiguration"):
+        continue  # the Service the URL replaces
+    o["metadata"] = {"name": prefix + "-" + o["metadata"]["name"]}
+    for w in o["webhooks"]:
+        path = w["clientConfig"]["service"].get("path", "/")
+        w["clientConfig"] = {"url": "https://127.0.0.1:%s%s" % (port, path), "caBundle": ca}
+    items.append(o)
+json.dump({"apiVersion": "v1", "kind": "List", "items": items}, sys.stdout, indent=1)
+' "$3" "$4" "$5"
+}
+
+# Whether the webhooks answer through the API server: a server-side dry run
+# comes back with what only the mutating webhook writes (JobSet's DNS
+# hostnames, LWS's subdomain policy).
+webhook_defaults() { # bin kind
+  local manifest field want
+  case $2 in
+    jobset)
+      manifest='{"apiVersion":"jobset.x-k8s.io/v1alpha2","kind":"JobSet","metadata":{"name":"webhook-check","namespace":"default"},"spec":{"replicatedJobs":[{"name":"w","template":{"spec":{"template":{"spec":{"containers":[{"name":"c","image":"none"}]}}}}}]}}'
+      field='{.spec.network.enableDNSHostnames}' want=true
+      ;;
+    lws)
+      manifest='{"apiVersion":"leaderworkerset.x-k8s.io/v1","kind":"LeaderWorkerSet","metadata":{"name":"webhook-check","namespace":"default"},"spec":{"leaderWorkerTemplate":{"workerTemplate":{"spec":{"containers":[{"name":"c","image":"none"}]}}}}}'
+      field='{.spec.networkConfig.subdomainPolicy}' want=Shared
+      ;;
+  esac
+  [[ "$(echo "$manifest" | "$1/kubectl" --kubeconfig "$kubeconfig" create --dry-run=server \
+    -o jsonpath="$field" -f - 2>/dev/null)" == "$want" ]]
+}
+
+jobs_running() {
+  local c
+  # Written last by start_jobs: a start cut short is started again.
+  [[ -f "$state/jobs/ready" ]] || return 1
+  for c in "${job_controllers[@]}"; do alive "$c" || return 1; done
+}
+
+start_jobs() { # bin
+  local bin=$1 ctl d="$state/jobs" c
+  local k=(--kubeconfig "$kubeconfig")
+  ctl=$("$here/controllers.sh" build)
+  # What is left of an earlier start (one exited): start both afresh.
+  for c in "${job_controllers[@]}"; do terminate "$c"; done
+  rm -rf "$d"
+  mkdir -p "$d/certs"
+  log "installing the JobSet and LeaderWorkerSet CRDs"
+  # Server-side: LWS's CRDs are too large for client-side apply's
+  # last-applied annotation.
+  "$bin/kubectl" "${k[@]}" apply --server-side --force-conflicts \
+    -f "$ctl/jobset/crds" -f "$ctl/lws/crds" >/dev/null
+  # Retried: `kubectl wait` fails outright on a CRD with no conditions yet.
+  wait_for "the CRDs" 60 "$bin/kubectl" "${k[@]}" wait --for condition=Established --timeout 10s \
+    crd/jobsets.jobset.x-k8s.io crd/leaderworkersets.leaderworkerset.x-k8s.io \
+    crd/disaggregatedsets.disaggregatedset.x-k8s.io
+  webhook_pki "$d/certs"
+  local js_webhook js_metrics js_health lws_webhook lws_metrics lws_health
+  read -r js_webhook js_metrics js_health lws_webhook lws_metrics lws_health < <(free_ports 6)
+  # One replica each: no leader election. Everything on loopback, on free
+  # ports, so that clusters run side by side. The metrics endpoints serve
+  # TLS (JobSet's from the same certificate directory) and ask the API
+  # server who may read them.
+  cat >"$d/jobset.yaml" <<CFG
+apiVersion: config.jobset.x-k8s.io/v1alpha1
+kind: Configuration
+leaderElection:
+  leaderElect: false
+internalCertManagement:
+  enable: false
+webhook:
+  host: 127.0.0.1
+  port: $js_webhook
+  certDir: $d/certs
+metrics:
+  bindAddress: 127.0.0.1:$js_metrics
+  certDir: $d/certs
+health:
+  healthProbeBindAddress: 127.0.0.1:$js_health
+CFG
+  cat >"$d/lws.yaml" <<CFG
+apiVersion: config.lws.x-k8s.io/v1alpha1
+kind: Configuration
+leaderElection:
+  leaderElect: false
+internalCertManagement:
+  enable: false
+webhook:
+  host: 127.0.0.1
+  port: $lws_webhook
+  certDir: $d/certs
+metrics:
+  bindAddress: 127.0.0.1:$lws_metrics
+health:
+  healthProbeBindAddress: 127.0.0.1:$lws_health
+CFG
+  printf 'jobset webhook=%s metrics=%s health=%s\nlws webhook=%s metrics=%s health=%s\n' \
+    "$js_webhook" "$js_metrics" "$js_health" "$lws_webhook" "$lws_metrics" "$lws_health" >"$d/ports"
+  log "starting the JobSet and LeaderWorkerSet controllers"
+  launch jobset-controller "$ctl/jobset-controller" "${k[@]}" --config "$d/jobset.yaml"
+  # LWS's --leader-elect flag defaults to true and overrides its
+  # configuration: say it here too.
+  launch lws-controller "$ctl/lws-controller" "${k[@]}" --config "$d/lws.yaml" --leader-elect=false
+  wait_for "the JobSet controller" 120 curl -sf "http://127.0.0.1:$js_health/readyz"
+  wait_for "the LeaderWorkerSet controller" 120 curl -sf "http://127.0.0.1:$lws_health/readyz"
+  webhook_configs "$bin" "$ctl/jobset/webhook" jobset "$js_webhook" "$d/certs/ca.crt" >"$d/jobset-webhooks.json"
+  webhook_configs "$bin" "$ctl/lws/webhook" lws "$lws_webhook" "$d/certs/ca.crt" >"$d/lws-webhooks.json"
+  "$bin/kubectl" "${k[@]}" apply --server-side --force-conflicts \
+    -f "$d/jobset-webhooks.json" -f "$d/lws-webhooks.json" >/dev/null
+  wait_for "the JobSet webhooks" 60 webhook_defaults "$bin" jobset
+  wait_for "the LeaderWorkerSet webhooks" 60 webhook_defaults "$bin" lws
+  for c in "${job_controllers[@]}"; do
+    alive "$c" || { log "$c exited; its log:"; tail -n 40 "$state/logs/$c.log" >&2; return 1; }
+  done
+  touch "$d/ready"
+  log "JobSet and LeaderWorkerSet controllers ready ($(tr '\n' ' ' <"$d/ports"))"
+}
+
 start() {
   # One `up` at a time: concurrent test processes share the cluster.
   mkdir -p "$(dirname "$state")"
   exec 9>"$state.lock"
   flock 9
   if answers; then
+    if with_jobs && ! jobs_running; then start_jobs "$(cat "$state/bin")"; fi
     log "reusing the running cluster in $state"
     echo "$kubeconfig"
     return 0
@@ -296,6 +473,7 @@ POLICY
   for c in "${components[@]}"; do
     alive "$c" || { log "$c exited; its log:"; tail -n 40 "$state/logs/$c.log" >&2; return 1; }
   done
+  if with_jobs; then start_jobs "$bin"; fi
   log "ready: export KUBECONFIG=$kubeconfig"
   echo "$kubeconfig"
 }
