@@ -41,9 +41,12 @@ on_other_minor=(quarantine install access helm)
 other_args=()
 for name in "${on_other_minor[@]}"; do other_args+=(--test "$name"); done
 
-# The clusters start from the cached binaries: build them once.
+# The clusters start from the cached binaries: build them once. The second
+# lane's cluster runs the JobSet and LeaderWorkerSet controllers too (the
+# gangs file), built from their own modules.
 e2e/cluster/build.sh >/dev/null || exit 1
 K8S=$other_minor e2e/cluster/build.sh >/dev/null || exit 1
+e2e/cluster/controllers.sh build >/dev/null || exit 1
 
 # lane LABEL CLUSTER_DIR CARGO_TEST_ARGS...: prefixes each line with LABEL.
 # K8S in the environment picks the cluster's minor.
@@ -56,7 +59,7 @@ lane() {
 
 lane e2e-1 "$PWD/target/e2e-cluster" "${first_args[@]}" &
 one=$!
-lane e2e-2 "$PWD/target/e2e-cluster-2" "${second_args[@]}" &
+GPUHEALTH_CLUSTER_JOBS=1 lane e2e-2 "$PWD/target/e2e-cluster-2" "${second_args[@]}" &
 two=$!
 K8S=$other_minor lane "e2e-$other_minor" "$PWD/target/e2e-cluster-$other_minor" "${other_args[@]}" &
 three=$!
