@@ -5,7 +5,9 @@
 //! fails: every rank is told, then all leave together with the
 //! `DisruptionTarget` condition, which the Jobs' `podFailurePolicy`
 //! ignores, so the gang comes back without a restart counted; only the bad
-//! GPU is fenced, and the gang runs again once it is back.
+//! GPU is fenced, and the gang runs again once it is back. Under `Member`
+//! only the rank on the bad GPU moves; a LeaderWorkerSet group (the real
+//! LWS controller) leaves whole while the other group serves on.
 
 use std::{
     collections::BTreeSet,
@@ -17,7 +19,10 @@ use std::{
 
 use futures::StreamExt;
 use gpuhealth_api::{
-    gang::{DISRUPTION_PENDING_CONDITION, EVICT_AT_ANNOTATION, GangMode, JOBSET_NAME_LABEL},
+    gang::{
+        DISRUPTION_PENDING_CONDITION, EVICT_AT_ANNOTATION, GangMode, JOBSET_NAME_LABEL,
+        LWS_GROUP_INDEX_LABEL, LWS_NAME_LABEL,
+    },
     node_health::Phase,
     quarantine::RULE_NODE_LABEL,
 };
@@ -130,16 +135,22 @@ fn running(p: &Pod) -> bool {
         && p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
 }
 
-/// Waits until the gang's 32 ranks run; returns them by uid.
-async fn ranks_running(s: &Scenario, what: &str) -> Vec<Pod> {
+/// Waits until `count` pods matching `selector` run; returns them.
+async fn running_pods(s: &Scenario, selector: &str, count: usize, what: &str) -> Vec<Pod> {
     let pods: Api<Pod> = Api::namespaced(s.client.clone(), &s.namespace);
-    let config = watcher::Config::default().labels(&format!("{JOBSET_NAME_LABEL}=train"));
+    let config = watcher::Config::default().labels(selector);
     let set = until_set(pods, config, what, WAIT * 2, |set| {
-        set.values().filter(|p| running(p)).count() == NODES * RANKS_PER_NODE
+        set.values().filter(|p| running(p)).count() == count
     })
     .await
     .expect(what);
     set.into_values().filter(running).collect()
+}
+
+/// Waits until the gang's 32 ranks run; returns them.
+async fn ranks_running(s: &Scenario, what: &str) -> Vec<Pod> {
+    let selector = format!("{JOBSET_NAME_LABEL}=train");
+    running_pods(s, &selector, NODES * RANKS_PER_NODE, what).await
 }
 
 /// The GPU index rank `pod` was allocated, from its generated claim.
@@ -180,6 +191,25 @@ fn watch_cordon(client: &Client, node: &str) -> (Background, Arc<AtomicBool>) {
     (task, ever)
 }
 
+fn node_of(pod: &Pod) -> String {
+    pod.spec
+        .as_ref()
+        .and_then(|s| s.node_name.clone())
+        .expect("scheduled")
+}
+
+/// The GPU `pod` holds fails (Xid 119) on its node.
+async fn break_gpu_of(s: &Scenario, pod: &Pod) {
+    let gpu = gpu_of(&s.client, pod).await;
+    let mut report = reports::healthy(&s.namespace, &[]);
+    reports::xid_119_and_154(&mut report, gpu as usize);
+    s.write_report(&node_of(pod), report).await.expect("report");
+}
+
+fn uids(pods: &[Pod]) -> BTreeSet<String> {
+    pods.iter().filter_map(|p| p.uid()).collect()
+}
+
 fn told(p: &Pod) -> bool {
     p.annotations().contains_key(EVICT_AT_ANNOTATION)
         && p.status
@@ -204,21 +234,13 @@ async fn a_training_gang_leaves_whole_and_comes_back_without_a_restart_counted()
     s.start().await.expect("operator and agent");
 
     // One rank's GPU fails on its node.
-    let victim = &before[0];
-    let node = victim
-        .spec
-        .as_ref()
-        .and_then(|s| s.node_name.clone())
-        .expect("scheduled");
-    let gpu = gpu_of(&s.client, victim).await;
+    let node = node_of(&before[0]);
     let (watch, ever_cordoned) = watch_cordon(&s.client, &node);
-    let mut report = reports::healthy(&s.namespace, &[]);
-    reports::xid_119_and_154(&mut report, gpu as usize);
-    s.write_report(&node, report).await.expect("report");
+    break_gpu_of(&s, &before[0]).await;
 
     // Every rank, on every node, told first; none gone yet.
     let pods: Api<Pod> = Api::namespaced(s.client.clone(), &s.namespace);
-    let uids: BTreeSet<String> = before.iter().filter_map(|p| p.uid()).collect();
+    let uids = uids(&before);
     let config = watcher::Config::default().labels(&format!("{JOBSET_NAME_LABEL}=train"));
     let seen = until_set(
         pods.clone(),
@@ -311,4 +333,136 @@ async fn a_training_gang_leaves_whole_and_comes_back_without_a_restart_counted()
         .expect("rules");
     assert!(left.items.is_empty(), "a fence outlived its incident");
     assert_eq!(status.phase, Phase::Healthy);
+}
+
+#[tokio::test]
+async fn under_member_only_the_rank_on_the_bad_gpu_moves() {
+    let mut spec = Scenario::quick_spec();
+    spec.drain.gangs.mode = GangMode::Member;
+    let mut s = Scenario::new_dra("gang-member", NODES, spec)
+        .await
+        .expect("scenario");
+    gpu_claim_template(&s).await;
+    training_jobset(&s).await;
+    let before = ranks_running(&s, "32 ranks running").await;
+    s.start().await.expect("operator and agent");
+    let victim = before[0].clone();
+    let node = node_of(&victim);
+    break_gpu_of(&s, &victim).await;
+
+    let status = s.wait_recovered(&node).await.expect("recovered");
+    let gang = &status.history[0].gangs[0];
+    assert_eq!(
+        (gang.mode, gang.evict_at.is_none()),
+        (GangMode::Member, true)
+    );
+    let after = ranks_running(&s, "32 ranks running again").await;
+    let (kept, new): (Vec<&Pod>, Vec<&Pod>) = after
+        .iter()
+        .partition(|p| p.uid().is_some_and(|u| uids(&before).contains(&u)));
+    assert_eq!(
+        (kept.len(), new.len()),
+        (31, 1),
+        "only the rank on the bad GPU moved"
+    );
+    assert!(
+        after.iter().all(|p| !told(p)),
+        "no rank is told under Member"
+    );
+    let jobs = Api::<Job>::namespaced(s.client.clone(), &s.namespace)
+        .list(&ListParams::default().labels(&format!("{JOBSET_NAME_LABEL}=train")))
+        .await
+        .expect("Jobs");
+    for job in &jobs.items {
+        let failed = job.status.as_ref().and_then(|s| s.failed).unwrap_or(0);
+        assert_eq!(
+            failed,
+            0,
+            "{}: an eviction counted as a failure",
+            job.name_any()
+        );
+    }
+}
+
+/// LeaderWorkerSet `serve`: two groups of a leader and three workers, each
+/// pod one GPU; a group is recreated whole by LWS when one of its pods is.
+async fn serving_groups(s: &Scenario) {
+    let gvk = GroupVersionKind::gvk("leaderworkerset.x-k8s.io", "v1", "LeaderWorkerSet");
+    let lws: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "leaderworkerset.x-k8s.io/v1",
+        "kind": "LeaderWorkerSet",
+        "metadata": {"name": "serve", "namespace": s.namespace},
+        "spec": {
+            "replicas": 2,
+            "leaderWorkerTemplate": {
+                "size": 4,
+                "restartPolicy": "RecreateGroupOnPodRestart",
+                "workerTemplate": {"spec": {
+                    "terminationGracePeriodSeconds": 1,
+                    "nodeSelector": {SIM_GROUP_LABEL: s.group},
+                    "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "gpu"}],
+                    "containers": [{
+                        "name": "server",
+                        "image": "vllm/vllm-openai:latest",
+                        "resources": {"claims": [{"name": "gpu"}]},
+                    }],
+                }},
+            },
+        },
+    }))
+    .expect("a LeaderWorkerSet");
+    Api::<DynamicObject>::namespaced_with(
+        s.client.clone(),
+        &s.namespace,
+        &ApiResource::from_gvk(&gvk),
+    )
+    .create(&PostParams::default(), &lws)
+    .await
+    .expect("LeaderWorkerSet serve (is the LWS controller running? GPUHEALTH_CLUSTER_JOBS=1)");
+}
+
+#[tokio::test]
+async fn a_leader_worker_group_leaves_whole_and_the_other_group_serves_on() {
+    let mut spec = Scenario::quick_spec();
+    spec.drain.gangs.notice = gpuhealth_api::Duration::from_secs(3);
+    let mut s = Scenario::new_dra("gang-lws", 2, spec)
+        .await
+        .expect("scenario");
+    gpu_claim_template(&s).await;
+    serving_groups(&s).await;
+    let group = |i: u32| format!("{LWS_NAME_LABEL}=serve,{LWS_GROUP_INDEX_LABEL}={i}");
+    let zero = running_pods(&s, &group(0), 4, "group 0 serving").await;
+    let one = running_pods(&s, &group(1), 4, "group 1 serving").await;
+    s.start().await.expect("operator and agent");
+
+    // A worker's GPU in group 0 fails.
+    let worker = zero
+        .iter()
+        .find(|p| {
+            p.labels()
+                .get("leaderworkerset.sigs.k8s.io/worker-index")
+                .map(String::as_str)
+                != Some("0")
+        })
+        .expect("a worker");
+    let node = node_of(worker);
+    break_gpu_of(&s, worker).await;
+    s.wait_event(&node, "GangEvicted")
+        .await
+        .expect("GangEvicted");
+    let status = s.wait_recovered(&node).await.expect("recovered");
+    let gang = &status.history[0].gangs[0];
+    assert_eq!(
+        gang.gang.to_string(),
+        format!("LeaderWorkerSet {}/serve-0", s.namespace)
+    );
+    assert_eq!(gang.members, 4);
+
+    let zero_after = running_pods(&s, &group(0), 4, "group 0 serving again").await;
+    assert!(
+        uids(&zero_after).is_disjoint(&uids(&zero)),
+        "group 0 came back whole, none of its pods left behind"
+    );
+    let one_after = running_pods(&s, &group(1), 4, "group 1 serving").await;
+    assert_eq!(uids(&one_after), uids(&one), "group 1 untouched");
 }
