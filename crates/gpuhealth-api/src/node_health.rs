@@ -266,6 +266,10 @@ pub struct Plan {
     /// them out, with why.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub skipped: Vec<String>,
+    /// The gangs of the pods it would evict, and what would become of each
+    /// (`drain.gangs`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub gangs: Vec<String>,
 }
 
 /// What a `DryRun` policy would take out of service.

@@ -204,6 +204,21 @@ fn a_whole_gang_counts_its_nodes_against_the_budget_while_it_is_taken_down() {
     assert_eq!(counted, ["192.168.1.1", "node-0", "node-1"]);
 }
 
+#[test]
+fn a_dry_run_plan_says_what_would_become_of_the_gang() {
+    let mut w = gang_world(8);
+    w.spec.mode = gpuhealth_api::policy::Mode::DryRun;
+    w.run_until(|w| w.state.plan.is_some(), Duration::from_secs(60));
+    let plan = w.state.plan.clone().expect("a plan");
+    assert_eq!(
+        plan.gangs,
+        [
+            "JobSet ml-serving/train (Whole): its 16 members on 3 nodes would be told, then deleted together after 1m"
+        ]
+    );
+    assert!(w.log.is_empty(), "a DryRun plan does nothing: {:?}", w.log);
+}
+
 /// A gang's first eviction, as one step decided it.
 #[derive(Debug)]
 struct Seen {

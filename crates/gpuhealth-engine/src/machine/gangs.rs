@@ -161,6 +161,53 @@ impl Stepper<'_> {
         plan.with_gang.extend(on_node);
     }
 
+    /// What a drain of `plan` would do with each gang of its pods, in
+    /// words, for a `DryRun` plan.
+    pub(super) fn planned_gangs(&self, plan: &DrainPlan) -> Vec<String> {
+        let mode = self.spec().drain.gangs.mode;
+        let mut keys: Vec<GangKey> = Vec::new();
+        for pod in &plan.evict {
+            if let Some(key) = self.gang_of(pod)
+                && !keys.contains(&key)
+            {
+                keys.push(key);
+            }
+        }
+        let never = &self.input.guardrails.never_drain;
+        keys.into_iter()
+            .map(|key| {
+                let view = self.input.gangs.iter().find(|g| g.key == key);
+                let whole = match (mode, view) {
+                    (GangMode::Member, _) => {
+                        return format!("{key} (Member): only its pods on these GPUs would be evicted");
+                    }
+                    (GangMode::Never, _) => {
+                        return format!("{key} (Never): its pods would hold the step");
+                    }
+                    (GangMode::Whole, None) => return format!("{key} (Whole): its members not read"),
+                    (GangMode::Whole, Some(view)) => view,
+                };
+                let (members, nodes) = (whole.live().count(), whole.nodes().len());
+                let notice = self.spec().drain.gangs.notice;
+                let round = gangs::round(whole, GangProgress::default(), &self.spec().drain, never, self.now());
+                match round {
+                    GangRound::Blocked { member, why } => format!(
+                        "{key} (Whole): its {members} members would stay, as {member} may not be evicted ({why})"
+                    ),
+                    GangRound::WaitingFor(member) => format!(
+                        "{key} (Whole): its {members} members would wait for {member} to finish, then leave together"
+                    ),
+                    GangRound::Leaving { .. } => format!(
+                        "{key} (Whole): restarting on its own; it would not be evicted again"
+                    ),
+                    _ => format!(
+                        "{key} (Whole): its {members} members on {nodes} nodes would be told, then deleted together after {notice}"
+                    ),
+                }
+            })
+            .collect()
+    }
+
     /// The gang of the pod `key` on this node, if it is one of a gang.
     fn gang_of(&self, key: &PodKey) -> Option<GangKey> {
         self.input

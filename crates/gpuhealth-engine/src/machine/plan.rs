@@ -80,6 +80,7 @@ impl Stepper<'_> {
             .iter()
             .filter_map(|b| b.against(&drain.evict))
             .collect();
+        let gangs = self.planned_gangs(&drain);
         let quarantine = self.planned_quarantine(Some(action.unwrap_or(required)));
         Plan {
             cordon: !self.input.node.unschedulable && quarantine.scope == Fenced::Node,
@@ -96,6 +97,7 @@ impl Stepper<'_> {
             disruption_budgets,
             widened: drain.widened,
             skipped,
+            gangs,
         }
     }
 
