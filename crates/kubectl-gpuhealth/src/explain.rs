@@ -7,8 +7,10 @@
 //! pins it.
 //!
 //! Long because each section of the story renders here (what to do next
-//! is in `explain/next.rs`, the tests in `explain/tests.rs`).
+//! is in `explain/next.rs`, the gangs in `explain/gangs.rs`, the tests in
+//! `explain/tests.rs`).
 
+mod gangs;
 mod next;
 
 use gpuhealth_api::{
@@ -655,6 +657,14 @@ fn incident(
             }
             (None, None) => {}
         }
+    }
+    for (n, g) in i.gangs.iter().enumerate() {
+        let label = if n == 0 { "gangs" } else { "" };
+        let open = i.ended_at.is_none();
+        out.push_str(&format!(
+            "  {label:<9}  {}\n",
+            gangs::line(g, open, now, at)
+        ));
     }
     out
 }

@@ -337,16 +337,18 @@ async fn pods_on_gpu(node: &str, gpu: &str, output: Output) -> Result<String, St
     })?;
     let report = GpuReport::parse(raw).map_err(|e| format!("node {node}: {e}"))?;
     let entry = pods_on_gpu::find(&report, gpu)?;
-    let on_node: Vec<String> = Api::<Pod>::all(client)
+    let mut on_node: Vec<Pod> = Api::<Pod>::all(client)
         .list(&ListParams::default().fields(&format!("spec.nodeName={node}")))
         .await
         .map_err(|e| format!("the pods on {node}: {e}"))?
-        .iter()
-        .filter(|p| p.metadata.deletion_timestamp.is_none())
-        .map(|p| format!("{}/{}", p.namespace().unwrap_or_default(), p.name_any()))
-        .collect();
-    let answer = pods_on_gpu::Answer::new(node, entry, &on_node);
-    emit(output, &answer, || pods_on_gpu::text(&answer))
+        .items;
+    on_node.retain(|p| p.metadata.deletion_timestamp.is_none());
+    // The policy is not read here: a gang named by its own label shows
+    // the mark a controller wrote, or none.
+    let answer = pods_on_gpu::Answer::new(node, entry, &on_node, None);
+    emit(output, &answer, || {
+        pods_on_gpu::text(&answer, Timestamp::now(), Style::for_stdout())
+    })
 }
 
 #[cfg(test)]

@@ -7,7 +7,7 @@ use gpuhealth_api::{
 };
 use k8s_openapi::jiff::Timestamp;
 
-use super::ExplainInput;
+use super::{ExplainInput, gangs};
 use crate::output::{ago, rfc3339};
 
 pub fn steps(input: &ExplainInput, now: Timestamp) -> Vec<String> {
@@ -66,6 +66,8 @@ pub fn steps(input: &ExplainInput, now: Timestamp) -> Vec<String> {
             format!("nothing to do yet: gpuhealth is working on it ({phase:?}, {reason}: {message})")
         }),
     }
+
+    steps.extend(gangs::waits(s, node, now));
 
     let mut current: Vec<&Finding> = s.open_findings().collect();
     // The most specific advice about a workload first: a probe too short

@@ -1,6 +1,7 @@
 use gpuhealth_api::{
     GpuNodeHealth,
     contract::{AnnotationValue, GpuReport},
+    gang::{GangKey, GangMode, GangRecord, GangSource},
     vocabulary::{FindingKind, IncidentOutcome, Reason},
 };
 use k8s_openapi::{
@@ -336,5 +337,127 @@ fn events_k8s_io_events_read_like_core_ones() {
             count: 3,
             uid: String::new(),
         })
+    );
+}
+
+fn gang(name: &str, mode: GangMode, members: u32, nodes: usize) -> GangRecord {
+    GangRecord {
+        gang: GangKey {
+            source: GangSource::JobSet,
+            namespace: "ml".into(),
+            name: name.into(),
+        },
+        mode,
+        members,
+        nodes: (0..nodes).map(|n| format!("192.168.1.{}", n + 1)).collect(),
+        evict_at: None,
+        evicted_at: None,
+        restarted_on_its_own: false,
+    }
+}
+
+/// The recorded incident, had its GPU been held by gangs: one told and
+/// evicted together, one restarting on its own, one under each other mode.
+#[test]
+fn an_incident_tells_how_each_gang_left() {
+    let mut input = incident();
+    let mut whole = gang("train", GangMode::Whole, 32, 4);
+    whole.evict_at = Some(Time(t("2026-05-29T08:15:45Z")));
+    whole.evicted_at = Some(Time(t("2026-05-29T08:16:46Z")));
+    let mut on_its_own = gang("sweep", GangMode::Whole, 2, 1);
+    on_its_own.restarted_on_its_own = true;
+    let mut no_notice = gang("bench", GangMode::Whole, 1, 1);
+    no_notice.evict_at = Some(Time(t("2026-05-29T08:15:50Z")));
+    no_notice.evicted_at = no_notice.evict_at.clone();
+    input.status.history[0].gangs = vec![
+        whole,
+        on_its_own,
+        no_notice,
+        gang("serve", GangMode::Member, 4, 2),
+        gang("etl", GangMode::Never, 8, 1),
+        gang("eval", GangMode::Whole, 0, 0),
+    ];
+    let out = render(&input, t(NOW), Style::default());
+    let block = [
+        "  gangs      JobSet ml/train (Whole): 32 members on 4 nodes; told they leave together at 2026-05-29T08:15:45Z  +5s; evicted together at 2026-05-29T08:16:46Z  +1m6s",
+        "             JobSet ml/sweep (Whole): 2 members on 1 node; restarting on its own: not evicted twice",
+        "             JobSet ml/bench (Whole): 1 member on 1 node; evicted together at 2026-05-29T08:15:50Z  +10s",
+        "             JobSet ml/serve (Member): 4 members on 2 nodes; only the holder moves, evicted as any pod; the gang's controller decides the rest",
+        "             JobSet ml/etl (Never): 8 members on 1 node; gpuhealth evicts none of it: the gang's controller or a person moves its members",
+        "             JobSet ml/eval (Whole): members not counted yet; not evicted by this incident",
+    ]
+    .join("\n");
+    assert!(out.contains(&block), "missing\n{block}\nin:\n{out}");
+    // Once the incident has ended, nothing waits on them.
+    let steps = next::steps(&input, t(NOW));
+    assert!(!steps.iter().any(|s| s.contains("JobSet")), "{steps:#?}");
+}
+
+/// Mid-drain, a gang told it leaves at 08:16:45 (in 45s at 08:16:00).
+fn draining_with_a_told_gang() -> ExplainInput {
+    let mut input = bare(
+        Phase::Draining,
+        Some(Reason::Draining),
+        "0 to evict, 0 to finish, 8 with their gang; JobSet ml/train: 32 members on 4 nodes told; they leave together at 2026-05-29T08:16:45Z",
+    );
+    let mut open = incident().status.history[0].clone();
+    open.ended_at = None;
+    open.outcome = None;
+    open.workloads = None;
+    open.attempts.clear();
+    open.actions.clear();
+    let mut whole = gang("train", GangMode::Whole, 32, 4);
+    whole.evict_at = Some(Time(t("2026-05-29T08:16:45Z")));
+    open.gangs = vec![whole, gang("etl", GangMode::Never, 8, 1)];
+    input.status.history.push(open);
+    input
+}
+
+#[test]
+fn a_drain_waiting_on_a_gang_says_when_it_goes() {
+    let input = draining_with_a_told_gang();
+    let now = t("2026-05-29T08:16:00Z");
+    let out = render(&input, now, Style::default());
+    assert!(
+        out.contains(
+            "  gangs      JobSet ml/train (Whole): 32 members on 4 nodes; told they leave together at 2026-05-29T08:16:45Z  +1m2s (in 45s)\n"
+        ),
+        "{out}"
+    );
+    let steps = next::steps(&input, now);
+    assert!(steps[0].starts_with("nothing to do yet"), "{steps:#?}");
+    assert_eq!(
+        steps[1],
+        "wait: JobSet ml/train leaves together at 2026-05-29T08:16:45Z (in 45s): its 32 members on 4 nodes are told (annotation gpuhealth.io/evict-at, condition gpuhealth.io/disruption-pending), time to checkpoint; then all are deleted at once"
+    );
+    assert_eq!(steps.len(), 2, "a Never gang holds no pod here: {steps:#?}");
+    assert!(out.contains(&format!("  - {}\n", steps[1])), "{out}");
+
+    // Past its time, a budget holds it.
+    let late = t("2026-05-29T08:17:15Z");
+    let out = render(&input, late, Style::default());
+    assert!(out.contains("(due 30s ago); not evicted yet\n"), "{out}");
+    assert!(
+        next::steps(&input, late)[1].starts_with(
+            "wait: JobSet ml/train was due to leave together at 2026-05-29T08:16:45Z (30s ago); all its members are deleted at once when every PodDisruptionBudget"
+        ),
+        "{:#?}",
+        next::steps(&input, late)
+    );
+}
+
+#[test]
+fn a_gang_that_may_not_be_evicted_is_named_while_the_drain_waits_for_a_pod() {
+    let mut input = draining_with_a_told_gang();
+    input.status.reason = Some(Reason::WaitingForPod);
+    input.status.history[0].gangs[0].restarted_on_its_own = true;
+    let steps = next::steps(&input, t("2026-05-29T08:16:00Z"));
+    assert!(steps[0].starts_with("the drain is waiting"), "{steps:#?}");
+    assert_eq!(
+        steps[1..],
+        [
+            "wait: JobSet ml/train is restarting on its own, so gpuhealth does not evict it twice; the drain goes on once its members on n1 have left",
+            "JobSet ml/etl is never evicted by gpuhealth (drain.gangs.mode Never): while its members hold the drain, move them off n1 through the gang's controller, or delete them",
+        ]
     );
 }
