@@ -4,6 +4,7 @@
 pub mod authority;
 pub mod backend;
 pub mod capability_checks;
+pub mod dcgm;
 pub mod driver_root;
 pub mod fake;
 pub mod handoff;

@@ -42,6 +42,31 @@ impl GangView {
     }
 }
 
+/// A gang another node's incident is taking down whole now (told, not yet
+/// back): its members on any node leave with it, and a node it ran on may
+/// repair in the same window what would otherwise stop the gang again.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GangWindow {
+    pub gang: GangKey,
+    /// The node and incident taking it down.
+    pub node: String,
+    pub incident: String,
+    /// When its members were told they leave.
+    pub evict_at: Timestamp,
+    /// The nodes its members ran on.
+    pub nodes: Vec<String>,
+}
+
+impl GangWindow {
+    /// Whether this window leads over a round of `node`'s own that told
+    /// the gang at `own` (None: not told): the earlier notice leads, the
+    /// node's name breaks a tie, so that of two incidents taking the same
+    /// gang down exactly one tells and deletes it.
+    pub fn leads(&self, node: &str, own: Option<Timestamp>) -> bool {
+        self.node != node && own.is_none_or(|at| (self.evict_at, self.node.as_str()) < (at, node))
+    }
+}
+
 /// Where the gang's round stands, as recorded on the incident.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct GangProgress {

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use common::{BAD_GPU, World, gpu_pod};
 use gpuhealth_api::{
-    contract::DisruptionTolerance,
+    contract::{DisruptionTolerance, RemappedRows},
     gang::{GangKey, GangMode, GangSource},
     node_health::Phase,
     vocabulary::{PodKey, Reason},
@@ -17,7 +17,7 @@ use gpuhealth_api::{
 use gpuhealth_engine::{
     budget::Fleet,
     drain::{BudgetView, PodView},
-    gangs::{GangMember, GangView},
+    gangs::{GangMember, GangView, GangWindow},
     happening::Happening,
     machine::Action,
 };
@@ -217,6 +217,115 @@ fn a_dry_run_plan_says_what_would_become_of_the_gang() {
         ]
     );
     assert!(w.log.is_empty(), "a DryRun plan does nothing: {:?}", w.log);
+}
+
+fn window(nodes: &[&str]) -> GangWindow {
+    GangWindow {
+        gang: train(),
+        node: "node-a".into(),
+        incident: "inc-a".into(),
+        evict_at: common::ts("2026-05-29T08:24:00Z"),
+        nodes: nodes.iter().map(|n| n.to_string()).collect(),
+    }
+}
+
+#[test]
+fn a_repair_that_waits_for_a_reset_is_done_while_the_gang_is_down_anyway() {
+    // Every GPU healthy; GPU 3 has a row remap pending until its next reset.
+    let mut w = World::incident().with_dra();
+    w.heal();
+    if let Some(Ok(r)) = &mut w.node.report {
+        for g in &mut r.gpus {
+            g.xids.clear();
+        }
+        r.gpus[3].remapped_rows = Some(RemappedRows {
+            pending: true,
+            failure: false,
+        });
+    }
+    let gpu3 = match &w.node.report {
+        Some(Ok(r)) => r.gpus[3].uuid.clone(),
+        _ => unreachable!(),
+    };
+    w.reconcile();
+    assert_eq!(
+        w.state.phase,
+        Phase::Healthy,
+        "no window: it waits for a reset"
+    );
+
+    // Another node's incident takes a gang that ran here down.
+    w.gang_windows = vec![window(&["node-a", "192.168.1.1"])];
+    w.reconcile();
+    assert_eq!(w.state.reason, Some(Reason::RepairedWithGang));
+    let trigger = &w.state.history[0].trigger;
+    assert!(
+        trigger.contains("inc-a") && trigger.contains("JobSet ml-serving/train"),
+        "{trigger}"
+    );
+    w.run_until(
+        |w| w.state.phase == Phase::Healthy,
+        Duration::from_secs(600),
+    );
+    assert_eq!(w.reset_requests(), vec![vec![gpu3]], "that GPU alone");
+    assert_eq!(w.count(|a| matches!(a, Action::Cordon { .. })), 0);
+
+    // A window of a gang that never ran here brings nothing forward.
+    let mut w = World::incident().with_dra();
+    w.heal();
+    if let Some(Ok(r)) = &mut w.node.report {
+        for g in &mut r.gpus {
+            g.xids.clear();
+        }
+        r.gpus[3].remapped_rows = Some(RemappedRows {
+            pending: true,
+            failure: false,
+        });
+    }
+    w.gang_windows = vec![window(&["node-a", "node-b"])];
+    w.reconcile();
+    assert_eq!(w.state.phase, Phase::Healthy);
+}
+
+#[test]
+fn of_two_incidents_taking_one_gang_the_first_told_leads() {
+    let mut w = gang_world(8);
+    // Node A told the gang first: this node's drain defers to it.
+    w.gang_windows = vec![window(&["node-a", "192.168.1.1", "node-0", "node-1"])];
+    w.run_until(
+        |w| w.state.phase == Phase::Draining,
+        Duration::from_secs(60),
+    );
+    w.reconcile();
+    assert_eq!(
+        w.count(|a| matches!(
+            a,
+            Action::TellGangMember { .. } | Action::EvictGangMember { .. }
+        )),
+        0
+    );
+    assert!(
+        w.state
+            .message
+            .as_deref()
+            .unwrap_or_default()
+            .contains("leaves with incident inc-a"),
+        "{:?}",
+        w.state.message
+    );
+    // A window told after this node's own notice does not lead.
+    let own = w.state.history[0].gangs[0].evict_at.clone();
+    assert!(own.is_none(), "never told here");
+    let later = GangWindow {
+        evict_at: common::ts("2030-01-01T00:00:00Z"),
+        ..window(&[])
+    };
+    assert!(
+        later.leads("192.168.1.1", None),
+        "any window leads a round not told"
+    );
+    assert!(!later.leads("192.168.1.1", Some(common::ts("2029-01-01T00:00:00Z"))));
+    assert!(!window(&[]).leads("node-a", None), "never its own");
 }
 
 /// A gang's first eviction, as one step decided it.

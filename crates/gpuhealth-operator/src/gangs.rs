@@ -5,10 +5,14 @@
 
 use std::collections::BTreeMap;
 
-use gpuhealth_api::{GpuHealthPolicySpec, gang::GangKey};
+use gpuhealth_api::{
+    GpuHealthPolicySpec, GpuNodeHealth,
+    gang::{GangKey, GangMode},
+    node_health::Phase,
+};
 use gpuhealth_engine::{
     drain::PodView,
-    gangs::{GangMember, GangView},
+    gangs::{GangMember, GangView, GangWindow},
 };
 use k8s_openapi::api::{core::v1::Pod, policy::v1::PodDisruptionBudget};
 use kube::{Api, ResourceExt, api::ListParams};
@@ -71,4 +75,59 @@ pub async fn read(
         });
     }
     Ok(gangs)
+}
+
+/// The gangs other nodes' incidents are taking down whole now, from the
+/// health records: a `Draining` node's open incident with a gang told.
+pub fn windows(records: &[std::sync::Arc<GpuNodeHealth>], this: &str) -> Vec<GangWindow> {
+    let mut windows = Vec::new();
+    for record in records {
+        let node = record.name_any();
+        let Some(status) = record.status.as_ref() else {
+            continue;
+        };
+        let Some(incident) = status.history.first() else {
+            continue;
+        };
+        if node == this
+            || status.phase != Phase::Draining
+            || incident.ended_at.is_some()
+            || status.incident.as_deref() != Some(incident.id.as_str())
+        {
+            continue;
+        }
+        for gang in &incident.gangs {
+            let Some(told) = &gang.evict_at else { continue };
+            if gang.mode == GangMode::Whole {
+                windows.push(GangWindow {
+                    gang: gang.gang.clone(),
+                    node: node.clone(),
+                    incident: incident.id.clone(),
+                    evict_at: told.0,
+                    nodes: gang.nodes.clone(),
+                });
+            }
+        }
+    }
+    windows
+}
+
+/// The nodes a health record's open incident names as its gangs' (to look
+/// at again when it changes: a window opened or closed for them).
+pub fn nodes_of_gangs(record: &GpuNodeHealth) -> impl Iterator<Item = &str> {
+    record
+        .status
+        .as_ref()
+        .and_then(|s| s.history.first())
+        .filter(|i| {
+            i.ended_at.is_none()
+                || record
+                    .status
+                    .as_ref()
+                    .is_some_and(|s| s.phase == Phase::Healthy)
+        })
+        .into_iter()
+        .flat_map(|i| &i.gangs)
+        .filter(|g| g.mode == GangMode::Whole && g.evict_at.is_some())
+        .flat_map(|g| g.nodes.iter().map(String::as_str))
 }

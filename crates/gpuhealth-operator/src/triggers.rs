@@ -127,6 +127,12 @@ impl HealthChanges {
             let _ = targets
                 .nodes
                 .unbounded_send(ObjectRef::new(&health.name_any()));
+            // A gang taken down whole opens a window for the nodes it ran
+            // on (a repair that waits for a reset is done in it), and
+            // closes it: they look again.
+            for node in crate::gangs::nodes_of_gangs(health) {
+                let _ = targets.nodes.unbounded_send(ObjectRef::new(node));
+            }
             if let Some(policy) = health.status.as_ref().and_then(|s| s.policy.as_deref()) {
                 let _ = targets.policies.unbounded_send(ObjectRef::new(policy));
             }

@@ -44,6 +44,10 @@ words! {
         GpuDegraded,
         /// A GPU's NVML recovery action asks for an action.
         RecoveryAction,
+        /// A GPU whose repair waits for its next reset (a pending row
+        /// remap) is repaired now, while a gang whose members it serves is
+        /// down anyway for another node's incident.
+        RepairedWithGang,
         /// Application Xids repeat on a GPU more than the policy allows.
         RepeatedAppXids,
         /// A DRA driver tainted a GPU's device with a key in

@@ -190,6 +190,7 @@ mod tests {
             xids_since: since,
             devices,
             unhealthy: &[],
+            gang_window: None,
         };
         let now = ts("2026-05-29T08:25:00Z");
         let d = diagnose(now, &detection(), &evidence(None, &devices));
@@ -244,6 +245,7 @@ mod tests {
                 xids_since: since,
                 devices: &[],
                 unhealthy,
+                gang_window: None,
             }
         }
         let now = ts("2026-05-29T08:25:00Z");

@@ -13,6 +13,7 @@ use k8s_openapi::jiff::{SignedDuration, Timestamp};
 
 use crate::{
     fence::DeviceView,
+    gangs::GangWindow,
     xid::{self, XidClass},
 };
 
@@ -100,6 +101,9 @@ pub struct Evidence<'a> {
     /// GPUs the kubelet reports unhealthy in the status of the pods that
     /// hold them.
     pub unhealthy: &'a [UnhealthyDevice],
+    /// A gang that ran on the node and is down now for another node's
+    /// incident: a repair that waits for a reset is due in its window.
+    pub gang_window: Option<&'a GangWindow>,
 }
 
 pub fn diagnose(now: Timestamp, detection: &Detection, evidence: &Evidence<'_>) -> Diagnosis {
@@ -146,6 +150,9 @@ pub fn diagnose(now: Timestamp, detection: &Detection, evidence: &Evidence<'_>) 
             Some(Ok(report)) => {
                 for gpu in &report.gpus {
                     gpu_signals(now, detection, gpu, evidence.xids_since, &mut d);
+                    if let Some(window) = evidence.gang_window {
+                        repair_with_gang(gpu, window, &mut d);
+                    }
                 }
                 let refreshed = evidence.report_refreshed_at.unwrap_or(report.observed_at.0);
                 report_problem(now, detection, report, refreshed, &mut d);
@@ -161,6 +168,29 @@ pub fn diagnose(now: Timestamp, detection: &Detection, evidence: &Evidence<'_>) 
     d.signals
         .sort_by_key(|s| (std::cmp::Reverse(s.action), s.xid.is_none()));
     d
+}
+
+/// A serving GPU whose repair waits for its next reset (a pending row
+/// remap) gets it now, while `window`'s gang is down anyway, instead of
+/// stopping the gang a second time later.
+fn repair_with_gang(gpu: &GpuEntry, window: &GangWindow, d: &mut Diagnosis) {
+    let pending = gpu
+        .remapped_rows
+        .as_ref()
+        .is_some_and(|r| r.pending && !r.failure);
+    if !pending || !gpu.health.is_serving() {
+        return;
+    }
+    d.signals.push(Signal {
+        action: RecoveryAction::GpuReset,
+        reason: Reason::RepairedWithGang,
+        message: format!(
+            "GPU {} ({}) has a row remap pending until its next reset: repaired now, while {} is down for incident {} of node {}",
+            gpu.index, gpu.uuid, window.gang, window.incident, window.node
+        ),
+        gpu: Some(gpu.uuid.clone()),
+        xid: None,
+    });
 }
 
 /// A report whose writer cannot read the GPUs, or that has not been
@@ -320,6 +350,7 @@ mod tests {
             xids_since: None,
             devices: &[],
             unhealthy: &[],
+            gang_window: None,
         };
         let d = diagnose(ts("2026-05-29T08:25:00Z"), &detection(), &evidence);
         assert_eq!(d.required(), Some(RecoveryAction::GpuReset));
@@ -341,6 +372,7 @@ mod tests {
             xids_since: Some(ts("2026-05-29T09:00:00Z")),
             devices: &[],
             unhealthy: &[],
+            gang_window: None,
         };
         let d = diagnose(ts("2026-05-29T09:10:00Z"), &detection(), &evidence);
         assert!(d.is_clear(), "{d:?}");
@@ -365,6 +397,7 @@ mod tests {
                 xids_since: None,
                 devices: &[],
                 unhealthy: &[],
+                gang_window: None,
             },
         );
         assert_eq!(d.required(), Some(RecoveryAction::NodeReboot));
@@ -393,6 +426,7 @@ mod tests {
                 xids_since: None,
                 devices: &[],
                 unhealthy: &[],
+                gang_window: None,
             },
         );
         assert!(d.signals.is_empty(), "{d:?}");
@@ -425,6 +459,7 @@ mod tests {
             xids_since: None,
             devices: &[],
             unhealthy: &[],
+            gang_window: None,
         };
         let early = diagnose(ts("2026-05-29T08:00:30Z"), &det, &ev);
         assert_eq!(early.required(), None);
@@ -456,6 +491,7 @@ mod tests {
                 xids_since: None,
                 devices: &[],
                 unhealthy: &[],
+                gang_window: None,
             },
         );
         assert!(d.signals.is_empty());
@@ -488,6 +524,7 @@ mod tests {
                     xids_since: None,
                     devices: &[],
                     unhealthy: &[],
+                    gang_window: None,
                 }
             )
             .signals
@@ -509,6 +546,7 @@ mod tests {
                 xids_since: None,
                 devices: &[],
                 unhealthy: &[],
+                gang_window: None,
             },
         );
         assert_eq!(d.required(), Some(RecoveryAction::GpuReset));

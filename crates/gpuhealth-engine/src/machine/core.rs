@@ -180,6 +180,11 @@ impl<'a> Stepper<'a> {
             xids_since: self.xids_since(),
             devices: node.dra.as_ref().map_or(&[], |d| d.devices.as_slice()),
             unhealthy: &node.unhealthy_devices,
+            gang_window: self
+                .input
+                .gang_windows
+                .iter()
+                .find(|w| w.node != node.name && w.nodes.contains(&node.name)),
         };
         self.diagnosis = diagnose(self.now(), &self.spec().detection, &evidence);
         self.clear_findings_of_mended_inputs();

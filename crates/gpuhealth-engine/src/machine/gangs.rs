@@ -69,6 +69,24 @@ impl Stepper<'_> {
         action: &ActionStatus,
     ) {
         let key = &view.key;
+        let here = self.input.node.name.as_str();
+        let own = self.gang_progress(key).evict_at;
+        if let Some(lead) = self
+            .input
+            .gang_windows
+            .iter()
+            .filter(|w| &w.gang == key && w.leads(here, own))
+            .min_by_key(|w| (w.evict_at, w.node.clone()))
+        {
+            // Another incident took this gang first: it tells and deletes
+            // every member, these included; a second notice would race it.
+            plan.gangs.push(format!(
+                "{key} leaves with incident {} of node {}, told for {}",
+                lead.incident, lead.node, lead.evict_at
+            ));
+            plan.with_gang.extend(on_node);
+            return;
+        }
         let never = &self.input.guardrails.never_drain;
         let round = gangs::round(
             view,

@@ -63,6 +63,7 @@ pub fn node_deleted(
         pods: &[],
         disruption_budgets: &[],
         gangs: &[],
+        gang_windows: &[],
         validation: None,
         workloads: &[],
         budget: None,

@@ -14,7 +14,7 @@ use crate::{
     diagnosis::{ObservedCondition, UnhealthyDevice},
     drain::{BudgetView, PodView},
     fence::{DraView, ResourceCount},
-    gangs::GangView,
+    gangs::{GangView, GangWindow},
     guardrails::Guardrails,
     workload::WorkloadView,
 };
@@ -90,6 +90,9 @@ pub struct Input<'a> {
     /// The gangs of the pods on the node that a drain would evict, with
     /// their members wherever they run (see [`super::Needs::gangs`]).
     pub gangs: &'a [GangView],
+    /// Gangs other nodes' incidents are taking down whole now (see
+    /// [`super::Needs::gang_windows`]).
+    pub gang_windows: &'a [GangWindow],
     /// The validation pod of the attempt in flight, if the policy has one
     /// and it exists.
     pub validation: Option<&'a ValidationView>,

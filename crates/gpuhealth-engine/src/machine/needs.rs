@@ -42,10 +42,20 @@ pub struct Needs {
     /// a drain may evict them and the policy treats gangs as more than
     /// their members.
     pub gangs: bool,
+    /// The gangs other nodes' incidents are taking down whole now: while
+    /// the node's own drain may take a gang (one incident leads), or while
+    /// it has a repair that waits for a reset, which such a window brings
+    /// forward.
+    pub gang_windows: bool,
     /// The workloads still watched after the last recovery.
     pub workloads: Vec<String>,
     /// The validation pod of the attempt being verified.
     pub validation_pod: Option<String>,
+}
+
+/// Whether a GPU's report has a repair that waits for its next reset.
+fn repair_waits(node: &NodeView) -> bool {
+    matches!(&node.report, Some(Ok(r)) if r.gpus.iter().any(|g| g.remapped_rows.as_ref().is_some_and(|rr| rr.pending && !rr.failure)))
 }
 
 pub fn needs(
@@ -76,6 +86,12 @@ pub fn needs(
             && spec.drain.gangs.mode != GangMode::Member
             && (spec.mode == Mode::DryRun
                 || matches!(state.phase, Phase::Quarantined | Phase::Draining)),
+        gang_windows: spec.drain.gangs.mode == GangMode::Whole
+            && match state.phase {
+                Phase::Quarantined | Phase::Draining => pods,
+                Phase::Healthy | Phase::Suspect => repair_waits(node),
+                _ => false,
+            },
         workloads: workloads_to_watch(state),
         validation_pod,
     }

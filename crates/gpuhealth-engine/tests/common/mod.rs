@@ -20,7 +20,7 @@ use gpuhealth_engine::{
     budget::Budget,
     drain::{BudgetView, GpuGate, PodView},
     fence::{DeviceView, DraView, RuleView},
-    gangs::GangView,
+    gangs::{GangView, GangWindow},
     guardrails::Guardrails,
     happening::Happening,
     machine::ValidationView,
@@ -77,6 +77,8 @@ pub struct World {
     /// The gangs of the node's pods, with their members on every node, as
     /// the operator reads them when the step needs them.
     pub gangs: Vec<GangView>,
+    /// Gangs other nodes' incidents are taking down now.
+    pub gang_windows: Vec<GangWindow>,
     /// Gang members deleted (by `EvictGangMember`), in order.
     pub gang_evicted: Vec<gpuhealth_api::vocabulary::PodKey>,
     /// The validation pod: created by the action, its phase set by a test.
@@ -153,6 +155,7 @@ impl World {
             pods,
             disruption_budgets: Vec::new(),
             gangs: Vec::new(),
+            gang_windows: Vec::new(),
             gang_evicted: Vec::new(),
             validation: None,
             refuse_validation_pod: false,
@@ -201,6 +204,7 @@ impl World {
             pods: &self.pods,
             disruption_budgets: &self.disruption_budgets,
             gangs: &self.gangs,
+            gang_windows: &self.gang_windows,
             validation: self.validation.as_ref(),
             workloads: &self.workloads,
             budget,
@@ -482,6 +486,10 @@ impl World {
             for g in &mut report.gpus {
                 g.health = GpuHealth::Healthy;
                 g.recovery_action = Some(0);
+                // A reset or reboot applies the row remaps pending.
+                if let Some(rows) = &mut g.remapped_rows {
+                    rows.pending = false;
+                }
             }
         }
     }

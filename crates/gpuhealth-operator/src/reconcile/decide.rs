@@ -50,6 +50,7 @@ pub fn decide<'a>(ctx: &'a Context, read: &Read, waiting: Instant) -> Decided<'a
         pods: &read.pods,
         disruption_budgets: &read.disruption_budgets,
         gangs: &read.gangs,
+        gang_windows: &read.gang_windows,
         validation: read.validation.as_ref(),
         workloads: &read.workloads,
         budget,

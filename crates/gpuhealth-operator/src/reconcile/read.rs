@@ -8,7 +8,7 @@ use gpuhealth_api::{GpuHealthPolicy, node_health::GpuNodeHealthStatus};
 use gpuhealth_engine::{
     drain::{BudgetView, PodView},
     fence::DraView,
-    gangs::GangView,
+    gangs::{GangView, GangWindow},
     machine::{HoldersSince, Needs, NodeView, ValidationView, needs},
     workload::WorkloadView,
 };
@@ -49,6 +49,7 @@ pub struct Read {
     pub pods: Vec<PodView>,
     pub disruption_budgets: Vec<BudgetView>,
     pub gangs: Vec<GangView>,
+    pub gang_windows: Vec<GangWindow>,
     pub workloads: Vec<WorkloadView>,
     pub validation: Option<ValidationView>,
 }
@@ -175,6 +176,11 @@ pub async fn read(ctx: &Context, node: &Node) -> Result<Option<Read>, Error> {
     } else {
         Vec::new()
     };
+    let gang_windows = if needs.gang_windows {
+        gangs::windows(&ctx.node_health.state(), &name)
+    } else {
+        Vec::new()
+    };
     let workloads = if needs.workloads.is_empty() {
         Vec::new()
     } else {
@@ -200,6 +206,7 @@ pub async fn read(ctx: &Context, node: &Node) -> Result<Option<Read>, Error> {
         pods,
         disruption_budgets,
         gangs,
+        gang_windows,
         workloads,
         validation,
     }))
