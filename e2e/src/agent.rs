@@ -200,6 +200,10 @@ async fn heal(client: &Client, node: &Node) -> kube::Result<()> {
         for gpu in &mut report.gpus {
             gpu.health = GpuHealth::Healthy;
             gpu.recovery_action = Some(0);
+            // A reset or reboot applies the row remaps pending.
+            if let Some(rows) = &mut gpu.remapped_rows {
+                rows.pending = false;
+            }
         }
         write_report(client, &node.name_any(), report).await?;
     }

@@ -19,6 +19,7 @@ use std::{
 
 use futures::StreamExt;
 use gpuhealth_api::{
+    contract::RemappedRows,
     gang::{
         DISRUPTION_PENDING_CONDITION, EVICT_AT_ANNOTATION, GangMode, JOBSET_NAME_LABEL,
         LWS_GROUP_INDEX_LABEL, LWS_NAME_LABEL,
@@ -27,6 +28,7 @@ use gpuhealth_api::{
     quarantine::RULE_NODE_LABEL,
 };
 use gpuhealth_e2e::{
+    agent::Request,
     dra, reports,
     scenario::{Scenario, WAIT},
     sim::{SIM_GROUP_LABEL, is_cordoned},
@@ -191,6 +193,23 @@ fn watch_cordon(client: &Client, node: &str) -> (Background, Arc<AtomicBool>) {
     (task, ever)
 }
 
+/// The uids of every rank of `train` seen from now on.
+fn watch_ranks(s: &Scenario) -> (Background, Arc<std::sync::Mutex<BTreeSet<String>>>) {
+    let seen = Arc::new(std::sync::Mutex::new(BTreeSet::new()));
+    let into = seen.clone();
+    let pods: Api<Pod> = Api::namespaced(s.client.clone(), &s.namespace);
+    let config = watcher::Config::default().labels(&format!("{JOBSET_NAME_LABEL}=train"));
+    let task = Background::spawn(async move {
+        let mut stream = std::pin::pin!(applied(pods, config));
+        while let Some(p) = stream.next().await {
+            if let (Some(uid), Ok(mut seen)) = (p.uid(), into.lock()) {
+                seen.insert(uid);
+            }
+        }
+    });
+    (task, seen)
+}
+
 fn node_of(pod: &Pod) -> String {
     pod.spec
         .as_ref()
@@ -233,8 +252,23 @@ async fn a_training_gang_leaves_whole_and_comes_back_without_a_restart_counted()
     let before = ranks_running(&s, "32 ranks running").await;
     s.start().await.expect("operator and agent");
 
-    // One rank's GPU fails on its node.
+    // Every rank ever seen, to count the gang's restarts.
+    let (_ranks, seen_ranks) = watch_ranks(&s);
+    // One rank's GPU fails on its node; another node of the gang has a row
+    // remap pending until its GPU's next reset.
     let node = node_of(&before[0]);
+    let other = before
+        .iter()
+        .find(|p| node_of(p) != node)
+        .expect("a rank on another node");
+    let (other_node, other_gpu) = (node_of(other), gpu_of(&s.client, other).await);
+    let mut pending = reports::healthy(&s.namespace, &[]);
+    pending.gpus[other_gpu as usize].remapped_rows = Some(RemappedRows {
+        pending: true,
+        failure: false,
+    });
+    let other_uuid = pending.gpus[other_gpu as usize].uuid.clone();
+    s.write_report(&other_node, pending).await.expect("report");
     let (watch, ever_cordoned) = watch_cordon(&s.client, &node);
     break_gpu_of(&s, &before[0]).await;
 
@@ -319,6 +353,36 @@ async fn a_training_gang_leaves_whole_and_comes_back_without_a_restart_counted()
         0,
         "the JobSet restarted: {:?}",
         jobset.data["status"]
+    );
+
+    // The other node's pending repair was done in the same window, its GPU
+    // alone, and cost the gang no second restart.
+    let bundled = s
+        .wait_recovered(&other_node)
+        .await
+        .expect("the other node repaired");
+    let repair = &bundled.history[0];
+    assert!(
+        repair.trigger.contains(&status.history[0].id) && repair.trigger.contains("JobSet"),
+        "the repair names the gang's incident: {}",
+        repair.trigger
+    );
+    assert!(repair.started_at.0 <= status.history[0].ended_at.as_ref().expect("ended").0);
+    let resets: Vec<Vec<String>> = s
+        .agent
+        .requests()
+        .into_iter()
+        .filter_map(|r| match r {
+            Request::Reset { id, gpus } if id.starts_with(&repair.id) => Some(gpus),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(resets, vec![vec![other_uuid]], "that GPU alone reset");
+    let _ = ranks_running(&s, "32 ranks running after both").await;
+    let ever = seen_ranks.lock().map(|s| s.len()).unwrap_or_default();
+    assert_eq!(
+        ever, 64,
+        "the gang restarted once: its 32 ranks, then 32 new ones"
     );
 
     // Only the GPU was fenced: the node never cordoned, its rule gone now.

@@ -134,7 +134,7 @@ pub struct TestVerdict {
     pub gpu: Option<u32>,
     pub verdict: Verdict,
     /// DCGM's warnings, joined (or, with none, its information), at most
-    /// [`MAX_DETAIL`] characters.
+    /// 512 characters.
     pub detail: Option<String>,
     pub warnings: Vec<Warning>,
 }

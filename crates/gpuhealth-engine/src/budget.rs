@@ -133,6 +133,9 @@ pub struct Budget {
     /// Across every policy, the nodes in a disruptive phase now (this one
     /// apart) and the most the cluster's guardrail allows; None: unbounded.
     pub across_policies: Option<(usize, usize)>,
+    /// The node is counted as disrupted already (a gang it ran is being
+    /// taken down whole): starting it takes nothing more out of service.
+    pub already_disrupted: bool,
 }
 
 /// Why a remediation may not start now.
@@ -173,6 +176,26 @@ impl Budget {
             unhealthy,
             disrupted_by_others: 0,
             across_policies: None,
+            already_disrupted: false,
+        }
+    }
+
+    /// The same budget for a start that only brings a repair forward (one
+    /// that waits for a reset, done while a gang is down anyway): no sign
+    /// of the fleet's health, so the node does not count itself unhealthy.
+    pub fn brought_forward(self) -> Self {
+        Budget {
+            unhealthy: self.unhealthy.saturating_sub(1),
+            ..self
+        }
+    }
+
+    /// The same budget for a node `fleet` counts as disrupted already, if
+    /// it does (the circuit breaker still holds it).
+    pub fn for_node(self, fleet: &Fleet<'_>, node: &str) -> Self {
+        Budget {
+            already_disrupted: fleet.disruptive.contains(node),
+            ..self
         }
     }
 
@@ -201,6 +224,8 @@ impl Budget {
     pub fn may_start(&self) -> Result<(), Hold> {
         if self.circuit_open() {
             Err(Hold::CircuitOpen)
+        } else if self.already_disrupted {
+            Ok(())
         } else if self.disruptive_elsewhere + self.disrupted_by_others >= self.max_concurrent {
             Err(Hold::Concurrency)
         } else if self

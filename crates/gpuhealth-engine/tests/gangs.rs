@@ -202,6 +202,23 @@ fn a_whole_gang_counts_its_nodes_against_the_budget_while_it_is_taken_down() {
     let mut counted: Vec<&str> = fleet.disruptive.into_iter().collect();
     counted.sort();
     assert_eq!(counted, ["192.168.1.1", "node-0", "node-1"]);
+    // A node of the gang takes nothing more out of service by starting:
+    // it may, whatever maxConcurrent says; any other node waits.
+    let budget = |node| {
+        fleet_of(&w)
+            .budget_for_one_more(&w.spec, 10, &[], &[])
+            .for_node(&fleet_of(&w), node)
+            .may_start()
+    };
+    assert_eq!(budget("node-0"), Ok(()));
+    assert_eq!(
+        budget("node-9"),
+        Err(gpuhealth_engine::budget::Hold::Concurrency)
+    );
+}
+
+fn fleet_of(w: &World) -> Fleet<'_> {
+    Fleet::count([("192.168.1.1", &w.state)])
 }
 
 #[test]
@@ -254,8 +271,15 @@ fn a_repair_that_waits_for_a_reset_is_done_while_the_gang_is_down_anyway() {
         "no window: it waits for a reset"
     );
 
-    // Another node's incident takes a gang that ran here down.
+    // Another node's incident takes a gang that ran here down. A four-node
+    // policy: that node remediating is all maxConcurrent (1) and
+    // maxUnhealthy (1) allow, yet this node, disrupted with the gang
+    // already and bringing a repair forward, takes neither.
     w.gang_windows = vec![window(&["node-a", "192.168.1.1"])];
+    w.budget = gpuhealth_engine::budget::Budget {
+        already_disrupted: true,
+        ..gpuhealth_engine::budget::Budget::new(&w.spec, 4, 1, 2)
+    };
     w.reconcile();
     assert_eq!(w.state.reason, Some(Reason::RepairedWithGang));
     let trigger = &w.state.history[0].trigger;

@@ -114,6 +114,9 @@ impl Reason {
     /// circuit breaker: a signal not yet firm says nothing about the fleet.
     /// A deleted node is no longer one of the fleet's.
     pub fn counts_as_unhealthy(self) -> bool {
-        !matches!(self, Reason::SignalPending | Reason::NodeDeleted)
+        !matches!(
+            self,
+            Reason::SignalPending | Reason::NodeDeleted | Reason::RepairedWithGang
+        )
     }
 }

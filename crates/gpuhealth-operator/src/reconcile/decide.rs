@@ -206,7 +206,8 @@ impl Fleet {
             all += 1;
             disrupted += usize::from(name != this && is_disruptive(status.phase));
         }
-        budget::Fleet::count(others)
+        let fleet = budget::Fleet::count(others);
+        fleet
             .budget_for_one_more(
                 &policy.spec,
                 self.managed,
@@ -214,5 +215,6 @@ impl Fleet {
                 &self.disrupted_by_others,
             )
             .across_policies(disrupted, ctx.guardrails.max_disrupted(all))
+            .for_node(&fleet, this)
     }
 }

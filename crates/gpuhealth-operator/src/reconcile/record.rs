@@ -5,7 +5,9 @@
 
 use std::{sync::Arc, time::Duration};
 
-use gpuhealth_api::{GpuNodeHealth, node_health::GpuNodeHealthStatus, policy::Mode};
+use gpuhealth_api::{
+    GpuNodeHealth, node_health::GpuNodeHealthStatus, policy::Mode, vocabulary::Reason,
+};
 use gpuhealth_engine::machine::{Decision, is_disruptive};
 use k8s_openapi::api::core::v1::Node;
 use kube::{
@@ -53,10 +55,13 @@ pub async fn record(
         let fleet = Fleet::of(ctx, &read.policy, &read.name);
         let hold = {
             let written = ctx.lock_decisions();
-            fleet
-                .budget(ctx, &store, &written, &read.policy, &read.name)
-                .may_start()
-                .err()
+            let budget = fleet.budget(ctx, &store, &written, &read.policy, &read.name);
+            // Counted as the engine counted it (see `Budget::brought_forward`).
+            let budget = match status.reason {
+                Some(Reason::RepairedWithGang) => budget.brought_forward(),
+                _ => budget,
+            };
+            budget.may_start().err()
         };
         if let Some(hold) = hold {
             info!(node = %read.name, policy = %read.policy_name, ?hold, "not starting: the API server shows less budget than the cache did");

@@ -85,6 +85,11 @@ fn out_of_budget(s: &mut Stepper<'_>, t: &Trigger) -> Option<Hold> {
             recheck: None,
         });
     };
+    let b = if s.headline_reason() == Reason::RepairedWithGang {
+        b.brought_forward()
+    } else {
+        b
+    };
     let hold = b.may_start().err()?;
     let why = match hold {
         budget::Hold::CircuitOpen => format!(
