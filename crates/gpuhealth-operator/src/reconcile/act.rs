@@ -1,8 +1,8 @@
-//! The fourth stage: the recorded decision's actions, in order, each
-//! carried out only while this replica still leads.
+//! The fourth stage: the recorded decision's actions, in order (a gang's
+//! members together), each carried out only while this replica still leads.
 
 use gpuhealth_api::vocabulary::Reason;
-use gpuhealth_engine::machine::Decision;
+use gpuhealth_engine::machine::{Action, Decision};
 use k8s_openapi::api::core::v1::Node;
 use tracing::{debug, info, warn};
 
@@ -24,9 +24,29 @@ pub async fn act(
         .at(Moment::BeforeActing, &read.name, from, to);
     log_transition(read, decision);
     let acting = std::time::Instant::now();
-    for action in &decision.actions {
+    let mut actions = decision.actions.iter().peekable();
+    while let Some(action) = actions.next() {
         if !ctx.leadership.is_held() {
             return Err(Error::NotLeader);
+        }
+        if is_gangs(action) {
+            // A gang's members are told, and deleted, as near together as
+            // the API server allows: one at a time, the last rank of a
+            // thousand would go half a minute after the first.
+            let mut batch = vec![action];
+            while let Some(next) = actions.next_if(|a| is_gangs(a)) {
+                batch.push(next);
+            }
+            debug!(node = %read.name, members = batch.len(), "carrying out for a gang");
+            let spec = &read.policy.spec;
+            for chunk in batch.chunks(GANG_WRITES_AT_ONCE) {
+                let mut writes = Vec::with_capacity(chunk.len());
+                for a in chunk {
+                    writes.push(actions::run(ctx, node, spec, a));
+                }
+                futures::future::try_join_all(writes).await?;
+            }
+            continue;
         }
         if let Some(pod) = last_look::unseen_holder(ctx, read, action).await? {
             // The record says the request is in flight; the next step
@@ -43,6 +63,16 @@ pub async fn act(
     ctx.crash_after
         .at(Moment::AfterActing, &read.name, from, to);
     Ok(())
+}
+
+/// How many of a gang's members are written to at once.
+const GANG_WRITES_AT_ONCE: usize = 16;
+
+fn is_gangs(action: &Action) -> bool {
+    matches!(
+        action,
+        Action::TellGangMember { .. } | Action::EvictGangMember { .. }
+    )
 }
 
 /// One line per transition, with what an SRE greps for.
