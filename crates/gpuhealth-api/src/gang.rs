@@ -87,8 +87,9 @@ pub struct GangDrain {
     #[serde(default)]
     pub mode: GangMode,
     /// Under `Whole`, how long every member is told before the gang is
-    /// deleted together: time for a trainer to checkpoint. Must be shorter
-    /// than `drain.timeout`, which it counts within.
+    /// deleted together: time for a trainer to checkpoint. At most half of
+    /// `drain.timeout`, which it counts within, so that the gang has the
+    /// rest to leave: a longer notice is cut to that.
     #[serde(default = "default_notice")]
     #[schemars(extend("x-kubernetes-validations" = [{
         "rule": "duration(self) >= duration('0s') && duration(self) <= duration('1h')",

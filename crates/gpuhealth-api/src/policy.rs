@@ -644,9 +644,6 @@ pub enum DrainTimeoutAction {
 #[schemars(extend("x-kubernetes-validations" = [{
     "rule": "!has(self.gracePeriod) || duration(self.gracePeriod) < duration(self.timeout)",
     "message": "drain.gracePeriod must be shorter than drain.timeout"
-}, {
-    "rule": "!has(self.gangs) || !has(self.gangs.notice) || duration(self.gangs.notice) < duration(self.timeout)",
-    "message": "drain.gangs.notice must be shorter than drain.timeout"
 }]))]
 pub struct Drain {
     #[serde(default)]

@@ -95,6 +95,12 @@ pub enum GangRound {
     Evict { pods: Vec<PodKey> },
 }
 
+/// The notice a gang is given: the policy's, but at most half of the
+/// drain's timeout, so that the gang has the rest to leave in.
+pub fn notice(drain: &Drain) -> std::time::Duration {
+    drain.gangs.notice.as_std().min(drain.timeout.as_std() / 2)
+}
+
 /// The gang's round at `now`, from what it has done so far.
 pub fn round(
     gang: &GangView,
@@ -135,7 +141,7 @@ pub fn round(
     {
         return GangRound::WaitingFor(m.pod.key());
     }
-    let notice = SignedDuration::try_from(drain.gangs.notice.as_std()).unwrap_or_default();
+    let notice = SignedDuration::try_from(notice(drain)).unwrap_or_default();
     let at = done
         .evict_at
         .unwrap_or_else(|| now.checked_add(notice).unwrap_or(now));
@@ -251,6 +257,17 @@ mod tests {
             panic!("evicted at the notice")
         };
         assert_eq!(pods.len(), 3);
+    }
+
+    #[test]
+    fn the_notice_is_at_most_half_the_drains_timeout() {
+        let g = gang(vec![member("r0", "a")]);
+        let mut d = drain();
+        d.timeout = gpuhealth_api::Duration::from_secs(30);
+        let GangRound::Tell { at, .. } = round(&g, GangProgress::default(), &d, &[], t(0)) else {
+            panic!("told first")
+        };
+        assert_eq!(at, t(15), "60s asked, 30s to leave in: 15s");
     }
 
     #[test]

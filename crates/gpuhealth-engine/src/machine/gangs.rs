@@ -206,7 +206,9 @@ impl Stepper<'_> {
                     (GangMode::Whole, Some(view)) => view,
                 };
                 let (members, nodes) = (whole.live().count(), whole.nodes().len());
-                let notice = self.spec().drain.gangs.notice;
+                let notice = gpuhealth_api::Duration::from_secs(
+                    gangs::notice(&self.spec().drain).as_secs(),
+                );
                 let round = gangs::round(whole, GangProgress::default(), &self.spec().drain, never, self.now());
                 match round {
                     GangRound::Blocked { member, why } => format!(
