@@ -258,6 +258,31 @@ pub fn is_cordoned(node: &Node) -> bool {
 
 /// Cordons or uncordons `node`, as `kubectl cordon` does: a person's or
 /// another tool's, never gpuhealth's (which records itself as the owner).
+/// Whether `node` is ever cordoned from now on, from a watch that runs
+/// until the returned task is dropped.
+pub fn watch_cordon(
+    client: &kube::Client,
+    node: &str,
+) -> (
+    crate::wait::Background,
+    std::sync::Arc<std::sync::atomic::AtomicBool>,
+) {
+    use futures::StreamExt;
+    let ever = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let seen = ever.clone();
+    let config = kube::runtime::watcher::Config::default().fields(&format!("metadata.name={node}"));
+    let nodes: kube::Api<Node> = kube::Api::all(client.clone());
+    let task = crate::wait::Background::spawn(async move {
+        let mut stream = std::pin::pin!(crate::wait::applied(nodes, config));
+        while let Some(n) = stream.next().await {
+            if is_cordoned(&n) {
+                seen.store(true, std::sync::atomic::Ordering::SeqCst);
+            }
+        }
+    });
+    (task, ever)
+}
+
 pub async fn set_cordon(client: &kube::Client, node: &str, on: bool) -> kube::Result<()> {
     kube::Api::<Node>::all(client.clone())
         .patch(

@@ -11,10 +11,7 @@
 
 use std::{
     collections::BTreeSet,
-    sync::{
-        Arc,
-        atomic::{AtomicBool, Ordering},
-    },
+    sync::{Arc, atomic::Ordering},
 };
 
 use futures::StreamExt;
@@ -31,14 +28,10 @@ use gpuhealth_e2e::{
     agent::Request,
     dra, reports,
     scenario::{Scenario, WAIT},
-    sim::{SIM_GROUP_LABEL, is_cordoned},
+    sim::{SIM_GROUP_LABEL, watch_cordon},
     wait::{Background, applied, until_set},
 };
-use k8s_openapi::api::{
-    batch::v1::Job,
-    core::v1::{Node, Pod},
-    resource::v1::ResourceClaim,
-};
+use k8s_openapi::api::{batch::v1::Job, core::v1::Pod, resource::v1::ResourceClaim};
 use kube::{
     Api, Client, ResourceExt,
     api::{DynamicObject, GroupVersionKind, ListParams, PostParams},
@@ -176,23 +169,6 @@ async fn gpu_of(client: &Client, pod: &Pod) -> u32 {
         .expect("a device named by its GPU's index")
 }
 
-/// Whether the node is ever cordoned from now on, from a watch.
-fn watch_cordon(client: &Client, node: &str) -> (Background, Arc<AtomicBool>) {
-    let ever = Arc::new(AtomicBool::new(false));
-    let seen = ever.clone();
-    let config = watcher::Config::default().fields(&format!("metadata.name={node}"));
-    let nodes: Api<Node> = Api::all(client.clone());
-    let task = Background::spawn(async move {
-        let mut stream = std::pin::pin!(applied(nodes, config));
-        while let Some(n) = stream.next().await {
-            if is_cordoned(&n) {
-                seen.store(true, Ordering::SeqCst);
-            }
-        }
-    });
-    (task, ever)
-}
-
 /// The uids of every rank of `train` seen from now on.
 fn watch_ranks(s: &Scenario) -> (Background, Arc<std::sync::Mutex<BTreeSet<String>>>) {
     let seen = Arc::new(std::sync::Mutex::new(BTreeSet::new()));
@@ -227,6 +203,25 @@ async fn break_gpu_of(s: &Scenario, pod: &Pod) {
 
 fn uids(pods: &[Pod]) -> BTreeSet<String> {
     pods.iter().filter_map(|p| p.uid()).collect()
+}
+
+/// Every Job of `train` is there and none counts a failure: a disruption
+/// cost the job nothing.
+async fn assert_no_job_failed(s: &Scenario) {
+    let jobs = Api::<Job>::namespaced(s.client.clone(), &s.namespace)
+        .list(&ListParams::default().labels(&format!("{JOBSET_NAME_LABEL}=train")))
+        .await
+        .expect("Jobs");
+    assert_eq!(jobs.items.len(), NODES);
+    for job in &jobs.items {
+        let failed = job.status.as_ref().and_then(|s| s.failed).unwrap_or(0);
+        assert_eq!(
+            failed,
+            0,
+            "{}: a disruption counted as a failure",
+            job.name_any()
+        );
+    }
 }
 
 fn told(p: &Pod) -> bool {
@@ -330,20 +325,7 @@ async fn a_training_gang_leaves_whole_and_comes_back_without_a_restart_counted()
     );
 
     // Nothing counted against the job: no Job failed, the JobSet not restarted.
-    let jobs = Api::<Job>::namespaced(s.client.clone(), &s.namespace)
-        .list(&ListParams::default().labels(&format!("{JOBSET_NAME_LABEL}=train")))
-        .await
-        .expect("Jobs");
-    assert_eq!(jobs.items.len(), NODES);
-    for job in &jobs.items {
-        let failed = job.status.as_ref().and_then(|s| s.failed).unwrap_or(0);
-        assert_eq!(
-            failed,
-            0,
-            "{}: a disruption counted as a failure",
-            job.name_any()
-        );
-    }
+    assert_no_job_failed(&s).await;
     let jobset = jobsets(&s.client, &s.namespace)
         .get("train")
         .await
@@ -433,19 +415,7 @@ async fn under_member_only_the_rank_on_the_bad_gpu_moves() {
         after.iter().all(|p| !told(p)),
         "no rank is told under Member"
     );
-    let jobs = Api::<Job>::namespaced(s.client.clone(), &s.namespace)
-        .list(&ListParams::default().labels(&format!("{JOBSET_NAME_LABEL}=train")))
-        .await
-        .expect("Jobs");
-    for job in &jobs.items {
-        let failed = job.status.as_ref().and_then(|s| s.failed).unwrap_or(0);
-        assert_eq!(
-            failed,
-            0,
-            "{}: an eviction counted as a failure",
-            job.name_any()
-        );
-    }
+    assert_no_job_failed(&s).await;
 }
 
 /// LeaderWorkerSet `serve`: two groups of a leader and three workers, each

@@ -367,6 +367,20 @@ async fn install_run_the_incident_on_the_operators_own_rights_and_uninstall() {
         .delete("told", &DeleteParams::default())
         .await
         .expect("the operator deletes a pod it told");
+    // And its own validation pods, once an attempt is verified.
+    let validation: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "own-validation", "labels": {"app.kubernetes.io/managed-by": "gpuhealth"}},
+        "spec": {"containers": [{"name": "c", "image": "busybox"}], "nodeName": cpu},
+    }))
+    .expect("a pod");
+    Api::<Pod>::namespaced(admin.clone(), &s.namespace)
+        .create(&PostParams::default(), &validation)
+        .await
+        .expect("a pod labelled as gpuhealth's");
+    as_operator
+        .delete("own-validation", &DeleteParams::default())
+        .await
+        .expect("the operator deletes a validation pod of its own");
     // Pods only where validation pods run: not a workload's namespace, not
     // its own (where the agent's ServiceAccount is).
     for namespace in [s.namespace.as_str(), NAMESPACE] {

@@ -8,12 +8,8 @@
 //! Long because each test is one whole story of a fence, short on its own,
 //! and they share the helpers that read claims and rules.
 
-use std::sync::{
-    Arc,
-    atomic::{AtomicBool, Ordering},
-};
+use std::sync::atomic::Ordering;
 
-use futures::StreamExt;
 use gpuhealth_api::{
     GpuHealth, RecoveryAction,
     device_taint_rule::{DeviceTaintRule, RuleVersion},
@@ -27,8 +23,8 @@ use gpuhealth_e2e::{
     operator::{self, Options},
     reports,
     scenario::{Scenario, WAIT},
-    sim::is_cordoned,
-    wait::{Background, applied, until, until_set},
+    sim::{is_cordoned, watch_cordon},
+    wait::{until, until_set},
 };
 use k8s_openapi::{
     api::core::v1::{Node, Pod, ResourceHealth, ResourceStatus},
@@ -45,23 +41,6 @@ fn hold(answer: &std::sync::Mutex<Answer>) {
     if let Ok(mut a) = answer.lock() {
         *a = Answer::Hold;
     }
-}
-
-/// Whether the node is ever cordoned from now on, from a watch.
-fn watch_cordon(client: &Client, node: &str) -> (Background, Arc<AtomicBool>) {
-    let ever = Arc::new(AtomicBool::new(false));
-    let seen = ever.clone();
-    let config = watcher::Config::default().fields(&format!("metadata.name={node}"));
-    let nodes: Api<Node> = Api::all(client.clone());
-    let task = Background::spawn(async move {
-        let mut stream = std::pin::pin!(applied(nodes, config));
-        while let Some(n) = stream.next().await {
-            if is_cordoned(&n) {
-                seen.store(true, Ordering::SeqCst);
-            }
-        }
-    });
-    (task, ever)
 }
 
 /// A pod `holder-<i>` claiming GPU `i`, for each of `gpus`, each allocated

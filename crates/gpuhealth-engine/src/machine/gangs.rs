@@ -22,15 +22,7 @@ impl Stepper<'_> {
     /// gang's round (see [`gangs::round`]) for the attempt `action`.
     pub(super) fn gang_rounds(&mut self, plan: &mut DrainPlan, action: &ActionStatus) {
         let mode = self.spec().drain.gangs.mode;
-        let mut keys: Vec<GangKey> = Vec::new();
-        for pod in &plan.evict {
-            if let Some(key) = self.gang_of(pod)
-                && !keys.contains(&key)
-            {
-                keys.push(key);
-            }
-        }
-        for key in keys {
+        for key in self.gangs_to_evict(plan) {
             let on_node: Vec<PodKey> = plan
                 .evict
                 .iter()
@@ -183,16 +175,9 @@ impl Stepper<'_> {
     /// words, for a `DryRun` plan.
     pub(super) fn planned_gangs(&self, plan: &DrainPlan) -> Vec<String> {
         let mode = self.spec().drain.gangs.mode;
-        let mut keys: Vec<GangKey> = Vec::new();
-        for pod in &plan.evict {
-            if let Some(key) = self.gang_of(pod)
-                && !keys.contains(&key)
-            {
-                keys.push(key);
-            }
-        }
         let never = &self.input.guardrails.never_drain;
-        keys.into_iter()
+        self.gangs_to_evict(plan)
+            .into_iter()
             .map(|key| {
                 let view = self.input.gangs.iter().find(|g| g.key == key);
                 let whole = match (mode, view) {
@@ -226,6 +211,19 @@ impl Stepper<'_> {
                 }
             })
             .collect()
+    }
+
+    /// The gangs of the pods `plan` would evict, in their order.
+    fn gangs_to_evict(&self, plan: &DrainPlan) -> Vec<GangKey> {
+        let mut keys: Vec<GangKey> = Vec::new();
+        for pod in &plan.evict {
+            if let Some(key) = self.gang_of(pod)
+                && !keys.contains(&key)
+            {
+                keys.push(key);
+            }
+        }
+        keys
     }
 
     /// The gang of the pod `key` on this node, if it is one of a gang.
