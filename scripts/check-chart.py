@@ -209,7 +209,8 @@ def main():
     # Every other branch renders (the schema and the templates agree).
     for values in (
         ["admission.enabled=false", "rbac.forceDelete=true"],
-        ["agent.rebootMethod=kured"],
+        ["agent.rebootMethod=kured", "agent.diagnostics.dcgmi=/opt/dcgm/bin/dcgmi"],
+        ["agent.diagnostics.hostEngine=$(HOST_IP):5555"],
         ["agent.rebootMethod=none", "operator.guardrails.conditionTypes={SysLogsXIDError}"],
         ["monitoring.serviceMonitor.enabled=true", "monitoring.dashboard.enabled=true"],
         ["agent.image.digest=sha256:" + "0" * 64, "operator.extraArgs={--pause-operands=x}"],

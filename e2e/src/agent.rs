@@ -226,6 +226,7 @@ async fn answer(client: &Client, node: &str, id: &str, ok: bool, what: &str) -> 
             format!("{what} failed (simulated)")
         },
         finished_at: Time(Timestamp::now()),
+        diagnostics: None,
     };
     let patch =
         json!({"metadata": {"annotations": {REQUEST_RESULT_ANNOTATION: result.to_annotation()}}});

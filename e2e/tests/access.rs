@@ -145,9 +145,10 @@ async fn only_the_operator_asks_and_only_an_agent_reports_whoever_may_patch_node
     for dir in ["namespace", "rbac", "admission"] {
         apply(dir).await;
     }
-    let (reset, reboot, cordon) = (
+    let (reset, reboot, diagnostics, cordon) = (
         "gpuhealth.io/reset-request",
         "gpuhealth.io/reboot-request",
+        "gpuhealth.io/diagnostics-request",
         "gpuhealth.io/cordoned-by",
     );
 
@@ -173,7 +174,7 @@ async fn only_the_operator_asks_and_only_an_agent_reports_whoever_may_patch_node
     )
     .await
     .expect("it may patch Nodes");
-    for key in [reboot, cordon] {
+    for key in [reboot, diagnostics, cordon] {
         let e = patch(&patcher, &node, annotate(key, Some("{}")))
             .await
             .expect_err(key);

@@ -1,6 +1,8 @@
 //! Whether a request on the Node is the operator's: the one the node's
 //! `GpuNodeHealth` records in flight, on a node cordoned for it (or, for a
-//! reset, with the GPUs it names fenced for it alone). Many
+//! reset or a diagnostic, with the GPUs it names fenced for it alone). A
+//! diagnostic is the recorded action's, asked while the node is verifying
+//! it. Many
 //! identities may patch a Node; only the operator may write a
 //! `GpuNodeHealth`'s status (RBAC), and it records each request there before
 //! writing it to the Node. A request that does not match is refused: a
@@ -9,7 +11,7 @@
 use gpuhealth_api::{
     GpuNodeHealthStatus, RecoveryAction,
     contract::{AnnotationValue, CordonRecord, RequestId},
-    node_health::Phase,
+    node_health::{ActionStatus, Phase},
 };
 use k8s_openapi::api::core::v1::Node;
 use kube::ResourceExt;
@@ -78,14 +80,41 @@ impl Refusal {
 /// What the request asks for.
 #[derive(Clone, Copy, Debug)]
 pub enum Asked<'a> {
-    Reset { gpus: &'a [String] },
+    Reset {
+        gpus: &'a [String],
+    },
     Reboot,
+    /// DCGM's diagnostic on the GPUs the recorded action repaired.
+    Diagnostics {
+        gpus: &'a [String],
+    },
+}
+
+impl Asked<'_> {
+    /// The phase the record is in while this is asked: a diagnostic
+    /// follows the action, while the node is verifying it.
+    fn phase(self) -> Phase {
+        match self {
+            Asked::Diagnostics { .. } => Phase::Verifying,
+            Asked::Reset { .. } | Asked::Reboot => Phase::Remediating,
+        }
+    }
+
+    /// The id of this kind of request for the recorded `action`.
+    fn id_for(self, action: &ActionStatus) -> RequestId {
+        match self {
+            Asked::Diagnostics { .. } => RequestId::for_diagnostics(&action.id),
+            Asked::Reset { .. } | Asked::Reboot => action.id.clone(),
+        }
+    }
 }
 
 /// `Ok` when `id` is the request `health` records in flight on a node
 /// cordoned for its incident (by gpuhealth, or by someone else before it:
 /// gpuhealth then takes that cordon as its quarantine and writes no record),
-/// or a reset of GPUs the record says are fenced alone for that incident.
+/// or a reset or diagnostic of GPUs the record says are fenced alone for
+/// that incident. A diagnostic's id is the recorded action's
+/// ([`RequestId::for_diagnostics`]), asked in `Verifying`.
 pub fn check(
     id: &RequestId,
     asked: Asked<'_>,
@@ -96,13 +125,23 @@ pub fn check(
     let action = health
         .action
         .as_ref()
-        .filter(|a| a.requested_at.is_some() && health.phase == Phase::Remediating);
-    let Some(action) = action.filter(|a| &a.id == id) else {
+        .filter(|a| a.requested_at.is_some() && health.phase == asked.phase());
+    let Some(action) = action.filter(|a| &asked.id_for(a) == id) else {
         return Err(Refusal::NotInFlight {
-            recorded: action.map(|a| a.id.clone()),
+            recorded: action.map(|a| asked.id_for(a)),
         });
     };
     match (asked, action.type_) {
+        // After either rung, on the GPUs it named (none: not a diagnostic's).
+        (Asked::Diagnostics { gpus }, _)
+            if action.gpus.is_empty() || gpus != action.gpus.as_slice() =>
+        {
+            return Err(Refusal::Differs(format!(
+                "it names GPUs {gpus:?}, the record {:?}",
+                action.gpus
+            )));
+        }
+        (Asked::Diagnostics { .. }, _) => {}
         (Asked::Reset { gpus }, RecoveryAction::GpuReset) if gpus != action.gpus.as_slice() => {
             return Err(Refusal::Differs(format!(
                 "it names GPUs {gpus:?}, the record {:?}",
@@ -117,7 +156,7 @@ pub fn check(
             )));
         }
     }
-    if let Asked::Reset { gpus } = asked
+    if let Asked::Reset { gpus } | Asked::Diagnostics { gpus } = asked
         && fenced_for(health, gpus)
     {
         return Ok(());
@@ -397,6 +436,136 @@ mod tests {
                 &schedulable,
                 Some(&reboot)
             ),
+            Err(Refusal::NotCordoned)
+        );
+    }
+
+    fn verifying(action: RecoveryAction, request: &str) -> GpuNodeHealthStatus {
+        let mut health = in_flight(action, request);
+        health.phase = Phase::Verifying;
+        health
+    }
+
+    #[test]
+    fn a_diagnostic_of_the_repaired_gpus_while_verifying_is_carried_out() {
+        let gpus = vec!["GPU-7".to_owned()];
+        let asked = Asked::Diagnostics { gpus: &gpus };
+        let request = id("inc-1-reset-1-diagnostics");
+        let cordoned = node(true, Some("inc-1"));
+        let health = verifying(RecoveryAction::GpuReset, "inc-1-reset-1");
+        assert_eq!(check(&request, asked, &cordoned, Some(&health)), Ok(()));
+        // After a reboot that named the GPUs, too.
+        let health = verifying(RecoveryAction::NodeReboot, "inc-1-reboot-1");
+        assert_eq!(
+            check(
+                &id("inc-1-reboot-1-diagnostics"),
+                asked,
+                &cordoned,
+                Some(&health)
+            ),
+            Ok(())
+        );
+    }
+
+    #[test]
+    fn a_diagnostic_is_refused_in_the_wrong_phase_id_or_gpus_or_uncordoned() {
+        let gpus = vec!["GPU-7".to_owned()];
+        let asked = Asked::Diagnostics { gpus: &gpus };
+        let request = id("inc-1-reset-1-diagnostics");
+        let cordoned = node(true, Some("inc-1"));
+        let health = verifying(RecoveryAction::GpuReset, "inc-1-reset-1");
+        let reason = |r: Result<(), Refusal>| r.expect_err("refused").reason();
+
+        // While the reset itself is in flight.
+        let remediating = in_flight(RecoveryAction::GpuReset, "inc-1-reset-1");
+        assert_eq!(
+            reason(check(&request, asked, &cordoned, Some(&remediating))),
+            "NotInFlight"
+        );
+        // Another attempt's, or the action's own id.
+        for other in ["inc-1-reset-2-diagnostics", "inc-1-reset-1"] {
+            assert_eq!(
+                check(&id(other), asked, &cordoned, Some(&health)),
+                Err(Refusal::NotInFlight {
+                    recorded: Some(request.clone())
+                })
+            );
+        }
+        // Other GPUs, or an action on the whole node.
+        let other = vec!["GPU-0".to_owned()];
+        assert_eq!(
+            reason(check(
+                &request,
+                Asked::Diagnostics { gpus: &other },
+                &cordoned,
+                Some(&health)
+            )),
+            "Differs"
+        );
+        let mut whole_node = verifying(RecoveryAction::NodeReboot, "inc-1-reboot-1");
+        if let Some(a) = whole_node.action.as_mut() {
+            a.gpus.clear();
+        }
+        assert_eq!(
+            reason(check(
+                &id("inc-1-reboot-1-diagnostics"),
+                asked,
+                &cordoned,
+                Some(&whole_node)
+            )),
+            "Differs"
+        );
+        assert_eq!(
+            reason(check(
+                &request,
+                asked,
+                &node(false, Some("inc-1")),
+                Some(&health)
+            )),
+            "NotCordoned"
+        );
+        assert_eq!(
+            reason(check(
+                &request,
+                asked,
+                &node(true, Some("inc-0")),
+                Some(&health)
+            )),
+            "CordonedForAnother"
+        );
+    }
+
+    #[test]
+    fn a_diagnostic_of_gpus_fenced_alone_for_the_incident_needs_no_cordon() {
+        use gpuhealth_api::{
+            quarantine::{Fenced, FencedGpu, GpuFence, QuarantineStatus},
+            vocabulary::QuarantineWhy,
+        };
+        let gpus = vec!["GPU-7".to_owned()];
+        let asked = Asked::Diagnostics { gpus: &gpus };
+        let request = id("inc-1-reset-1-diagnostics");
+        let schedulable = node(false, None);
+        let mut health = verifying(RecoveryAction::GpuReset, "inc-1-reset-1");
+        let fenced = |incident: &str| QuarantineStatus {
+            incident: incident.into(),
+            scope: Fenced::Gpu,
+            why: QuarantineWhy::GpusFenced,
+            message: String::new(),
+            gpus: vec![FencedGpu {
+                uuid: "GPU-7".into(),
+                index: Some(7),
+                fence: GpuFence::DeviceTaintRule,
+                device: None,
+                rule: None,
+            }],
+            since: Time(Timestamp::UNIX_EPOCH),
+            lifted_at: None,
+        };
+        health.quarantine = Some(fenced("inc-1"));
+        assert_eq!(check(&request, asked, &schedulable, Some(&health)), Ok(()));
+        health.quarantine = Some(fenced("inc-0"));
+        assert_eq!(
+            check(&request, asked, &schedulable, Some(&health)),
             Err(Refusal::NotCordoned)
         );
     }

@@ -2,7 +2,7 @@
 //! real node ([`crate::nvml_backend`]), the `gpuhealth.io/sim-hardware`
 //! annotation on a simulated one ([`crate::fake`]). The reporter calls
 //! `source`, `capabilities`, `read` and `stand_aside`; the executor `tidy`,
-//! `reset` and `reboot` (see [`crate::node_agent::Role`]).
+//! `reset`, `reboot` and `gpu_indices` (see [`crate::node_agent::Role`]).
 
 use std::future::Future;
 
@@ -28,6 +28,20 @@ pub trait Backend: Send {
         gpus: &[String],
     ) -> impl Future<Output = Done> + Send;
     fn reboot(&mut self, node: &Node, id: &str) -> impl Future<Output = Done> + Send;
+    /// The index of each of `uuids`, in their order, as NVML and DCGM
+    /// number the GPUs now (indices are not stable across boots, so they
+    /// are looked up when needed); an error names a UUID not on the node.
+    fn gpu_indices(
+        &mut self,
+        node: &Node,
+        uuids: &[String],
+    ) -> impl Future<Output = Result<Vec<u32>, String>> + Send {
+        async move {
+            let gpus = self.read(node).await?;
+            let known: Vec<(&str, u32)> = gpus.iter().map(|g| (g.uuid.as_str(), g.index)).collect();
+            indices_of(&known, uuids)
+        }
+    }
     /// The executor's work each pass: what an earlier run left unfinished
     /// (operands still paused), and what it can carry out, offered.
     fn tidy(&mut self, _node: &Node) -> impl Future<Output = ()> + Send {
@@ -38,4 +52,18 @@ pub trait Backend: Send {
     fn stand_aside(&mut self) -> impl Future<Output = bool> + Send {
         async { false }
     }
+}
+
+/// The index of each of `uuids` among the `known` GPUs (UUID, index).
+pub fn indices_of(known: &[(&str, u32)], uuids: &[String]) -> Result<Vec<u32>, String> {
+    uuids
+        .iter()
+        .map(|uuid| {
+            known
+                .iter()
+                .find(|(u, _)| u == uuid)
+                .map(|(_, index)| *index)
+                .ok_or_else(|| format!("no GPU {uuid} on this node"))
+        })
+        .collect()
 }

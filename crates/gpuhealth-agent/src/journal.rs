@@ -122,6 +122,7 @@ pub fn interrupted(
         outcome: Outcome::Failed,
         message: "the agent restarted while carrying this out; it was not repeated: its outcome is unknown, so read the GPUs' health again".into(),
         finished_at: now,
+        diagnostics: None,
     }
 }
 
@@ -144,6 +145,7 @@ mod tests {
             outcome: Outcome::Succeeded,
             message: "done".into(),
             finished_at: Time(Timestamp::UNIX_EPOCH),
+            diagnostics: None,
         }
     }
 
@@ -162,6 +164,33 @@ mod tests {
             Seen::Finished(result("inc-1-reset-2"))
         );
         assert_eq!(j.seen("inc-2-reset-1"), Seen::New);
+    }
+
+    #[test]
+    fn a_diagnostics_answer_is_kept_whole() {
+        use gpuhealth_api::contract::{
+            DiagnosticTest, DiagnosticsLevel, DiagnosticsResult, DiagnosticsVerdict, TestVerdict,
+        };
+        let d = dir("diagnostics");
+        let mut answer = result("inc-1-reset-1-diagnostics");
+        answer.outcome = Outcome::Failed;
+        answer.diagnostics = Some(DiagnosticsResult {
+            level: DiagnosticsLevel::Medium,
+            verdict: DiagnosticsVerdict::Fail,
+            dcgm_version: Some("4.2.3".into()),
+            tests: vec![DiagnosticTest {
+                name: "memory".into(),
+                gpu: Some("GPU-0a1b2c3d".into()),
+                verdict: TestVerdict::Fail,
+                detail: Some("read back differs".into()),
+            }],
+        });
+        let mut j = Journal::open(&d).expect("open");
+        j.begin("inc-1-reset-1-diagnostics").expect("begin");
+        j.finish(&answer).expect("finish");
+        // A restarted executor writes the same answer again.
+        let j = Journal::open(&d).expect("reopen");
+        assert_eq!(j.seen("inc-1-reset-1-diagnostics"), Seen::Finished(answer));
     }
 
     #[test]

@@ -5,6 +5,7 @@ pub mod authority;
 pub mod backend;
 pub mod capability_checks;
 pub mod dcgm;
+pub mod diagnostics;
 pub mod driver_root;
 pub mod fake;
 pub mod handoff;

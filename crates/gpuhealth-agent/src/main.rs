@@ -1,7 +1,7 @@
 //! gpuhealth-agent: runs on each GPU node (a DaemonSet), reads every GPU's
 //! health, publishes the `gpuhealth.io/gpus` report and the `GpuHealthy`
-//! condition on its Node, and carries out the reset and reboot requests the
-//! operator writes there, each at most once. `--role` chooses the part: the
+//! condition on its Node, and carries out the reset, reboot and DCGM
+//! diagnostics requests the operator writes there, each at most once. `--role` chooses the part: the
 //! reporter (reads and publishes), the executor (carries out), or both in
 //! one process; shipped, each part runs in a DaemonSet of its own with only
 //! its own privileges.
@@ -22,6 +22,7 @@ use std::{
 use clap::{Parser, ValueEnum};
 use gpuhealth_agent::{
     capability_checks::CapabilityChecks,
+    diagnostics::Dcgm,
     driver_root::DriverRoot,
     fake::FakeBackend,
     handoff::Handoff,
@@ -169,6 +170,15 @@ struct Args {
     /// How the agent reboots the node.
     #[arg(long, value_enum, default_value_t = Reboot::Logind)]
     reboot_method: Reboot,
+    /// dcgmi, for DCGM diagnostics: a file name is looked up on PATH.
+    #[arg(long, env = "GPUHEALTH_DCGMI", default_value = "/usr/bin/dcgmi")]
+    dcgmi: PathBuf,
+    /// DCGM's host engine, for dcgmi's --host; dcgmi's default (localhost)
+    /// where not given. The GPU Operator's nv-hostengine listens on the
+    /// node's port 5555: give `$(HOST_IP):5555` from the downward API, never
+    /// a Service, which could reach another node's GPUs.
+    #[arg(long, env = "GPUHEALTH_DCGM_HOST")]
+    dcgm_host: Option<String>,
     /// The system bus's D-Bus address, for --reboot-method logind.
     #[arg(long, env = "DBUS_SYSTEM_BUS_ADDRESS", default_value = SYSTEM_BUS)]
     system_bus: String,
@@ -311,6 +321,10 @@ async fn serve(args: Args) -> Result<(), String> {
         refresh: args.refresh,
         request_max_age: args.request_max_age,
         crash_after,
+        dcgm: Dcgm {
+            dcgmi: args.dcgmi.clone(),
+            host: args.dcgm_host.clone(),
+        },
     };
     let reboot = reboot_method(&args);
     match args.backend {

@@ -91,7 +91,7 @@ impl Default for AgentMetrics {
         };
         // Every refusal from the start, at 0: an alert's increase() needs
         // the series before the first one.
-        for kind in ["reset", "reboot"] {
+        for kind in ["reset", "reboot", "diagnostics"] {
             for reason in crate::authority::Refusal::REASONS {
                 drop(m.refused.get_or_create(&RefusalLabels {
                     kind: kind.into(),
@@ -123,7 +123,7 @@ impl Default for AgentMetrics {
         );
         r.register(
             "requests",
-            "Reset and reboot requests answered, by kind and outcome",
+            "Reset, reboot and diagnostics requests answered, by kind and outcome",
             m.requests.clone(),
         );
         r.register(

@@ -18,7 +18,8 @@ use tokio::sync::Notify;
 
 use futures::{StreamExt, TryStreamExt};
 use gpuhealth_api::contract::{
-    AnnotationValue, GPU_HEALTHY_CONDITION, GPU_REPORT_ANNOTATION, GpuEntry, GpuReport, Outcome,
+    AnnotationValue, DIAGNOSTICS_REQUEST_ANNOTATION, DiagnosticsLevel, DiagnosticsRequest,
+    GPU_HEALTHY_CONDITION, GPU_REPORT_ANNOTATION, GpuEntry, GpuReport, Outcome,
     REBOOT_REQUEST_ANNOTATION, REQUEST_RESULT_ANNOTATION, RESET_REQUEST_ANNOTATION, RebootRequest,
     RequestId, RequestResult, ResetRequest,
 };
@@ -39,6 +40,7 @@ use tracing::{error, info, warn};
 use crate::{
     authority::{self, Asked},
     backend::Backend,
+    diagnostics::{self, Dcgm},
     journal::{self, Journal, JournalError, Seen},
     metrics::{AgentMetrics, RefusalLabels, RequestLabels, ResultLabels},
 };
@@ -82,7 +84,7 @@ pub const RECHECK_REFUSED: Duration = Duration::from_secs(30);
 pub enum Role {
     /// Reads the GPUs and publishes the report and the `GpuHealthy` condition.
     Reporter,
-    /// Carries out the operator's reset and reboot requests.
+    /// Carries out the operator's reset, reboot and diagnostics requests.
     Executor,
     /// Both parts in one process (a simulated node).
     Both,
@@ -110,6 +112,8 @@ pub struct Settings {
     /// Requests older than this are not carried out.
     pub request_max_age: Duration,
     pub crash_after: Option<CrashPoint>,
+    /// Where the executor's DCGM diagnostics run.
+    pub dcgm: Dcgm,
 }
 
 pub struct NodeAgent<B> {
@@ -144,11 +148,24 @@ pub struct NodeAgent<B> {
     refused: HashMap<String, Instant>,
 }
 
-/// A request on the node, either kind.
+/// A request on the node, of any kind.
 struct Request {
     id: RequestId,
     requested_at: Timestamp,
-    reset_gpus: Option<Vec<String>>,
+    kind: Kind,
+}
+
+/// What a request asks for.
+enum Kind {
+    Reset {
+        gpus: Vec<String>,
+    },
+    Reboot,
+    Diagnostics {
+        gpus: Vec<String>,
+        level: DiagnosticsLevel,
+        timeout: gpuhealth_api::Duration,
+    },
 }
 
 /// A Warning Event about the Node: `RequestRefused`, saying why; one per
@@ -175,11 +192,22 @@ fn refusal_event(node: &Node, request: &str, instance: &str, message: String) ->
 }
 
 impl Request {
+    /// The metrics' `kind` label.
     fn kind(&self) -> &'static str {
-        if self.reset_gpus.is_some() {
-            "reset"
-        } else {
-            "reboot"
+        match self.kind {
+            Kind::Reset { .. } => "reset",
+            Kind::Reboot => "reboot",
+            Kind::Diagnostics { .. } => "diagnostics",
+        }
+    }
+
+    /// How long carrying it out may keep the loop busy.
+    fn may_take(&self) -> Duration {
+        match &self.kind {
+            Kind::Diagnostics { timeout, .. } => {
+                REQUEST_MAY_TAKE.max(timeout.as_std() + Duration::from_secs(60))
+            }
+            Kind::Reset { .. } | Kind::Reboot => REQUEST_MAY_TAKE,
         }
     }
 }
@@ -273,7 +301,7 @@ impl<B: Backend> NodeAgent<B> {
                 Ok(r) => out.push(Request {
                     id: r.id,
                     requested_at: r.requested_at.0,
-                    reset_gpus: Some(r.gpus),
+                    kind: Kind::Reset { gpus: r.gpus },
                 }),
                 Err(e) => warn!(error = %e, "ignoring a malformed reset request"),
             }
@@ -283,12 +311,28 @@ impl<B: Backend> NodeAgent<B> {
                 Ok(r) => out.push(Request {
                     id: r.id,
                     requested_at: r.requested_at.0,
-                    reset_gpus: None,
+                    kind: Kind::Reboot,
                 }),
                 Err(e) => warn!(error = %e, "ignoring a malformed reboot request"),
             }
         }
-        // Oldest first, so the newest request's result is the one left standing.
+        // Last, so that in a tie it follows the rung it checks.
+        if let Some(raw) = annotations.get(DIAGNOSTICS_REQUEST_ANNOTATION) {
+            match DiagnosticsRequest::parse(raw) {
+                Ok(r) => out.push(Request {
+                    id: r.id,
+                    requested_at: r.requested_at.0,
+                    kind: Kind::Diagnostics {
+                        gpus: r.gpus,
+                        level: r.level,
+                        timeout: r.timeout,
+                    },
+                }),
+                Err(e) => warn!(error = %e, "ignoring a malformed diagnostics request"),
+            }
+        }
+        // Oldest first (a stable sort), so the newest request's result is
+        // the one left standing.
         out.sort_by_key(|r| r.requested_at);
         out
     }
@@ -372,9 +416,10 @@ impl<B: Backend> NodeAgent<B> {
                 return false;
             }
         };
-        let asked = match &request.reset_gpus {
-            Some(gpus) => Asked::Reset { gpus },
-            None => Asked::Reboot,
+        let asked = match &request.kind {
+            Kind::Reset { gpus } => Asked::Reset { gpus },
+            Kind::Reboot => Asked::Reboot,
+            Kind::Diagnostics { gpus, .. } => Asked::Diagnostics { gpus },
         };
         let Err(refusal) = authority::check(&request.id, asked, node, health.as_ref()) else {
             return true;
@@ -415,24 +460,48 @@ impl<B: Backend> NodeAgent<B> {
         let age = Timestamp::now().duration_since(request.requested_at);
         let max_age =
             SignedDuration::try_from(self.settings.request_max_age).unwrap_or(SignedDuration::MAX);
-        let (outcome, message) = if age > max_age {
+        let (outcome, message, diagnostics) = if age > max_age {
             (
                 Outcome::Refused,
                 format!(
                     "not carried out: requested at {}, longer ago than --request-max-age",
                     request.requested_at
                 ),
+                None,
             )
         } else {
             journal.begin(&id)?;
             self.crash_if(CrashPoint::Begun);
-            info!(request = %id, gpus = ?request.reset_gpus, "carrying out");
-            // A reset waits for holders to let go and for the kubelet: the
-            // loop is busy, not stuck, for as long as a request may take.
-            self.metrics.beat(Some(REQUEST_MAY_TAKE));
-            match &request.reset_gpus {
-                Some(gpus) => self.backend.reset(node, &id, gpus).await,
-                None => self.backend.reboot(node, &id).await,
+            info!(request = %id, kind = request.kind(), "carrying out");
+            // A reset waits for holders to let go and for the kubelet, a
+            // diagnostic for dcgmi: the loop is busy, not stuck, meanwhile.
+            self.metrics.beat(Some(request.may_take()));
+            match &request.kind {
+                Kind::Reset { gpus } => {
+                    let (outcome, message) = self.backend.reset(node, &id, gpus).await;
+                    (outcome, message, None)
+                }
+                Kind::Reboot => {
+                    let (outcome, message) = self.backend.reboot(node, &id).await;
+                    (outcome, message, None)
+                }
+                Kind::Diagnostics {
+                    gpus,
+                    level,
+                    timeout,
+                } => {
+                    let deadline = diagnostics::deadline(request.requested_at, timeout.as_std());
+                    let d = diagnostics::carry_out(
+                        &mut self.backend,
+                        node,
+                        &self.settings.dcgm,
+                        *level,
+                        gpus,
+                        deadline,
+                    )
+                    .await;
+                    (d.outcome, d.message, Some(d.result))
+                }
             }
         };
         self.metrics
@@ -445,8 +514,10 @@ impl<B: Backend> NodeAgent<B> {
         let result = RequestResult {
             id: request.id.clone(),
             outcome,
-            message: message.chars().take(1000).collect(),
+            // The contract bounds it in bytes.
+            message: diagnostics::fit(&message, 1000),
             finished_at: Time(Timestamp::now()),
+            diagnostics,
         };
         journal.finish(&result)?;
         self.crash_if(CrashPoint::Finished);

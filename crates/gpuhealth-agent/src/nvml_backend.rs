@@ -254,6 +254,17 @@ impl<G: Gpus> Backend for NvmlBackend<G> {
         self.reboot.reboot().await
     }
 
+    /// From NVML alone: the report's read would also ask the kubelet and
+    /// record recoveries, neither of which is the executor's.
+    async fn gpu_indices(&mut self, _node: &Node, uuids: &[String]) -> Result<Vec<u32>, String> {
+        let readings = self.gpus.read().await.map_err(|e| e.to_string())?;
+        let known: Vec<(&str, u32)> = readings
+            .iter()
+            .map(|r| (r.uuid.as_str(), r.index))
+            .collect();
+        crate::backend::indices_of(&known, uuids)
+    }
+
     async fn tidy(&mut self, node: &Node) {
         self.offering
             .renew(Some(&self.reset.nvidia_smi), &self.reboot)

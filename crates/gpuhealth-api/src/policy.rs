@@ -19,6 +19,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::{
+    contract::DiagnosticsLevel,
     duration::Duration,
     gang::GangDrain,
     quarantine::Quarantine,
@@ -722,6 +723,13 @@ pub struct Verification {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub validation_pod: Option<ValidationPod>,
 
+    /// DCGM's diagnostic, run by the node's executor on the repaired GPUs
+    /// once signals have stayed clear and before the validation pod. A
+    /// diagnostic that fails, times out or cannot run is a failed attempt
+    /// (the next rung), never an uncordon.
+    #[serde(default)]
+    pub diagnostics: Diagnostics,
+
     /// How long after uncordon the workloads whose pods were evicted have
     /// to be Ready again, wherever they were rescheduled. If they are not,
     /// the incident records `WorkloadNotRecovered` with the cause (a startup
@@ -742,9 +750,41 @@ impl Default for Verification {
             stable_for: default_stable_for(),
             timeout: default_verification_timeout(),
             validation_pod: None,
+            diagnostics: Diagnostics::default(),
             workload_recovery_timeout: default_workload_recovery_timeout(),
         }
     }
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Diagnostics {
+    /// `None` (the default), `Quick` (DCGM level 1, seconds) or `Medium`
+    /// (DCGM level 2, about two minutes).
+    #[serde(default)]
+    pub level: DiagnosticsLevel,
+
+    /// How long the diagnostic may take, from its request to the executor's
+    /// answer; past it the attempt has failed.
+    #[serde(default = "default_diagnostics_timeout")]
+    #[schemars(extend("x-kubernetes-validations" = [{
+        "rule": "duration(self) >= duration('10s') && duration(self) <= duration('1h')",
+        "message": "verification.diagnostics.timeout must be from 10s to 1h"
+    }]))]
+    pub timeout: Duration,
+}
+
+impl Default for Diagnostics {
+    fn default() -> Self {
+        Diagnostics {
+            level: DiagnosticsLevel::None,
+            timeout: default_diagnostics_timeout(),
+        }
+    }
+}
+
+fn default_diagnostics_timeout() -> Duration {
+    Duration::from_mins(10)
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]

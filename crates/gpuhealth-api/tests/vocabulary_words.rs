@@ -94,6 +94,11 @@ const ELSEWHERE: &[(&str, &str, &str)] = &[
         "the validation pod's phase",
     ),
     (
+        "crates/gpuhealth-engine/tests/diagnostics.rs",
+        "Succeeded",
+        "the validation pod's phase",
+    ),
+    (
         "crates/gpuhealth-engine/src/restarts.rs",
         "Unhealthy",
         "the kubelet's probe Event",

@@ -4,8 +4,9 @@
 use gpuhealth_api::{
     contract::{
         AnnotationValue, BREAK_GLASS_ANNOTATION, CORDONED_BY_ANNOTATION, CordonRecord,
-        GPU_HEALTHY_READINESS_GATE, REBOOT_REQUEST_ANNOTATION, RESET_REQUEST_ANNOTATION,
-        RebootRequest, RequestId, ResetRequest,
+        DIAGNOSTICS_REQUEST_ANNOTATION, DiagnosticsRequest, GPU_HEALTHY_READINESS_GATE,
+        REBOOT_REQUEST_ANNOTATION, RESET_REQUEST_ANNOTATION, RebootRequest, RequestId,
+        ResetRequest,
     },
     gang::{DISRUPTION_PENDING_CONDITION, DISRUPTION_TARGET_REASON, EVICT_AT_ANNOTATION},
     policy::GpuHealthPolicySpec,
@@ -48,6 +49,7 @@ pub async fn run(
         Action::RequestReboot { .. } => "request_reboot",
         Action::LabelNode { .. } => "label_node",
         Action::ClearBreakGlass => "clear_break_glass",
+        Action::RequestDiagnostics { .. } => "request_diagnostics",
         Action::CreateValidationPod { .. } => "create_validation_pod",
         Action::DeleteValidationPod { .. } => "delete_validation_pod",
         Action::SetGpuHealthy { .. } => "set_gpu_healthy",
@@ -253,6 +255,27 @@ async fn carry_out(
             .to_annotation();
             annotate(&nodes, &name, REBOOT_REQUEST_ANNOTATION, &value).await?;
             info!(node = %name, %request, "reboot requested");
+        }
+        Action::RequestDiagnostics {
+            id: request,
+            gpus,
+            level,
+            timeout,
+            requested_at,
+        } => {
+            let diagnose = DiagnosticsRequest {
+                id: request.clone(),
+                gpus: gpus.clone(),
+                level: *level,
+                timeout: *timeout,
+                requested_at: Time(*requested_at),
+            };
+            diagnose
+                .check()
+                .map_err(|e| Error::InvalidRequest(e.to_string()))?;
+            let value = diagnose.to_annotation();
+            annotate(&nodes, &name, DIAGNOSTICS_REQUEST_ANNOTATION, &value).await?;
+            info!(node = %name, %request, ?gpus, %level, "DCGM diagnostic requested");
         }
         Action::SetGpuHealthy {
             pod,

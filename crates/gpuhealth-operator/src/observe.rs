@@ -7,10 +7,11 @@ use std::{
 
 use gpuhealth_api::contract::{
     AnnotationValue, BREAK_GLASS_ANNOTATION, CORDONED_BY_ANNOTATION, CordonRecord,
-    DISRUPTION_TOLERANCE_ANNOTATION, DisruptionTolerance, GPU_HEALTHY_READINESS_GATE,
-    GPU_REPORT_ANNOTATION, GpuReport, MAINTENANCE_ANNOTATION, MaintenanceNotice,
-    REBOOT_REQUEST_ANNOTATION, REQUEST_RESULT_ANNOTATION, RESET_REQUEST_ANNOTATION, RebootRequest,
-    RequestId, RequestResult, ResetRequest,
+    DIAGNOSTICS_REQUEST_ANNOTATION, DISRUPTION_TOLERANCE_ANNOTATION, DiagnosticsRequest,
+    DisruptionTolerance, GPU_HEALTHY_READINESS_GATE, GPU_REPORT_ANNOTATION, GpuReport,
+    MAINTENANCE_ANNOTATION, MaintenanceNotice, REBOOT_REQUEST_ANNOTATION,
+    REQUEST_RESULT_ANNOTATION, RESET_REQUEST_ANNOTATION, RebootRequest, RequestId, RequestResult,
+    ResetRequest,
 };
 use gpuhealth_api::{
     gang::{EVICT_AT_ANNOTATION, GangKey},
@@ -91,6 +92,9 @@ pub fn node_view(
         }),
         reboot_request: parse_id(REBOOT_REQUEST_ANNOTATION, |v| {
             RebootRequest::parse(v).ok().map(|r| r.id)
+        }),
+        diagnostics_request: parse_id(DIAGNOSTICS_REQUEST_ANNOTATION, |v| {
+            DiagnosticsRequest::parse(v).ok().map(|r| r.id)
         }),
         result: annotations
             .get(REQUEST_RESULT_ANNOTATION)

@@ -15,7 +15,7 @@ mod next;
 
 use gpuhealth_api::{
     GpuNodeHealthStatus,
-    contract::GpuReport,
+    contract::{DiagnosticsResult, GpuReport},
     node_health::{Finding, Incident, Phase},
     policy::XidOverride,
     quarantine::{Fenced, QuarantineStatus},
@@ -578,6 +578,32 @@ fn tried(i: &Incident) -> Vec<String> {
         .collect()
 }
 
+/// A diagnostic's verdict on each test, under its attempt.
+fn diagnostics(d: &DiagnosticsResult) -> String {
+    let version = d
+        .dcgm_version
+        .as_deref()
+        .map(|v| format!(", DCGM {v}"))
+        .unwrap_or_default();
+    let mut out = format!(
+        "                {} diagnostic{version}: {}\n",
+        d.level, d.verdict
+    );
+    for t in &d.tests {
+        let gpu = t.gpu.as_deref().unwrap_or("-");
+        let detail = t.detail.as_deref().unwrap_or("");
+        out.push_str(
+            format!(
+                "                  {:<22} {gpu:<40} {:<4} {detail}",
+                t.name, t.verdict
+            )
+            .trim_end(),
+        );
+        out.push('\n');
+    }
+    out
+}
+
 /// One incident, in full.
 fn incident(
     i: &Incident,
@@ -619,6 +645,9 @@ fn incident(
     for (n, a) in tried.iter().enumerate() {
         let label = if n == 0 { "actions" } else { "" };
         out.push_str(&format!("  {label:<9}  {}. {a}\n", n + 1));
+        if let Some(d) = i.attempts.get(n).and_then(|a| a.diagnostics.as_ref()) {
+            out.push_str(&diagnostics(d));
+        }
     }
     match &i.ended_at {
         Some(end) => out.push_str(&format!(

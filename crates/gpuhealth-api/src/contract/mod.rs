@@ -5,11 +5,16 @@
 //! that names the field, never a panic.
 
 mod checks;
+mod diagnostics;
 mod gpu_report;
 mod maintenance;
 mod requests;
 mod tolerance;
 
+pub use diagnostics::{
+    DiagnosticTest, DiagnosticsLevel, DiagnosticsRequest, DiagnosticsResult, DiagnosticsVerdict,
+    MAX_TESTS as MAX_DIAGNOSTIC_TESTS, TestVerdict,
+};
 pub use gpu_report::{
     Capabilities, GpuEntry, GpuReport, PodRef, RebootMethod, RemappedRows, XidEvent,
 };
@@ -25,6 +30,9 @@ pub const GPU_REPORT_ANNOTATION: &str = "gpuhealth.io/gpus";
 pub const RESET_REQUEST_ANNOTATION: &str = "gpuhealth.io/reset-request";
 /// Node annotation: the operator asks the agent to reboot the node ([`RebootRequest`]).
 pub const REBOOT_REQUEST_ANNOTATION: &str = "gpuhealth.io/reboot-request";
+/// Node annotation: the operator asks the agent to run DCGM's diagnostic on
+/// repaired GPUs ([`DiagnosticsRequest`]).
+pub const DIAGNOSTICS_REQUEST_ANNOTATION: &str = "gpuhealth.io/diagnostics-request";
 /// Node annotation: the agent's answer to the latest request ([`RequestResult`]).
 pub const REQUEST_RESULT_ANNOTATION: &str = "gpuhealth.io/request-result";
 /// Node annotation: a scheduled maintenance notice ([`MaintenanceNotice`]).

@@ -10,8 +10,8 @@ use crate::RecoveryAction;
 use serde::{Deserialize, Deserializer, Serialize, Serializer, de};
 
 use super::{
-    AnnotationValue, CORDONED_BY_ANNOTATION, ContractError, REBOOT_REQUEST_ANNOTATION,
-    REQUEST_RESULT_ANNOTATION, RESET_REQUEST_ANNOTATION,
+    AnnotationValue, CORDONED_BY_ANNOTATION, ContractError, DiagnosticsResult,
+    REBOOT_REQUEST_ANNOTATION, REQUEST_RESULT_ANNOTATION, RESET_REQUEST_ANNOTATION,
     checks::{bounded_text, excerpt, gpu_uuid, invalid},
 };
 
@@ -41,6 +41,11 @@ impl RequestId {
             RecoveryAction::ReplaceNode => "replace",
         };
         RequestId::made_of(&format!("{incident}-{rung}-{attempt}"))
+    }
+
+    /// The id of the diagnostic run after attempt `action` succeeded.
+    pub fn for_diagnostics(action: &RequestId) -> RequestId {
+        RequestId::made_of(&format!("{action}-diagnostics"))
     }
 
     /// The id of a provider's maintenance handled by an incident.
@@ -192,13 +197,21 @@ pub struct RequestResult {
     #[serde(default)]
     pub message: String,
     pub finished_at: Time,
+    /// What a diagnostic found: only in the answer to a
+    /// [`super::DiagnosticsRequest`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub diagnostics: Option<DiagnosticsResult>,
 }
 
 impl AnnotationValue for RequestResult {
     const ANNOTATION: &'static str = REQUEST_RESULT_ANNOTATION;
 
     fn check(&self) -> Result<(), ContractError> {
-        bounded_text(&self.message, 1024).map_err(|r| invalid(Self::ANNOTATION, "message", r))
+        bounded_text(&self.message, 1024).map_err(|r| invalid(Self::ANNOTATION, "message", r))?;
+        match &self.diagnostics {
+            Some(d) => d.check(Self::ANNOTATION),
+            None => Ok(()),
+        }
     }
 }
 

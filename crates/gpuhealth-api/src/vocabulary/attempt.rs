@@ -7,7 +7,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use super::words;
-use crate::RecoveryAction;
+use crate::{RecoveryAction, contract::DiagnosticsResult};
 
 words! {
     /// What was tried.
@@ -20,6 +20,8 @@ words! {
         ReplaceNode,
         /// The policy's validation pod, after a rung succeeded.
         ValidationPod,
+        /// DCGM's diagnostic on the repaired GPUs, after a rung succeeded.
+        Diagnostics,
         /// A provider's scheduled maintenance.
         Maintenance,
     }
@@ -60,7 +62,9 @@ impl AttemptAction {
             AttemptAction::GpuReset => Some(RecoveryAction::GpuReset),
             AttemptAction::NodeReboot => Some(RecoveryAction::NodeReboot),
             AttemptAction::ReplaceNode => Some(RecoveryAction::ReplaceNode),
-            AttemptAction::ValidationPod | AttemptAction::Maintenance => None,
+            AttemptAction::ValidationPod
+            | AttemptAction::Diagnostics
+            | AttemptAction::Maintenance => None,
         }
     }
 }
@@ -76,6 +80,9 @@ pub struct Attempt {
     /// What else there is to say: why it was skipped, the validation pod's name.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
+    /// A diagnostic's verdict on each test.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub diagnostics: Option<DiagnosticsResult>,
 }
 
 impl Attempt {
@@ -85,6 +92,7 @@ impl Attempt {
             attempt,
             outcome,
             message: None,
+            diagnostics: None,
         }
     }
 

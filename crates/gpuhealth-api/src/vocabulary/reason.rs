@@ -89,6 +89,9 @@ words! {
         // Verifying.
         /// The action is done; waiting for every signal to stay clear.
         Verifying,
+        /// Signals are clear; waiting for the node's executor to finish
+        /// DCGM's diagnostic on the repaired GPUs.
+        Diagnosing,
         /// Signals are clear; waiting for the validation pod to succeed.
         Validating,
 

@@ -149,8 +149,11 @@ impl<'a> Stepper<'a> {
     /// nor the report after the action look old.
     pub(super) fn answered_at(&self) -> Option<Timestamp> {
         let action = self.status.action.as_ref()?;
+        // The diagnostic's answer replaces the action's, and is later.
         match &self.input.node.result {
-            Some(Ok(r)) if r.id == action.id => Some(r.finished_at.0),
+            Some(Ok(r)) if r.id == action.id || r.id == RequestId::for_diagnostics(&action.id) => {
+                Some(r.finished_at.0)
+            }
             _ => None,
         }
     }

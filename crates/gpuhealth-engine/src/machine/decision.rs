@@ -3,7 +3,11 @@
 
 use std::time::Duration;
 
-use gpuhealth_api::{contract::RequestId, node_health::GpuNodeHealthStatus, vocabulary::PodKey};
+use gpuhealth_api::{
+    contract::{DiagnosticsLevel, RequestId},
+    node_health::GpuNodeHealthStatus,
+    vocabulary::PodKey,
+};
 use k8s_openapi::jiff::Timestamp;
 
 use crate::happening::Happening;
@@ -69,6 +73,15 @@ pub enum Action {
     },
     RequestReboot {
         id: RequestId,
+        requested_at: Timestamp,
+    },
+    /// Ask the agent to run DCGM's diagnostic at `level` on `gpus`,
+    /// answering within `timeout` of `requested_at`.
+    RequestDiagnostics {
+        id: RequestId,
+        gpus: Vec<String>,
+        level: DiagnosticsLevel,
+        timeout: gpuhealth_api::Duration,
         requested_at: Timestamp,
     },
     /// Create the validation pod `name` from the policy's template, pinned

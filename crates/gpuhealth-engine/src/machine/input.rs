@@ -32,6 +32,7 @@ pub struct NodeView {
     /// The ids of the request annotations now on the node.
     pub reset_request: Option<RequestId>,
     pub reboot_request: Option<RequestId>,
+    pub diagnostics_request: Option<RequestId>,
     pub result: Option<Result<RequestResult, ContractError>>,
     /// Other tools disrupting the node now, in words (see `others`).
     pub disrupted_by: Vec<String>,

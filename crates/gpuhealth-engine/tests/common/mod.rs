@@ -1,6 +1,10 @@
 //! A small in-memory world for driving the engine through scenarios: it
 //! applies the engine's actions the way the operator and a cooperative agent
 //! would, and records every one of them, and everything the engine said.
+//!
+//! Long because it stands in for every side of a node at once (the API
+//! server, the agent's reset, reboot and diagnostic, the pods), and each
+//! scenario file needs all of them.
 
 #![allow(dead_code)]
 
@@ -9,8 +13,9 @@ use std::{collections::BTreeMap, time::Duration};
 use gpuhealth_api::{
     GpuHealth,
     contract::{
-        AnnotationValue, DisruptionTolerance, GpuReport, Outcome, RequestId, RequestResult,
-        ResetRequest,
+        AnnotationValue, DiagnosticTest, DiagnosticsRequest, DiagnosticsResult, DiagnosticsVerdict,
+        DisruptionTolerance, GpuReport, Outcome, RequestId, RequestResult, ResetRequest,
+        TestVerdict,
     },
     node_health::GpuNodeHealthStatus,
     policy::GpuHealthPolicySpec,
@@ -93,6 +98,8 @@ pub struct World {
     pub budget_asked: u32,
     pub reset_agent: Agent,
     pub reboot_agent: Agent,
+    /// How the executor's DCGM diagnostic ends; None: never answered.
+    pub diagnostics_verdict: Option<DiagnosticsVerdict>,
     /// Every action carried out, in order.
     pub log: Vec<Action>,
     /// What the last reconcile said (its Events and metrics).
@@ -110,6 +117,8 @@ pub struct World {
     /// How far the agent's clock is from the operator's (its reports and
     /// results are stamped by it).
     pub agent_clock: SignedDuration,
+    /// The diagnostics request last written.
+    pub diagnostics_asked: Option<DiagnosticsRequest>,
     /// Why the install's admission protection is missing, if it is.
     pub unprotected: Option<String>,
     /// The cluster's bounds on every policy (none, unless a test sets some).
@@ -143,6 +152,7 @@ impl World {
                 report: Some(Ok(report)),
                 reset_request: None,
                 reboot_request: None,
+                diagnostics_request: None,
                 result: None,
                 disrupted_by: Vec::new(),
                 maintenance: None,
@@ -165,6 +175,7 @@ impl World {
             budget_asked: 0,
             reset_agent: Agent::Succeeds,
             reboot_agent: Agent::Succeeds,
+            diagnostics_verdict: Some(DiagnosticsVerdict::Pass),
             log: Vec::new(),
             happenings: Vec::new(),
             said: Vec::new(),
@@ -173,6 +184,7 @@ impl World {
             refused_uncordons: 0,
             boots: 1,
             agent_clock: SignedDuration::ZERO,
+            diagnostics_asked: None,
             unprotected: None,
             guardrails: Guardrails::none(),
             report_seen: None,
@@ -324,6 +336,26 @@ impl World {
                 self.node.reset_request = Some(id.clone());
             }
             Action::RequestReboot { id, .. } => self.node.reboot_request = Some(id.clone()),
+            Action::RequestDiagnostics {
+                id,
+                gpus,
+                level,
+                timeout,
+                requested_at,
+            } => {
+                let request = DiagnosticsRequest {
+                    id: id.clone(),
+                    gpus: gpus.clone(),
+                    level: *level,
+                    timeout: *timeout,
+                    requested_at: Time(*requested_at),
+                };
+                if let Err(e) = request.check() {
+                    panic!("the engine made a diagnostics request the agent refuses: {e}");
+                }
+                self.diagnostics_asked = Some(request);
+                self.node.diagnostics_request = Some(id.clone());
+            }
             Action::CreateValidationPod { .. } if self.refuse_validation_pod => {}
             Action::CreateValidationPod { .. } => {
                 self.validation.get_or_insert(ValidationView {
@@ -427,6 +459,7 @@ impl World {
     /// The agent carries out a pending request once and reports; a
     /// successful reset or reboot leaves a healthy, fresh report.
     pub fn agent_turn(&mut self) {
+        self.diagnose();
         if let Some(id) = self.node.reset_request.clone()
             && !self.answered(&id)
             && self.reset_agent != Agent::Silent
@@ -453,6 +486,56 @@ impl World {
         }
     }
 
+    /// The executor's diagnostic: each asked GPU's memory test, the one
+    /// verdict the world was given.
+    fn diagnose(&mut self) {
+        let Some(request) = self.diagnostics_asked.clone() else {
+            return;
+        };
+        let Some(verdict) = self.diagnostics_verdict else {
+            return;
+        };
+        if self.answered(&request.id) {
+            return;
+        }
+        self.executed.push(request.id.clone());
+        let test = match verdict {
+            DiagnosticsVerdict::Pass => Some(TestVerdict::Pass),
+            DiagnosticsVerdict::Warn => Some(TestVerdict::Warn),
+            DiagnosticsVerdict::Fail => Some(TestVerdict::Fail),
+            DiagnosticsVerdict::TimedOut | DiagnosticsVerdict::Error => None,
+        };
+        let tests = test.map_or_else(Vec::new, |verdict| {
+            request
+                .gpus
+                .iter()
+                .map(|g| DiagnosticTest {
+                    name: "memory".into(),
+                    gpu: Some(g.clone()),
+                    verdict,
+                    detail: None,
+                })
+                .collect()
+        });
+        let result = DiagnosticsResult {
+            level: request.level,
+            verdict,
+            dcgm_version: Some("4.2.3".into()),
+            tests,
+        };
+        self.node.result = Some(Ok(RequestResult {
+            id: request.id.clone(),
+            outcome: if verdict.passed() {
+                Outcome::Succeeded
+            } else {
+                Outcome::Failed
+            },
+            message: result.summary(),
+            finished_at: Time(self.agent_now()),
+            diagnostics: Some(result),
+        }));
+    }
+
     fn answer(&mut self, id: &RequestId, ok: bool) {
         self.node.result = Some(Ok(RequestResult {
             id: id.clone(),
@@ -467,6 +550,7 @@ impl World {
                 "nvidia-smi --gpu-reset failed".into()
             },
             finished_at: Time(self.agent_now()),
+            diagnostics: None,
         }));
     }
 

@@ -1,4 +1,4 @@
-//! A last look before a reset or reboot is asked for. The step decided
+//! A last look before a reset, reboot or diagnostic is asked for. The step decided
 //! from the watches' caches, and a cache can lag behind the API server
 //! (seen after the operator was paused: it went on before its watches had
 //! delivered what happened meanwhile), so a pod the scheduler gave a
@@ -25,7 +25,7 @@ pub async fn unseen_holder(
     action: &Action,
 ) -> Result<Option<String>, Error> {
     let covered: Option<&[String]> = match action {
-        Action::RequestReset { gpus, .. } => Some(gpus),
+        Action::RequestReset { gpus, .. } | Action::RequestDiagnostics { gpus, .. } => Some(gpus),
         Action::RequestReboot { .. } => None,
         _ => return Ok(None),
     };

@@ -58,6 +58,9 @@ pub fn steps(input: &ExplainInput, now: Timestamp) -> Vec<String> {
                 "gpuhealth is holding back ({reason}): {message}; `kubectl gpuhealth status` shows which other nodes are unhealthy or being remediated"
             ),
         }),
+        Phase::Verifying if s.reason == Some(Reason::Diagnosing) => steps.push(format!(
+            "wait: {message}; the gpuhealth-executor pod on {node} runs dcgmi and logs it; a failed, timed-out or unanswered diagnostic is a failed attempt, and the next rung follows"
+        )),
         phase => steps.push(if s.reason == Some(Reason::WaitingForPod) {
             format!(
                 "the drain is waiting: {message}; the pod moves when its disruption tolerance and PodDisruptionBudget allow, or the drain times out"

@@ -461,3 +461,65 @@ fn a_gang_that_may_not_be_evicted_is_named_while_the_drain_waits_for_a_pod() {
         ]
     );
 }
+
+#[test]
+fn a_diagnostic_shows_each_test_under_its_attempt_and_what_to_wait_for() {
+    use gpuhealth_api::{
+        contract::{
+            DiagnosticTest, DiagnosticsLevel, DiagnosticsResult, DiagnosticsVerdict, TestVerdict,
+        },
+        vocabulary::{AttemptAction, AttemptOutcome},
+    };
+    let mut input = bare(
+        Phase::Verifying,
+        Some(Reason::Diagnosing),
+        "signals clear; waiting for the Quick DCGM diagnostic of GPU-0a1b2c3d (inc-1-reboot-1-diagnostics)",
+    );
+    let mut open = incident().status.history[0].clone();
+    open.ended_at = None;
+    open.outcome = None;
+    open.workloads = None;
+    open.actions.clear();
+    let mut failed = Attempt::new(AttemptAction::Diagnostics, 1, AttemptOutcome::Failed)
+        .saying("memory on GPU-0a1b2c3d: Fail (DBE pending)");
+    failed.diagnostics = Some(DiagnosticsResult {
+        level: DiagnosticsLevel::Medium,
+        verdict: DiagnosticsVerdict::Fail,
+        dcgm_version: Some("4.2.3".into()),
+        tests: vec![
+            DiagnosticTest {
+                name: "software".into(),
+                gpu: None,
+                verdict: TestVerdict::Pass,
+                detail: None,
+            },
+            DiagnosticTest {
+                name: "memory".into(),
+                gpu: Some("GPU-0a1b2c3d".into()),
+                verdict: TestVerdict::Fail,
+                detail: Some("DBE pending".into()),
+            },
+        ],
+    });
+    open.attempts = vec![
+        Attempt::new(AttemptAction::GpuReset, 1, AttemptOutcome::Succeeded),
+        failed,
+    ];
+    input.status.history.push(open);
+    let now = t("2026-05-29T08:20:00Z");
+    let out = render(&input, now, Style::default());
+    for line in [
+        "             2. Diagnostics#1 Failed: memory on GPU-0a1b2c3d: Fail (DBE pending)\n",
+        "                Medium diagnostic, DCGM 4.2.3: Fail\n",
+        "                  software               -                                        Pass\n",
+        "                  memory                 GPU-0a1b2c3d                             Fail DBE pending\n",
+    ] {
+        assert!(out.contains(line), "{line:?} in:\n{out}");
+    }
+    let steps = next::steps(&input, now);
+    assert!(
+        steps[0].starts_with("wait: signals clear; waiting for the Quick DCGM diagnostic")
+            && steps[0].contains("next rung"),
+        "{steps:#?}"
+    );
+}

@@ -1,6 +1,7 @@
 //! One handler per phase. Each looks at the step so far and says what
 //! comes next: done, or another phase's handler (`Then`).
 
+mod diagnose;
 mod drain;
 mod healthy;
 mod maintenance;

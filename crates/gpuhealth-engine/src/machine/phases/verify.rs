@@ -1,5 +1,5 @@
-//! `Verifying`: every signal must stay clear (and the validation pod
-//! succeed) before the node is back in service.
+//! `Verifying`: every signal must stay clear (and the diagnostic pass and
+//! the validation pod succeed) before the node is back in service.
 
 use std::time::Duration;
 
@@ -56,8 +56,12 @@ impl Stepper<'_> {
                 .0;
             let stable = after(since, verification.stable_for.as_std());
             if self.now() >= stable {
+                let since = match self.diagnose(&action, stable) {
+                    Ok(since) => since,
+                    Err(then) => return then,
+                };
                 return match &verification.validation_pod {
-                    Some(pod) => self.validate(&action, stable, pod.timeout),
+                    Some(pod) => self.validate(&action, since, pod.timeout),
                     None => {
                         self.recovered();
                         Then::Done
