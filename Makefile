@@ -11,7 +11,7 @@ export K8S
 endif
 TARGET_DIR := $(or $(CARGO_TARGET_DIR),$(CURDIR)/target)
 
-.PHONY: build images crds docs chart-docs release release-smoke set-version lint unit e2e e2e-node chaos chaos-bounded previous-release previous-build fuzz fuzz-smoke bench bench-smoke peer-nhc test cluster-up cluster-down demo clean
+.PHONY: build images crds docs chart-docs release release-smoke set-version lint unit e2e e2e-node chaos chaos-bounded previous-release previous-build fuzz fuzz-smoke bench bench-smoke bench-gangs peer-nhc test cluster-up cluster-down demo clean
 
 build:
 	cargo build --workspace --all-targets
@@ -98,6 +98,14 @@ bench: peer-nhc
 	# The newest results: a run that crosses midnight is named by its start.
 	bench/plot.sh $$(ls -t bench/results/20*.json | head -1)
 
+# The training gang's comparison alone (bench/src/gangs.rs): GPU-hours a
+# 32-node gang loses to one bad GPU, Whole against Member, on a cluster of
+# its own; bench/results/<date>-gangs.{json,md}. Not part of `make test`.
+bench-gangs:
+	cargo build -p gpuhealth-operator -p gpuhealth-bench
+	GPUHEALTH_CLUSTER_DIR=$(CURDIR)/target/bench-gangs-cluster e2e/cluster/with-cluster.sh \
+	  $(TARGET_DIR)/debug/gpuhealth-bench --only-gangs $(BENCH_ARGS)
+
 # The peer the benchmark runs beside gpuhealth, Medik8s Node Healthcheck:
 # built from its checkout (NHC_DIR: its source/ and recipe/) with Go modules
 # from the module proxy, in a copy (the checkout may be read-only).
@@ -124,7 +132,7 @@ bench-smoke: peer-nhc
 	GPUHEALTH_CLUSTER_DIR=$(CURDIR)/target/bench-smoke-cluster $(PEER_ENV) e2e/cluster/with-cluster.sh \
 	  $(TARGET_DIR)/debug/gpuhealth-bench --nodes 10 --small 4 --faults 2 --fault-interval-ms 100 \
 	  --storm 3 --max-concurrent 2 --quiet-secs 10 --agents 1 --extra-pods 1 \
-	  --drain-pods 20 --drain-repeats 1 --peer-at 10 --peer-nodes 3 --peer-faults 4 \
+	  --drain-pods 20 --drain-repeats 1 --gang-nodes 2 --gang-notice-secs 5 --peer-at 10 --peer-nodes 3 --peer-faults 4 \
 	  --peer-storm 2 --peer-rest-secs 5 --detect-nodes 2 --detect-faults 2 \
 	  --large 16 --large-step 3 --large-faults 2 --large-peer-faults 2 \
 	  --out target/bench-smoke --label smoke

@@ -14,6 +14,7 @@ mod capacity;
 mod detect;
 mod drain;
 mod fleet;
+mod gangs;
 mod large;
 mod measure;
 mod peer;
@@ -85,6 +86,20 @@ pub struct Args {
     /// quarantine and again under node-wide, for the capacity each costs.
     #[arg(long, default_value_t = 10)]
     pub capacity_incidents: usize,
+    /// Nodes of the training gang, eight ranks on each.
+    #[arg(long, default_value_t = 32)]
+    pub gang_nodes: usize,
+    /// The gang policy's `drain.gangs.notice`, in seconds.
+    #[arg(long, default_value_t = 60)]
+    pub gang_notice_secs: u64,
+    /// How long a rank hangs on a collective before the job's own timeout
+    /// fails it: PyTorch's default for NCCL, 10 minutes.
+    #[arg(long, default_value_t = 600)]
+    pub gang_hang_timeout_secs: u64,
+    /// Runs only the training gang's comparison, and writes
+    /// `<label>-gangs.json` and `.md`.
+    #[arg(long)]
+    pub only_gangs: bool,
     /// Where the results go: `<label>.json`, `<label>.md`, plots.
     #[arg(long, default_value = "bench/results")]
     pub out: PathBuf,
@@ -167,6 +182,9 @@ impl Args {
             )
             .into());
         }
+        if self.gang_nodes == 0 {
+            return Err("--gang-nodes must be at least 1".into());
+        }
         if self.detect_nodes == 0 {
             return Err("--detect-nodes must be at least 1".into());
         }
@@ -187,6 +205,20 @@ async fn main() -> ExitCode {
     if let Err(e) = args.check() {
         eprintln!("gpuhealth-bench: {e}");
         return ExitCode::FAILURE;
+    }
+    if args.only_gangs {
+        return match phases::gangs_only(&args).await {
+            Ok(written) => {
+                for p in written {
+                    println!("wrote {}", p.display());
+                }
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("gpuhealth-bench: {e}");
+                ExitCode::FAILURE
+            }
+        };
     }
     match phases::run(&args).await {
         Ok(results) => match report::write(&args, &results) {

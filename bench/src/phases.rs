@@ -22,7 +22,7 @@ use serde_json::json;
 use crate::{
     Args, Result, capacity, detect, drain,
     fleet::{self, GROUP, recovered},
-    large,
+    gangs, large,
     measure::{
         POLICY, STEP, idle, idle_memory, shuffle, sides_from, start_operator, taken_in,
         time_to_quarantine,
@@ -38,6 +38,19 @@ use crate::{
 
 const OPERATOR_REQUESTS: &str = "gpuhealth_api_requests_total";
 const AGENT_REQUESTS: &str = "gpuhealth_agent_api_requests_total";
+
+/// The training gang's comparison alone, on a cluster of its own, with an
+/// operator of its own: `--only-gangs`.
+pub async fn gangs_only(args: &Args) -> Result<Vec<std::path::PathBuf>> {
+    let client = gpuhealth_e2e::client().await?;
+    crds::install(&client).await?;
+    let (_operator, _) = start_operator("bench-operator").await?;
+    let gangs = gangs::compare(args, &client).await?;
+    let mut results = Results::new(args);
+    results.apiserver = client.apiserver_version().await?.git_version;
+    results.gangs = gangs;
+    crate::report::write_gangs(args, &results)
+}
 
 pub async fn run(args: &Args) -> Result<Results> {
     let client = gpuhealth_e2e::client().await?;
@@ -153,6 +166,7 @@ pub async fn run(args: &Args) -> Result<Results> {
 
     results.storm = storm(args, &client, &policies, &operator, pid, &storm_set).await?;
     results.drain = drain::compare(args, &client).await?;
+    results.gangs = gangs::compare(args, &client).await?;
     say("the capacity an incident costs: GPU fenced alone, then node cordoned");
     let capacity_set = &storm_set[..args.capacity_incidents.min(storm_set.len())];
     results.capacity = capacity::compare(&client, &policies, capacity_set).await?;

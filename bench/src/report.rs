@@ -5,11 +5,30 @@ use std::{fmt::Write, path::PathBuf};
 
 use crate::{
     Args, Result,
-    results::{Cost, Detection, Large, Peer, Results, StormCost},
+    results::{Cost, Detection, GangComparison, Large, Peer, Results, StormCost},
 };
 
 /// Writes `<label>.json` and `<label>.md` under `--out`, and the summary
 /// again as `latest.md`.
+/// `--only-gangs`: `<label>-gangs.json` (the gang's figures) and `.md`.
+pub fn write_gangs(args: &Args, results: &Results) -> Result<Vec<PathBuf>> {
+    std::fs::create_dir_all(&args.out)?;
+    let json = args.out.join(format!("{}-gangs.json", results.label));
+    std::fs::write(&json, serde_json::to_string_pretty(&results.gangs)? + "\n")?;
+    let mut s = format!(
+        "# A training gang and one bad GPU: {}\n\nOn {} CPUs and {:.0} GiB, Kubernetes {}, the operator's {} build (`make bench-gangs`; how it is measured: `bench/README.md`).\n\n| figure | result | target | |\n|---|---|---|---|\n",
+        results.label,
+        results.machine.cpus,
+        results.machine.memory_gib,
+        results.apiserver,
+        results.operator_build,
+    );
+    gang_row(&mut s, &results.gangs);
+    let md = args.out.join(format!("{}-gangs.md", results.label));
+    std::fs::write(&md, &s)?;
+    Ok(vec![json, md])
+}
+
 pub fn write(args: &Args, results: &Results) -> Result<Vec<PathBuf>> {
     std::fs::create_dir_all(&args.out)?;
     let json = args.out.join(format!("{}.json", results.label));
@@ -199,6 +218,7 @@ pub fn summary(r: &Results) -> String {
         rounded(&d.kubectl_seconds),
         verdict(d.ratio_of_medians <= 1.0)
     );
+    gang_row(&mut s, &r.gangs);
     let c = &r.capacity;
     let _ = writeln!(
         s,
@@ -381,4 +401,28 @@ fn peer_rows(s: &mut String, peer: &Peer) {
 
 fn rounded(v: &[f64]) -> Vec<f64> {
     v.iter().map(|x| (x * 10.0).round() / 10.0).collect()
+}
+
+/// GPU-hours a training gang loses to one bad GPU, `Whole` against `Member`.
+fn gang_row(s: &mut String, g: &GangComparison) {
+    let met = g.ranks > 0
+        && g.ratio < 1.0
+        && g.whole_told_before_any_left
+        && g.member_ranks_left + 1 == g.ranks;
+    let _ = writeln!(
+        s,
+        "| GPU-hours a training gang of {} ranks on {} nodes loses to one bad GPU: `Whole` ÷ per pod (`Member`) | {:.3} ({:.2} against {:.2} GPU-h: every rank told {:.1} s and all gone {:.1} s after the fault, with a {:.0} s notice; per pod, the bad GPU's rank gone in {:.1} s and {} others left hanging for the job's {:.0} s collective timeout, stated) | under 1, every rank told before any left | {} |",
+        g.ranks,
+        g.nodes,
+        g.ratio,
+        g.whole_gpu_hours,
+        g.member_gpu_hours,
+        g.whole_all_told_seconds,
+        g.whole_seconds,
+        g.notice_seconds,
+        g.member_seconds,
+        g.member_ranks_left,
+        g.hang_timeout_seconds,
+        verdict(met)
+    );
 }

@@ -24,6 +24,7 @@ pub struct Results {
     pub time_to_quarantine: TimeToQuarantine,
     pub storm: Storm,
     pub drain: DrainComparison,
+    pub gangs: GangComparison,
     pub capacity: Capacity,
     pub peer: Peer,
     pub detection: Detection,
@@ -137,6 +138,32 @@ pub struct DrainComparison {
     pub kubectl_seconds: Vec<f64>,
     /// gpuhealth's median over kubectl drain's: under 1 is faster.
     pub ratio_of_medians: f64,
+}
+
+/// What a training gang loses to one bad GPU, `Whole` against `Member`
+/// (`bench/src/gangs.rs`).
+#[derive(Debug, Default, Serialize)]
+pub struct GangComparison {
+    pub nodes: usize,
+    pub ranks: usize,
+    /// The policy's `drain.gangs.notice`.
+    pub notice_seconds: f64,
+    /// `Whole`: from the fault to every rank told, and to the last gone.
+    pub whole_all_told_seconds: f64,
+    pub whole_seconds: f64,
+    /// Whether every rank was told before the first left.
+    pub whole_told_before_any_left: bool,
+    /// `Member`: from the fault to the bad GPU's rank gone.
+    pub member_seconds: f64,
+    /// Ranks `Member` left running, once the node had recovered.
+    pub member_ranks_left: usize,
+    /// How long the other ranks hang under `Member`: the job's collective
+    /// timeout, stated (`--gang-hang-timeout-secs`), not measured.
+    pub hang_timeout_seconds: f64,
+    pub whole_gpu_hours: f64,
+    pub member_gpu_hours: f64,
+    /// `Whole`'s GPU-hours over `Member`'s: under 1 loses less.
+    pub ratio: f64,
 }
 
 /// The capacity an incident costs: per-GPU quarantine against node-wide,

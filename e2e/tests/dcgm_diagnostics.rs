@@ -25,7 +25,7 @@ use gpuhealth_api::{
 use gpuhealth_e2e::{
     host::{Agent, Host, uuid},
     scenario::{Scenario, WAIT},
-    sim::is_cordoned,
+    sim::{is_cordoned, remove_node},
     wait::until,
 };
 use k8s_openapi::{api::core::v1::Node, apimachinery::pkg::util::intstr::IntOrString};
@@ -185,5 +185,11 @@ async fn a_repaired_gpu_serves_again_only_once_dcgm_passes_it() {
         assert!(is_cordoned(&n), "{node} stays cordoned");
         assert_ne!(status.phase, Phase::Healthy);
     }
+    // The two nodes left mid-incident would count against the cluster's
+    // disruption bound in the tests sharing this cluster.
     drop(agents);
+    s.operator.take();
+    for node in &s.nodes {
+        remove_node(&s.client, node).await;
+    }
 }
