@@ -173,10 +173,12 @@ previous-build:
 
 # Fuzzing what gpuhealth reads from others (fuzz/: the GPU report, the
 # request and result annotations, the maintenance notice, the kernel log),
-# FUZZ_SECS each, from the committed corpus. Needs nightly Rust and
-# cargo-fuzz, installed here when missing; builds in fuzz/target, whatever
-# CARGO_TARGET_DIR says (libFuzzer's flags). `fuzz-smoke` is the brief run
-# `make test` includes.
+# FUZZ_SECS each, from the committed corpus: one minimised archive a target,
+# fuzz/corpus/<target>.tar.gz, unpacked into fuzz/target/corpus/<target>;
+# with FUZZ_KEEP=yes what the run added is packed back, minimised
+# (scripts/fuzz-corpus.sh). Needs nightly Rust and cargo-fuzz, installed
+# here when missing; builds in fuzz/target, whatever CARGO_TARGET_DIR says
+# (libFuzzer's flags). `fuzz-smoke` is the brief run `make test` includes.
 FUZZ_SECS ?= 600
 FUZZ_KEEP ?= yes
 FUZZ_TARGETS := gpu_report requests maintenance kernel_log
@@ -184,8 +186,10 @@ fuzz:
 	rustup toolchain list | grep -q '^nightly' || rustup toolchain install nightly --profile minimal
 	command -v cargo-fuzz >/dev/null || cargo install cargo-fuzz --locked
 	cd fuzz && for t in $(FUZZ_TARGETS); do \
-	  if [ "$(FUZZ_KEEP)" = no ]; then dirs="$$(mktemp -d) corpus/$$t"; else dirs=corpus/$$t; fi; \
+	  ../scripts/fuzz-corpus.sh unpack $$t target/corpus/$$t || exit 1; \
+	  if [ "$(FUZZ_KEEP)" = no ]; then dirs="$$(mktemp -d) target/corpus/$$t"; else dirs=target/corpus/$$t; fi; \
 	  env -u CARGO_TARGET_DIR cargo +nightly fuzz run -s none -O $$t $$dirs -- -max_total_time=$(FUZZ_SECS) -rss_limit_mb=1024 || exit 1; \
+	  if [ "$(FUZZ_KEEP)" = yes ]; then ../scripts/fuzz-corpus.sh pack $$t target/corpus/$$t || exit 1; fi; \
 	done
 
 # New inputs go to a scratch directory, so that a test run leaves the
