@@ -10,7 +10,7 @@ use gpuhealth_api::{
     vocabulary::PodKey,
 };
 use k8s_openapi::jiff::Timestamp;
-use kube::core::{Selector, SelectorExt};
+use kube_core::{Selector, SelectorExt};
 
 /// A pod as the planner sees it.
 #[derive(Clone, Debug, PartialEq)]
