@@ -211,6 +211,25 @@ impl Host {
         self.kernel_log_xid(gpu, code, text, ago)
     }
 
+    /// GPU `gpu` as in the incident: its recovery action set to a reset,
+    /// Xid 119, then 154 asking for the reset.
+    pub fn incident_fault(&self, gpu: usize) -> Result<()> {
+        self.set(gpu, "recovery_action", "1")?;
+        let now = std::time::Duration::ZERO;
+        self.xid(
+            gpu,
+            119,
+            "Timeout after 45s of waiting for RPC response from GPU GSP",
+            now,
+        )?;
+        self.xid(
+            gpu,
+            154,
+            "GPU recovery action changed from 0x0 (None) to 0x1 (GPU Reset Required)",
+            now,
+        )
+    }
+
     /// Xid `code` on GPU `gpu` as an NVML event only (what
     /// `nvmlEventSetWait` hands the agent).
     pub fn nvml_xid(&self, gpu: usize, code: u32) -> Result<()> {

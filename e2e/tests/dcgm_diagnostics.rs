@@ -9,7 +9,6 @@
 use std::{
     os::unix::fs::PermissionsExt,
     path::{Path, PathBuf},
-    time::Duration,
 };
 
 use gpuhealth_api::{
@@ -51,26 +50,6 @@ fn dcgmi_for(dir: &Path, verdict: &str) -> PathBuf {
     .expect("the dcgmi wrapper");
     std::fs::set_permissions(&dcgmi, std::fs::Permissions::from_mode(0o755)).expect("executable");
     dcgmi
-}
-
-/// GPU 7 as in the incident: Xid 119, then 154 asking for a reset.
-fn fault(host: &Host) {
-    host.set(7, "recovery_action", "1")
-        .expect("recovery action");
-    host.xid(
-        7,
-        119,
-        "Timeout after 45s of waiting for RPC response from GPU GSP",
-        Duration::ZERO,
-    )
-    .expect("Xid 119");
-    host.xid(
-        7,
-        154,
-        "GPU recovery action changed from 0x0 (None) to 0x1 (GPU Reset Required)",
-        Duration::ZERO,
-    )
-    .expect("Xid 154");
 }
 
 #[tokio::test]
@@ -115,7 +94,7 @@ async fn a_repaired_gpu_serves_again_only_once_dcgm_passes_it() {
     }
     s.start_operator().await.expect("operator");
     for host in &hosts {
-        fault(host);
+        host.incident_fault(7).expect("GPU 7's Xids 119 and 154");
     }
 
     // Pass: back in service, the diagnostic's verdict on GPU 7 kept.

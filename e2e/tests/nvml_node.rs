@@ -165,23 +165,7 @@ async fn the_shipped_agent_takes_a_gpu_from_its_xid_back_to_serving_beside_the_g
     );
     s.wait_taken_in().await.expect("taken in");
 
-    // GPU 7 as in the incident: Xid 119, then 154 asking for a reset.
-    host.set(7, "recovery_action", "1")
-        .expect("recovery action");
-    host.xid(
-        7,
-        119,
-        "Timeout after 45s of waiting for RPC response from GPU GSP",
-        Duration::ZERO,
-    )
-    .expect("Xid 119");
-    host.xid(
-        7,
-        154,
-        "GPU recovery action changed from 0x0 (None) to 0x1 (GPU Reset Required)",
-        Duration::ZERO,
-    )
-    .expect("Xid 154");
+    host.incident_fault(7).expect("GPU 7's Xids 119 and 154");
     until(nodes.clone(), &node, WAIT, |n| {
         allocatable_gpus(n).as_deref() == Some("7")
     })

@@ -1,7 +1,7 @@
 //! `verification.diagnostics`: DCGM's diagnostic on the repaired GPUs
 //! before they serve again. A pass (or a warning) goes on; a failure, a
 //! diagnostic that times out and one never answered are failed attempts,
-//! never an uncordon.
+//! never an uncordon; one that cannot run holds the node for a person.
 
 mod common;
 
@@ -40,6 +40,14 @@ fn diagnostics_attempt(w: &World) -> &Attempt {
         .iter()
         .find(|a| a.action == AttemptAction::Diagnostics)
         .expect("a diagnostic on the record")
+}
+
+/// The reboot rung in flight: the attempt before it failed.
+fn rebooting(w: &World) -> bool {
+    w.state
+        .action
+        .as_ref()
+        .is_some_and(|a| a.type_ == RecoveryAction::NodeReboot)
 }
 
 fn uncordons(w: &World) -> usize {
@@ -120,15 +128,7 @@ fn a_warning_returns_the_gpu_and_is_kept() {
 fn a_failed_diagnostic_is_a_failed_attempt_never_an_uncordon() {
     let mut w = with_diagnostics(DiagnosticsLevel::Quick);
     w.diagnostics_verdict = Some(DiagnosticsVerdict::Fail);
-    w.run_until(
-        |w| {
-            w.state
-                .action
-                .as_ref()
-                .is_some_and(|a| a.type_ == RecoveryAction::NodeReboot)
-        },
-        HOUR,
-    );
+    w.run_until(rebooting, HOUR);
     assert_eq!(uncordons(&w), 0, "never uncordoned on a failure");
     assert!(w.node.unschedulable);
     assert_eq!(
@@ -163,15 +163,7 @@ fn a_diagnostic_that_times_out_or_is_never_answered_fails_the_attempt() {
     for verdict in [Some(DiagnosticsVerdict::TimedOut), None] {
         let mut w = with_diagnostics(DiagnosticsLevel::Quick);
         w.diagnostics_verdict = verdict;
-        w.run_until(
-            |w| {
-                w.state
-                    .action
-                    .as_ref()
-                    .is_some_and(|a| a.type_ == RecoveryAction::NodeReboot)
-            },
-            HOUR,
-        );
+        w.run_until(rebooting, HOUR);
         assert_eq!(uncordons(&w), 0, "{verdict:?}");
         assert_eq!(
             attempts(&w)[1],
@@ -208,4 +200,28 @@ fn the_diagnostic_comes_before_the_validation_pod_and_is_recorded_once() {
             (AttemptAction::ValidationPod, 1, AttemptOutcome::Succeeded),
         ]
     );
+}
+
+#[test]
+fn a_diagnostic_that_cannot_run_holds_the_node_for_a_person_without_a_reboot() {
+    let mut w = with_diagnostics(DiagnosticsLevel::Quick);
+    w.diagnostics_verdict = Some(DiagnosticsVerdict::Error);
+    w.run_until(|w| w.state.phase == Phase::Failed, HOUR);
+    assert_eq!(w.state.reason, Some(Reason::DiagnosticsUnavailable));
+    assert_eq!(
+        attempts(&w),
+        [
+            (AttemptAction::GpuReset, 1, AttemptOutcome::Succeeded),
+            (AttemptAction::Diagnostics, 1, AttemptOutcome::Failed),
+        ]
+    );
+    assert_eq!(
+        w.count(|a| matches!(a, Action::RequestReboot { .. })),
+        0,
+        "no reboot for a dcgmi that is missing"
+    );
+    assert_eq!(uncordons(&w), 0);
+    assert!(w.node.unschedulable);
+    let message = w.state.message.clone().unwrap_or_default();
+    assert!(message.contains("--dcgmi"), "{message}");
 }

@@ -73,6 +73,21 @@ pub(super) fn dns_subdomain(s: &str) -> Result<(), String> {
 }
 
 /// A GPU or MIG UUID as NVML prints it: `GPU-` then hex groups.
+/// A request's `gpus`: 1 to 64 GPU UUIDs, never indexes.
+pub(super) fn gpu_uuids(annotation: &'static str, gpus: &[String]) -> Result<(), ContractError> {
+    if gpus.is_empty() || gpus.len() > 64 {
+        return Err(invalid(
+            annotation,
+            "gpus",
+            "must list between 1 and 64 GPU UUIDs",
+        ));
+    }
+    for (i, uuid) in gpus.iter().enumerate() {
+        gpu_uuid(uuid).map_err(|r| invalid(annotation, format!("gpus[{i}]"), r))?;
+    }
+    Ok(())
+}
+
 pub(super) fn gpu_uuid(s: &str) -> Result<(), String> {
     let body = s.strip_prefix("GPU-").or_else(|| s.strip_prefix("MIG-"));
     let ok = match body {

@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{
     AnnotationValue, ContractError, DIAGNOSTICS_REQUEST_ANNOTATION, RequestId,
-    checks::{bounded_text, gpu_uuid, invalid},
+    checks::{bounded_text, gpu_uuid, gpu_uuids, invalid},
 };
 use crate::{Duration, vocabulary::words};
 
@@ -87,16 +87,7 @@ impl AnnotationValue for DiagnosticsRequest {
     const ANNOTATION: &'static str = DIAGNOSTICS_REQUEST_ANNOTATION;
 
     fn check(&self) -> Result<(), ContractError> {
-        if self.gpus.is_empty() || self.gpus.len() > 64 {
-            return Err(invalid(
-                Self::ANNOTATION,
-                "gpus",
-                "must list between 1 and 64 GPU UUIDs",
-            ));
-        }
-        for (i, uuid) in self.gpus.iter().enumerate() {
-            gpu_uuid(uuid).map_err(|r| invalid(Self::ANNOTATION, format!("gpus[{i}]"), r))?;
-        }
+        gpu_uuids(Self::ANNOTATION, &self.gpus)?;
         if self.level == DiagnosticsLevel::None {
             return Err(invalid(
                 Self::ANNOTATION,

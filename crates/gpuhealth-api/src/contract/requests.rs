@@ -12,7 +12,7 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer, de};
 use super::{
     AnnotationValue, CORDONED_BY_ANNOTATION, ContractError, DiagnosticsResult,
     REBOOT_REQUEST_ANNOTATION, REQUEST_RESULT_ANNOTATION, RESET_REQUEST_ANNOTATION,
-    checks::{bounded_text, excerpt, gpu_uuid, invalid},
+    checks::{bounded_text, excerpt, gpu_uuids, invalid},
 };
 
 /// A request or incident id: 1 to 63 characters of `[a-z0-9-]`, starting
@@ -149,16 +149,7 @@ impl AnnotationValue for ResetRequest {
     const ANNOTATION: &'static str = RESET_REQUEST_ANNOTATION;
 
     fn check(&self) -> Result<(), ContractError> {
-        if self.gpus.is_empty() || self.gpus.len() > 64 {
-            return Err(invalid(
-                Self::ANNOTATION,
-                "gpus",
-                "must list between 1 and 64 GPU UUIDs",
-            ));
-        }
-        for (i, uuid) in self.gpus.iter().enumerate() {
-            gpu_uuid(uuid).map_err(|r| invalid(Self::ANNOTATION, format!("gpus[{i}]"), r))?;
-        }
+        gpu_uuids(Self::ANNOTATION, &self.gpus)?;
         Ok(())
     }
 }

@@ -102,6 +102,10 @@ words! {
         DrainTimeout,
         /// Every rung of the escalation ladder failed.
         EscalationExhausted,
+        /// DCGM's diagnostic could not run (no dcgmi, no host engine, a
+        /// DCGM error): no rung would make it run, so the GPU is held
+        /// unproven for a person.
+        DiagnosticsUnavailable,
         /// Handed off for replacement (`ReplaceNode`).
         ReplacementRequested,
         /// An administrator cleared a request or the cordon record by hand.

@@ -108,7 +108,8 @@ impl Stepper<'_> {
     }
 
     /// The executor's answer, recorded with each test's verdict: a pass
-    /// goes on, anything else is a failed attempt.
+    /// goes on, a diagnostic that could not run holds the node for a
+    /// person, anything else is a failed attempt.
     fn diagnosed_as(
         &mut self,
         action: &ActionStatus,
@@ -127,6 +128,18 @@ impl Stepper<'_> {
         self.record(attempt);
         if outcome == AttemptOutcome::Succeeded {
             return Ok(answer.finished_at.0.max(since));
+        }
+        if verdict == Some(DiagnosticsVerdict::Error) {
+            // A missing dcgmi or host engine is the install's, not the
+            // GPU's: a reboot would not make it run, only cost one.
+            self.fail(
+                Reason::DiagnosticsUnavailable,
+                format!(
+                    "DCGM's diagnostic ({}) could not run: {}; the GPU stays fenced, unproven: give the executor a dcgmi and host engine (--dcgmi, --dcgm-host) or set verification.diagnostics.level to None, then uncordon",
+                    answer.id, answer.message
+                ),
+            );
+            return Err(Then::Done);
         }
         let what = match verdict {
             Some(v) => v.to_string(),
