@@ -192,13 +192,25 @@ impl Nhc {
             pid,
             token,
         };
-        running.scrape().await?;
+        // Its metrics server may start listening a moment after its
+        // controllers have counted the fleet (a make test run found the
+        // port refused at the first look).
+        let listening = std::time::Instant::now() + METRICS_LISTENING;
+        while let Err(e) = running.scrape().await {
+            if std::time::Instant::now() >= listening {
+                return Err(e);
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
         Ok(running)
     }
 }
 
 /// How long the peer may take to start and count a small fleet.
 const STARTUP: Duration = Duration::from_secs(300);
+
+/// How long after that its `/metrics` may take to answer.
+const METRICS_LISTENING: Duration = Duration::from_secs(30);
 
 /// Which tool a sick node is left to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
