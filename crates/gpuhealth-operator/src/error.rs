@@ -1,32 +1,126 @@
-//! What can go wrong in a reconcile, and how soon each kind is tried again.
+//! What can go wrong in a reconcile, where, and how soon each kind is
+//! tried again.
 
 use std::{collections::HashMap, sync::Mutex, time::Duration};
 
+use crate::actions::Kind as ActionKind;
+
+/// A failed reconcile, with the stage that failed and what it failed on.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("kubernetes API: {0}")]
-    Kube(#[from] kube::Error),
-    #[error("serialising: {0}")]
-    Json(#[from] serde_json::Error),
+    /// Reading what a node's step needs (its pods, gangs, workloads, the
+    /// validation pod, the last look before a request).
+    #[error("reading for node {node}: {source}")]
+    Read { node: String, source: kube::Error },
+    /// Writing a node's decided status: nothing was acted on.
+    #[error("writing the status of node {node}: {source}")]
+    WriteStatus { node: String, source: kube::Error },
+    /// Carrying out one of a recorded decision's actions.
+    #[error("{action} on node {node}: {source}")]
+    Act {
+        node: String,
+        action: ActionKind,
+        source: kube::Error,
+    },
     /// Never written: the agent would refuse it, and the operator, seeing no
     /// request it can read, would ask again on every reconcile.
-    #[error("the engine made a request the agent would refuse: {0}")]
-    InvalidRequest(String),
+    #[error("{action} on node {node}: the engine made a request the agent would refuse: {why}")]
+    InvalidRequest {
+        node: String,
+        action: ActionKind,
+        why: String,
+    },
+    /// Writing a policy's status.
+    #[error("writing the status of policy {policy}: {source}")]
+    PolicyStatus { policy: String, source: kube::Error },
+    /// Closing the record of a node deleted from the cluster.
+    #[error("the record of deleted node {node}: {source}")]
+    NodeDeleted { node: String, source: kube::Error },
     #[error("not the leader: this replica does not act")]
     NotLeader,
 }
 
-impl Error {
-    /// Every [`Error::metric_label`].
-    pub const KINDS: &'static [&'static str] = &["kube", "json", "invalid_request", "not_leader"];
+/// Where a reconcile failed: the `stage` label of its error metric.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stage {
+    Read,
+    WriteStatus,
+    Act,
+    PolicyStatus,
+    NodeDeleted,
+    Leadership,
+}
 
-    /// A short, stable label for metrics and logs.
+impl Stage {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Stage::Read => "read",
+            Stage::WriteStatus => "write_status",
+            Stage::Act => "act",
+            Stage::PolicyStatus => "policy_status",
+            Stage::NodeDeleted => "node_deleted",
+            Stage::Leadership => "leadership",
+        }
+    }
+}
+
+impl Error {
+    /// Every (`stage`, `kind`) an error is counted under.
+    pub const LABELS: &'static [(Stage, &'static str)] = &[
+        (Stage::Read, "kube"),
+        (Stage::WriteStatus, "kube"),
+        (Stage::Act, "kube"),
+        (Stage::Act, "invalid_request"),
+        (Stage::PolicyStatus, "kube"),
+        (Stage::NodeDeleted, "kube"),
+        (Stage::Leadership, "not_leader"),
+    ];
+
+    /// A short, stable label for metrics and logs: what went wrong.
     pub fn metric_label(&self) -> &'static str {
         match self {
-            Error::Kube(_) => "kube",
-            Error::Json(_) => "json",
-            Error::InvalidRequest(_) => "invalid_request",
+            Error::InvalidRequest { .. } => "invalid_request",
             Error::NotLeader => "not_leader",
+            _ => "kube",
+        }
+    }
+
+    pub fn stage(&self) -> Stage {
+        match self {
+            Error::Read { .. } => Stage::Read,
+            Error::WriteStatus { .. } => Stage::WriteStatus,
+            Error::Act { .. } | Error::InvalidRequest { .. } => Stage::Act,
+            Error::PolicyStatus { .. } => Stage::PolicyStatus,
+            Error::NodeDeleted { .. } => Stage::NodeDeleted,
+            Error::NotLeader => Stage::Leadership,
+        }
+    }
+
+    /// The API server's answer, where it refused or failed.
+    pub fn api(&self) -> Option<&kube::Error> {
+        match self {
+            Error::Read { source, .. }
+            | Error::WriteStatus { source, .. }
+            | Error::Act { source, .. }
+            | Error::PolicyStatus { source, .. }
+            | Error::NodeDeleted { source, .. } => Some(source),
+            Error::InvalidRequest { .. } | Error::NotLeader => None,
+        }
+    }
+
+    /// The API status code, where the API server answered with one.
+    pub fn code(&self) -> Option<u16> {
+        match self.api()? {
+            kube::Error::Api(s) => Some(s.code),
+            _ => None,
+        }
+    }
+
+    /// `Error::Read` for `node`, for `map_err`.
+    pub fn read(node: &str) -> impl FnOnce(kube::Error) -> Error + '_ {
+        move |source| Error::Read {
+            node: node.to_owned(),
+            source,
         }
     }
 }
@@ -47,12 +141,12 @@ pub enum Retry {
 
 impl Error {
     pub fn retry(&self) -> Retry {
-        match self {
-            Error::Kube(kube::Error::Api(s)) if s.code == 409 => Retry::Soon,
-            Error::Kube(kube::Error::Api(s)) if matches!(s.code, 400 | 422) => Retry::OnChange,
-            Error::Kube(_) => Retry::BackOff,
-            Error::Json(_) | Error::InvalidRequest(_) => Retry::OnChange,
-            Error::NotLeader => Retry::Standby,
+        match (self, self.code()) {
+            (Error::NotLeader, _) => Retry::Standby,
+            (Error::InvalidRequest { .. }, _) => Retry::OnChange,
+            (_, Some(409)) => Retry::Soon,
+            (_, Some(400 | 422)) => Retry::OnChange,
+            _ => Retry::BackOff,
         }
     }
 }
@@ -100,18 +194,26 @@ mod tests {
     use super::*;
 
     fn api(code: u16) -> Error {
-        Error::Kube(kube::Error::Api(
-            kube::core::Status::failure("test", "Test")
-                .with_code(code)
-                .boxed(),
-        ))
+        Error::WriteStatus {
+            node: "gpu-node-1".into(),
+            source: kube::Error::Api(
+                kube::core::Status::failure("test", "Test")
+                    .with_code(code)
+                    .boxed(),
+            ),
+        }
     }
 
     #[test]
     fn each_kind_of_error_is_tried_again_in_its_own_time() {
         assert_eq!(api(409).retry().after(1), Some(Duration::from_secs(1)));
         assert_eq!(api(422).retry().after(1), None);
-        assert_eq!(Error::InvalidRequest("x".into()).retry().after(3), None);
+        let invalid = Error::InvalidRequest {
+            node: "gpu-node-1".into(),
+            action: ActionKind::RequestReset,
+            why: "x".into(),
+        };
+        assert_eq!(invalid.retry().after(3), None);
         assert_eq!(api(500).retry().after(1), Some(Duration::from_secs(2)));
         assert_eq!(api(503).retry().after(3), Some(Duration::from_secs(8)));
         assert_eq!(api(429).retry().after(50), Some(Duration::from_secs(60)));
@@ -119,5 +221,24 @@ mod tests {
             Error::NotLeader.retry().after(9),
             Some(Duration::from_secs(5))
         );
+    }
+
+    #[test]
+    fn an_error_names_its_stage_and_subject() {
+        let e = api(500);
+        assert_eq!(e.stage(), Stage::WriteStatus);
+        assert_eq!(e.metric_label(), "kube");
+        assert!(
+            e.to_string()
+                .starts_with("writing the status of node gpu-node-1: "),
+            "{e}"
+        );
+        for error in [&e, &Error::NotLeader] {
+            let labels = (error.stage(), error.metric_label());
+            assert!(
+                Error::LABELS.contains(&labels),
+                "{labels:?} not pre-registered"
+            );
+        }
     }
 }

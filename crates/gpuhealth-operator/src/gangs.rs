@@ -18,7 +18,7 @@ use k8s_openapi::api::{core::v1::Pod, policy::v1::PodDisruptionBudget};
 use kube::{Api, ResourceExt, api::ListParams};
 
 use crate::{
-    context::{Context, Error},
+    context::Context,
     observe::{budget_views, pod_view},
 };
 
@@ -28,7 +28,7 @@ pub async fn read(
     ctx: &Context,
     spec: &GpuHealthPolicySpec,
     pods: &[PodView],
-) -> Result<Vec<GangView>, Error> {
+) -> Result<Vec<GangView>, kube::Error> {
     let label = spec.drain.gangs.label_key.as_deref();
     let mut keys: Vec<&GangKey> = Vec::new();
     for pod in pods {

@@ -91,7 +91,11 @@ async fn unowned(ctx: &Context, record: &GpuNodeHealth) -> Result<(), Error> {
         &PatchParams::default(),
         &Patch::Merge(patch),
     )
-    .await?;
+    .await
+    .map_err(|source| Error::NodeDeleted {
+        node: record.name_any(),
+        source,
+    })?;
     Ok(())
 }
 
@@ -101,9 +105,14 @@ async fn gone(ctx: &Context, record: &GpuNodeHealth) -> Result<(), Error> {
     let stored = &record.status.clone().unwrap_or_default();
     // The cache may lag a Node created a moment ago: gone means gone from
     // the API server.
+    let failed = |source| Error::NodeDeleted {
+        node: name.clone(),
+        source,
+    };
     if Api::<Node>::all(ctx.client.clone())
         .get_opt(&name)
-        .await?
+        .await
+        .map_err(failed)?
         .is_some()
     {
         return Ok(());
@@ -133,7 +142,7 @@ async fn gone(ctx: &Context, record: &GpuNodeHealth) -> Result<(), Error> {
                 }),
                 ..DeleteParams::default()
             };
-            api.delete(&name, &params).await?;
+            api.delete(&name, &params).await.map_err(failed)?;
             ctx.lock_decisions().remove(&name);
             info!(node = %name, "the node was deleted with nothing under way: its record goes with it");
             Ok(())

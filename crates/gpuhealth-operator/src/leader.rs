@@ -57,6 +57,19 @@ impl Leadership {
         }
     }
 
+    /// A replica that took the lease `ago` and has just renewed it.
+    #[cfg(test)]
+    pub fn held_since(ago: Duration) -> Self {
+        let leadership = Leadership::new(Duration::from_secs(10));
+        let now = Instant::now();
+        let since = now.checked_sub(ago).unwrap_or(now);
+        *leadership.term.lock().unwrap_or_else(|p| p.into_inner()) = Some(Term {
+            since,
+            renewed: now,
+        });
+        leadership
+    }
+
     /// How long this replica has led, while it does.
     pub fn held_for(&self) -> Option<Duration> {
         self.term()

@@ -25,6 +25,8 @@ mod reconcile;
 mod retry;
 mod selection;
 mod slim;
+#[cfg(test)]
+mod testing;
 mod triggers;
 mod validation;
 mod workloads;

@@ -15,7 +15,10 @@ use prometheus_client::{
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ErrorLabels {
-    pub kind: String,
+    /// Where it failed: one of [`crate::error::Stage`].
+    pub stage: &'static str,
+    /// What went wrong: [`crate::error::Error::metric_label`].
+    pub kind: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -149,9 +152,10 @@ impl Default for Metrics {
         };
         // Every kind from the start, at 0: rate() needs a series to exist
         // before the first error does.
-        for kind in crate::error::Error::KINDS {
+        for (stage, kind) in crate::error::Error::LABELS {
             drop(m.reconcile_errors.get_or_create(&ErrorLabels {
-                kind: (*kind).into(),
+                stage: stage.as_str(),
+                kind,
             }));
         }
         for stage in Metrics::STAGES {
@@ -160,7 +164,7 @@ impl Default for Metrics {
         let r = &mut m.registry;
         r.register(
             "reconcile_errors",
-            "Node reconciles that failed, by error kind",
+            "Reconciles that failed, by the stage that failed and the kind of error",
             m.reconcile_errors.clone(),
         );
         r.register(

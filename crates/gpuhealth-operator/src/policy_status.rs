@@ -159,7 +159,11 @@ async fn reconcile_policy(policy: &GpuHealthPolicy, ctx: &Context) -> Result<Req
         &PatchParams::apply(MANAGER).force(),
         &Patch::Apply(patch),
     )
-    .await?;
+    .await
+    .map_err(|source| Error::PolicyStatus {
+        policy: name.clone(),
+        source,
+    })?;
     let was = |type_: &str| {
         previous
             .conditions

@@ -26,14 +26,19 @@ pub fn retry(name: &str, what: &str, error: &Error, ctx: &Context) -> Requeue {
     let kind = error.metric_label();
     ctx.metrics
         .reconcile_errors
-        .get_or_create(&ErrorLabels { kind: kind.into() })
+        .get_or_create(&ErrorLabels {
+            stage: error.stage().as_str(),
+            kind,
+        })
         .inc();
     let retry = error.retry();
     let after = retry.after(ctx.failures.one_more(&key(what, name)));
     match error {
         // Expected on a standby replica, or for the moment after losing the lease.
         Error::NotLeader => debug!(%name, what, "not the leader; not acting"),
-        _ => warn!(%name, what, error = %error, kind, ?retry, ?after, "reconcile failed"),
+        _ => {
+            warn!(%name, what, error = %error, kind, stage = error.stage().as_str(), ?retry, ?after, "reconcile failed")
+        }
     }
     match after {
         Some(after) => Requeue::requeue(after),

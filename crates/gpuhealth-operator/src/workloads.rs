@@ -9,10 +9,10 @@ use gpuhealth_engine::workload::{WorkloadView, controller_of, observe};
 use k8s_openapi::api::core::v1::{Event, Node, Pod};
 use kube::{Api, ResourceExt, api::ListParams, runtime::reflector::ObjectRef};
 
-use crate::context::{Context, Error};
+use crate::context::Context;
 
 /// The pods of each named workload (`Kind/namespace/name`), observed.
-pub async fn watched(ctx: &Context, names: &[String]) -> Result<Vec<WorkloadView>, Error> {
+pub async fn watched(ctx: &Context, names: &[String]) -> Result<Vec<WorkloadView>, kube::Error> {
     let mut by_namespace: BTreeMap<&str, Vec<Pod>> = BTreeMap::new();
     // Each node's report, parsed once.
     let mut reports: BTreeMap<String, Option<GpuReport>> = BTreeMap::new();
@@ -46,7 +46,7 @@ pub async fn watched(ctx: &Context, names: &[String]) -> Result<Vec<WorkloadView
 }
 
 /// The Events about a pod (the kubelet's among them).
-async fn events_about(ctx: &Context, pod: &Pod) -> Result<Vec<Event>, Error> {
+async fn events_about(ctx: &Context, pod: &Pod) -> Result<Vec<Event>, kube::Error> {
     let api: Api<Event> = Api::namespaced(ctx.client.clone(), &pod.namespace().unwrap_or_default());
     let fields = format!(
         "involvedObject.kind=Pod,involvedObject.name={}",

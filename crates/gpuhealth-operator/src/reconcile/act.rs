@@ -48,7 +48,8 @@ pub async fn act(
             }
             continue;
         }
-        if let Some(pod) = last_look::unseen_holder(ctx, read, action).await? {
+        let unseen = last_look::unseen_holder(ctx, read, action).await;
+        if let Some(pod) = unseen.map_err(Error::read(&read.name))? {
             // The record says the request is in flight; the next step
             // finds it missing, drains the pod, and only then asks again.
             warn!(node = %read.name, %pod, ?action, "not asked for yet: a pod the step had not seen holds a GPU it covers");

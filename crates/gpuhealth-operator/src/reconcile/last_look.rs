@@ -12,10 +12,7 @@ use k8s_openapi::api::{core::v1::Pod, resource::v1::ResourceClaim};
 use kube::{Api, api::ListParams};
 
 use super::read::Read;
-use crate::{
-    context::{Context, Error},
-    devices, observe,
-};
+use crate::{context::Context, devices, observe};
 
 /// A pod (`namespace/name`) that holds a GPU `action` acts on, as the
 /// API server says now, and that the step did not see holding one.
@@ -23,7 +20,7 @@ pub async fn unseen_holder(
     ctx: &Context,
     read: &Read,
     action: &Action,
-) -> Result<Option<String>, Error> {
+) -> Result<Option<String>, kube::Error> {
     let covered: Option<&[String]> = match action {
         Action::RequestReset { gpus, .. } | Action::RequestDiagnostics { gpus, .. } => Some(gpus),
         Action::RequestReboot { .. } => None,

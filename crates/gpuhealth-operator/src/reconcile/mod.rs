@@ -68,3 +68,6 @@ async fn reconcile_node(node: &Node, ctx: &Context) -> Result<Requeue, Error> {
         None => Requeue::requeue(Duration::from_secs(300)),
     })
 }
+
+#[cfg(test)]
+mod tests;

@@ -119,7 +119,8 @@ pub async fn read(ctx: &Context, node: &Node) -> Result<Option<Read>, Error> {
         let api: Api<Pod> = Api::all(ctx.client.clone());
         let mut items = api
             .list(&ListParams::default().fields(&format!("spec.nodeName={name}")))
-            .await?
+            .await
+            .map_err(Error::read(&name))?
             .items;
         // A pod holds the GPUs the report names for it and those its
         // ResourceClaims were allocated, from the allocation on: one the
@@ -134,7 +135,7 @@ pub async fn read(ctx: &Context, node: &Node) -> Result<Option<Read>, Error> {
                     continue;
                 }
                 let api: Api<Pod> = Api::namespaced(ctx.client.clone(), &namespace);
-                if let Some(p) = api.get_opt(&pod).await? {
+                if let Some(p) = api.get_opt(&pod).await.map_err(Error::read(&name))? {
                     items.push(p);
                 }
             }
@@ -172,7 +173,9 @@ pub async fn read(ctx: &Context, node: &Node) -> Result<Option<Read>, Error> {
         Vec::new()
     };
     let gangs = if needs.gangs {
-        gangs::read(ctx, &policy.spec, &pods).await?
+        gangs::read(ctx, &policy.spec, &pods)
+            .await
+            .map_err(Error::read(&name))?
     } else {
         Vec::new()
     };
@@ -184,12 +187,17 @@ pub async fn read(ctx: &Context, node: &Node) -> Result<Option<Read>, Error> {
     let workloads = if needs.workloads.is_empty() {
         Vec::new()
     } else {
-        workloads::watched(ctx, &needs.workloads).await?
+        workloads::watched(ctx, &needs.workloads)
+            .await
+            .map_err(Error::read(&name))?
     };
     let validation = match &needs.validation_pod {
         Some(pod) => {
             let api: Api<Pod> = Api::namespaced(ctx.client.clone(), &ctx.validation.namespace);
-            api.get_opt(pod).await?.map(|p| validation::view(&p))
+            api.get_opt(pod)
+                .await
+                .map_err(Error::read(&name))?
+                .map(|p| validation::view(&p))
         }
         None => None,
     };

@@ -50,7 +50,8 @@ pub async fn record(
     if starts_after_takeover(ctx, read, status) {
         let fresh = Api::<GpuNodeHealth>::all(ctx.client.clone())
             .list(&ListParams::default())
-            .await?;
+            .await
+            .map_err(Error::read(&read.name))?;
         let store: Vec<Arc<GpuNodeHealth>> = fresh.items.into_iter().map(Arc::new).collect();
         let fleet = Fleet::of(ctx, &read.policy, &read.name);
         let hold = {
@@ -107,6 +108,10 @@ pub(crate) async fn write_status(
     name: &str,
     status: &GpuNodeHealthStatus,
 ) -> Result<(), Error> {
+    let failed = |source| Error::WriteStatus {
+        node: name.to_owned(),
+        source,
+    };
     let api: Api<GpuNodeHealth> = Api::all(ctx.client.clone());
     let params = PatchParams::apply(MANAGER).force();
     if ctx.node_health.get(&ObjectRef::new(name)).is_none() {
@@ -118,11 +123,14 @@ pub(crate) async fn write_status(
             "metadata": {"name": name},
             "spec": {},
         });
-        api.patch(name, &params, &Patch::Apply(object)).await?;
+        api.patch(name, &params, &Patch::Apply(object))
+            .await
+            .map_err(failed)?;
     }
     let patch =
         json!({"apiVersion": "gpuhealth.io/v1alpha1", "kind": "GpuNodeHealth", "status": status});
     api.patch_status(name, &params, &Patch::Apply(patch))
-        .await?;
+        .await
+        .map_err(failed)?;
     Ok(())
 }

@@ -1,0 +1,205 @@
+//! The reconcile's stages against the fake API server: intent before
+//! action, a record taken back when its write fails, and the check of a
+//! start against a fresh list just after a takeover.
+
+use std::time::Duration;
+
+use gpuhealth_api::{
+    GpuHealthPolicy, GpuNodeHealth, contract::GPU_REPORT_ANNOTATION, node_health::Phase,
+    vocabulary::Reason,
+};
+use k8s_openapi::{api::core::v1::Node, jiff::Timestamp};
+use serde_json::{Value, json};
+
+use super::reconcile_node;
+use crate::{
+    context::Error,
+    testing::{World, cache},
+};
+
+const NODE: &str = "gpu-node-1";
+const OTHER: &str = "gpu-node-2";
+const POLICY: &str = "serving";
+const STATUS: &str = "/apis/gpuhealth.io/v1alpha1/gpunodehealths/gpu-node-1/status";
+const CORDON: &str = "PATCH /api/v1/nodes/gpu-node-1";
+
+/// A node whose agent reports the incident's Xids on one GPU, now.
+fn faulty(name: &str) -> Node {
+    let mut report: Value = serde_json::from_str(include_str!(
+        "../../../gpuhealth-api/tests/fixtures/incident-gpu-report.json"
+    ))
+    .expect("the incident's report");
+    report["observedAt"] = json!(Timestamp::now().to_string());
+    serde_json::from_value(json!({
+        "metadata": {
+            "name": name,
+            "resourceVersion": "7",
+            "annotations": {GPU_REPORT_ANNOTATION: report.to_string()},
+        },
+    }))
+    .expect("node")
+}
+
+fn healthy(name: &str) -> Node {
+    serde_json::from_value(json!({"metadata": {"name": name}})).expect("node")
+}
+
+/// An enforcing policy over every node, one remediation at a time.
+fn policy() -> GpuHealthPolicy {
+    serde_json::from_value(json!({
+        "apiVersion": "gpuhealth.io/v1alpha1",
+        "kind": "GpuHealthPolicy",
+        "metadata": {"name": POLICY},
+        "spec": {"nodeSelector": {}, "mode": "Enforce", "maxConcurrent": 1},
+    }))
+    .expect("policy")
+}
+
+/// `OTHER`'s record: remediating under the policy.
+fn other_remediating() -> Value {
+    json!({
+        "apiVersion": "gpuhealth.io/v1alpha1",
+        "kind": "GpuNodeHealth",
+        "metadata": {"name": OTHER, "resourceVersion": "9"},
+        "spec": {},
+        "status": {"phase": "Draining", "policy": POLICY, "incident": "inc-1764950000-000000000001"},
+    })
+}
+
+fn world(led_for: Duration) -> World {
+    let mut w = World::new(led_for);
+    cache(&mut w.policies, policy());
+    cache(&mut w.nodes, faulty(NODE));
+    cache(&mut w.nodes, healthy(OTHER));
+    // A fleet large enough that one node under way is no storm (the
+    // circuit breaker's business, not this test's).
+    for i in 3..=20 {
+        cache(&mut w.nodes, healthy(&format!("gpu-node-{i}")));
+    }
+    w
+}
+
+fn decided_phase(w: &World) -> Option<Phase> {
+    w.ctx.lock_decisions().get(NODE).map(|s| s.phase)
+}
+
+#[tokio::test]
+async fn a_fault_is_recorded_before_the_node_is_cordoned() {
+    let w = world(Duration::from_secs(600));
+    reconcile_node(&faulty(NODE), &w.ctx)
+        .await
+        .expect("reconciled");
+    let lines = w.api.lines();
+    let written = lines
+        .iter()
+        .position(|l| l == &format!("PATCH {STATUS}"))
+        .unwrap_or_else(|| panic!("no status write: {lines:?}"));
+    let cordoned = lines
+        .iter()
+        .position(|l| l == CORDON)
+        .unwrap_or_else(|| panic!("no cordon: {lines:?}"));
+    assert!(written < cordoned, "{lines:?}");
+    let phase = decided_phase(&w).expect("this process's record of its decision");
+    assert!(gpuhealth_engine::machine::is_disruptive(phase), "{phase:?}");
+}
+
+#[tokio::test]
+async fn a_status_write_that_fails_acts_on_nothing_and_takes_its_record_back() {
+    let w = world(Duration::from_secs(600));
+    w.api.on("PATCH", "/status", 500);
+    let error = reconcile_node(&faulty(NODE), &w.ctx)
+        .await
+        .expect_err("the write failed");
+    assert!(
+        matches!(&error, Error::WriteStatus { node, .. } if node == NODE),
+        "{error:?}"
+    );
+    assert!(
+        !w.api.lines().contains(&CORDON.to_owned()),
+        "{:?}",
+        w.api.lines()
+    );
+    assert_eq!(decided_phase(&w), None, "the budget no longer counts it");
+}
+
+#[tokio::test]
+async fn a_failed_write_puts_back_the_record_it_replaced() {
+    let w = world(Duration::from_secs(600));
+    // A decision this process made earlier, which the watch has not shown.
+    let before = gpuhealth_api::node_health::GpuNodeHealthStatus {
+        phase: Phase::Suspect,
+        policy: Some(POLICY.into()),
+        ..Default::default()
+    };
+    w.ctx.lock_decisions().insert(NODE.into(), before.clone());
+    w.api.on("PATCH", "/status", 500);
+    reconcile_node(&faulty(NODE), &w.ctx)
+        .await
+        .expect_err("the write failed");
+    assert_eq!(w.ctx.lock_decisions().get(NODE), Some(&before));
+}
+
+#[tokio::test]
+async fn just_after_a_takeover_a_start_the_api_server_has_no_budget_for_waits() {
+    let w = world(Duration::from_secs(5));
+    // The cache shows nothing under way; the API server, the previous
+    // leader's last start.
+    w.api.on_with("GET", "/gpunodehealths", |_| {
+        (
+            200,
+            json!({"metadata": {"resourceVersion": "10"}, "items": [other_remediating()]}),
+        )
+    });
+    let requeue = reconcile_node(&faulty(NODE), &w.ctx)
+        .await
+        .expect("held back");
+    assert_eq!(
+        requeue,
+        kube::runtime::controller::Action::requeue(Duration::from_secs(2))
+    );
+    let lines = w.api.lines();
+    assert!(
+        lines
+            .iter()
+            .any(|l| l == "GET /apis/gpuhealth.io/v1alpha1/gpunodehealths"),
+        "{lines:?}"
+    );
+    assert!(
+        !lines.iter().any(|l| l.starts_with("PATCH")),
+        "nothing written: {lines:?}"
+    );
+    assert_eq!(decided_phase(&w), None, "the start is taken back");
+}
+
+#[tokio::test]
+async fn just_after_a_takeover_a_start_the_api_server_agrees_to_goes_ahead() {
+    let w = world(Duration::from_secs(5));
+    reconcile_node(&faulty(NODE), &w.ctx)
+        .await
+        .expect("reconciled");
+    let lines = w.api.lines();
+    assert!(
+        lines.iter().any(|l| l.ends_with("/gpunodehealths")),
+        "{lines:?}"
+    );
+    assert!(lines.contains(&CORDON.to_owned()), "{lines:?}");
+}
+
+#[tokio::test]
+async fn a_leader_past_its_first_minute_trusts_its_cache() {
+    let mut w = world(Duration::from_secs(600));
+    let other: GpuNodeHealth = serde_json::from_value(other_remediating()).expect("record");
+    cache(&mut w.node_health, other);
+    // The cache shows the budget spent: no start, and no list to learn it.
+    reconcile_node(&faulty(NODE), &w.ctx)
+        .await
+        .expect("reconciled");
+    let lines = w.api.lines();
+    assert!(
+        !lines.iter().any(|l| l.ends_with("/gpunodehealths")),
+        "{lines:?}"
+    );
+    assert!(!lines.contains(&CORDON.to_owned()), "{lines:?}");
+    let held = w.ctx.lock_decisions().get(NODE).and_then(|s| s.reason);
+    assert_eq!(held, Some(Reason::WaitingForBudget));
+}

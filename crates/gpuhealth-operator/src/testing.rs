@@ -1,0 +1,248 @@
+//! A fake API server for the operator's unit tests: a `kube::Client`
+//! whose requests are recorded and answered from rules the test sets, so
+//! that the reconcile's stages and each action run as they do against a
+//! real one (the same client, the same requests, the API server's error
+//! statuses), in milliseconds.
+
+use std::{
+    convert::Infallible,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use gpuhealth_api::{GpuHealthPolicy, GpuNodeHealth};
+use gpuhealth_engine::guardrails::Guardrails;
+use http::{Request, Response};
+use http_body_util::BodyExt;
+use k8s_openapi::api::core::v1::Node;
+use kube::{
+    Client,
+    client::Body,
+    runtime::{
+        reflector::{self, store::Writer},
+        watcher::Event,
+    },
+};
+use serde_json::{Value, json};
+
+use crate::{context::Context, leader::Leadership, validation};
+
+/// One request the fake API server was sent.
+#[derive(Clone, Debug)]
+pub struct Seen {
+    pub method: String,
+    /// The path and query, as sent.
+    pub uri: String,
+    pub body: Value,
+}
+
+impl Seen {
+    /// `"PATCH /api/v1/nodes/gpu-1"`, without the query.
+    pub fn line(&self) -> String {
+        let path = self.uri.split('?').next().unwrap_or_default();
+        format!("{} {path}", self.method)
+    }
+}
+
+type Rule = Box<dyn Fn(&Seen) -> Option<(u16, Value)> + Send + Sync>;
+
+/// The fake API server: every request recorded, each answered by the
+/// first rule that matches it, else as a real one would answer a write it
+/// took (`answer_ok`).
+#[derive(Clone, Default)]
+pub struct FakeApi {
+    seen: Arc<Mutex<Vec<Seen>>>,
+    rules: Arc<Mutex<Vec<Rule>>>,
+}
+
+impl FakeApi {
+    pub fn client(&self) -> Client {
+        let api = self.clone();
+        let service = tower::service_fn(move |request: Request<Body>| {
+            let api = api.clone();
+            async move { Ok::<_, Infallible>(api.answer(request).await) }
+        });
+        Client::new(service, "default")
+    }
+
+    /// Answers requests `method` to a path containing `path` with `code`
+    /// and an API status (or, for 2xx, `answer_ok`'s body).
+    pub fn on(&self, method: &'static str, path: &'static str, code: u16) {
+        self.on_with(method, path, move |seen| {
+            if (200..300).contains(&code) {
+                (code, answer_ok(seen))
+            } else {
+                (code, status(code))
+            }
+        });
+    }
+
+    /// Answers requests `method` to a path containing `path` with what
+    /// `answer` makes of each.
+    pub fn on_with(
+        &self,
+        method: &'static str,
+        path: &'static str,
+        answer: impl Fn(&Seen) -> (u16, Value) + Send + Sync + 'static,
+    ) {
+        let rule: Rule = Box::new(move |seen| {
+            let matches = seen.method == method
+                && seen.uri.split('?').next().is_some_and(|p| p.contains(path));
+            matches.then(|| answer(seen))
+        });
+        // Newest first: a test's later rule overrides an earlier one.
+        lock(&self.rules).insert(0, rule);
+    }
+
+    /// Every request so far, in order.
+    pub fn seen(&self) -> Vec<Seen> {
+        lock(&self.seen).clone()
+    }
+
+    /// Every request so far, as `method path` lines (Events left out:
+    /// they are best effort, and each test asks for what it acts on).
+    pub fn lines(&self) -> Vec<String> {
+        self.seen()
+            .iter()
+            .map(Seen::line)
+            .filter(|l| !l.contains("/events"))
+            .collect()
+    }
+
+    async fn answer(&self, request: Request<Body>) -> Response<Body> {
+        let (parts, body) = request.into_parts();
+        let bytes = body
+            .collect()
+            .await
+            .map(|b| b.to_bytes())
+            .unwrap_or_default();
+        let seen = Seen {
+            method: parts.method.to_string(),
+            uri: parts.uri.to_string(),
+            body: serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+        };
+        lock(&self.seen).push(seen.clone());
+        let (code, body) = lock(&self.rules)
+            .iter()
+            .find_map(|rule| rule(&seen))
+            .unwrap_or_else(|| (200, answer_ok(&seen)));
+        Response::builder()
+            .status(code)
+            .header("content-type", "application/json")
+            .body(Body::from(serde_json::to_vec(&body).unwrap_or_default()))
+            .unwrap_or_else(|_| Response::new(Body::empty()))
+    }
+}
+
+/// What an API server answers a write it took: a delete or an eviction,
+/// a success status; a patch, create or apply, the object as sent, with
+/// the name the path gives it; a list, an empty one.
+pub fn answer_ok(seen: &Seen) -> Value {
+    let path = seen.uri.split('?').next().unwrap_or_default();
+    if seen.method == "DELETE" || path.ends_with("/eviction") {
+        return json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success"});
+    }
+    if seen.method == "GET" {
+        return json!({"metadata": {"resourceVersion": "1"}, "items": []});
+    }
+    let name = path
+        .trim_end_matches("/status")
+        .rsplit('/')
+        .next()
+        .unwrap_or_default();
+    let mut object = match &seen.body {
+        Value::Object(_) => seen.body.clone(),
+        _ => json!({}),
+    };
+    object["metadata"]["name"] = json!(name);
+    if object.get("spec").is_none() {
+        object["spec"] = json!({});
+    }
+    object
+}
+
+/// An API server's refusal with `code`.
+pub fn status(code: u16) -> Value {
+    let reason = match code {
+        404 => "NotFound",
+        409 => "Conflict",
+        422 => "Invalid",
+        429 => "TooManyRequests",
+        _ => "InternalError",
+    };
+    json!({
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+        "message": format!("the fake API server answers {code}"),
+        "reason": reason,
+        "code": code,
+    })
+}
+
+/// The operator's shared state over a [`FakeApi`], with its caches' writers.
+pub struct World {
+    pub api: FakeApi,
+    pub ctx: Context,
+    pub nodes: Writer<Node>,
+    pub policies: Writer<GpuHealthPolicy>,
+    pub node_health: Writer<GpuNodeHealth>,
+}
+
+impl World {
+    /// A replica that took the lease `led_for` ago.
+    pub fn new(led_for: Duration) -> World {
+        let api = FakeApi::default();
+        let client = api.client();
+        let (nodes_store, nodes) = reflector::store();
+        let (policies_store, policies) = reflector::store();
+        let (node_health_store, node_health) = reflector::store();
+        let (budgets, _) = reflector::store();
+        let ctx = Context {
+            client: client.clone(),
+            nodes: nodes_store,
+            policies: policies_store,
+            node_health: node_health_store,
+            budgets,
+            dra: None,
+            pod_health: Arc::default(),
+            events: crate::events::Events::new(client, "gpuhealth-operator", "test"),
+            decisions: Mutex::default(),
+            metrics: Arc::default(),
+            protection: Arc::new(crate::protection::Protection::new(false)),
+            guardrails: Guardrails::none(),
+            holders_seen: Mutex::default(),
+            failures: Default::default(),
+            report_seen: Mutex::default(),
+            honour_announced: Mutex::default(),
+            locks: Arc::default(),
+            leadership: Leadership::held_since(led_for),
+            crash_after: Default::default(),
+            validation: validation::Target {
+                namespace: "gpuhealth-validation".into(),
+                service_account: "gpuhealth-validation".into(),
+            },
+        };
+        World {
+            api,
+            ctx,
+            nodes,
+            policies,
+            node_health,
+        }
+    }
+}
+
+/// Puts `object` in a cache, as its watch would.
+pub fn cache<K>(writer: &mut Writer<K>, object: K)
+where
+    K: kube::Resource + Clone,
+    K::DynamicType: Clone + Eq + std::hash::Hash + Default,
+{
+    writer.apply_watcher_event(&Event::Apply(object));
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
