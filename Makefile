@@ -151,7 +151,7 @@ chaos: previous-release
 	  e2e/cluster/with-cluster.sh $(TARGET_DIR)/debug/gpuhealth-chaos --out target/chaos.md $(CHAOS_ARGS)
 
 chaos-bounded:
-	$(MAKE) chaos CHAOS_ARGS="--kill-trials 4 --restart-trials 2 --fencing-trials 1 --late-partition-trials 1 --lag-trials 1 --conflict-trials 2 --hostile-trials 1 --newcomer-trials 2 --storm-trials 1 --upgrade-trials 4"
+	$(MAKE) chaos CHAOS_ARGS="--kill-trials 4 --fence-kill-trials 1 --restart-trials 2 --fencing-trials 1 --late-partition-trials 1 --lag-trials 1 --conflict-trials 2 --hostile-trials 1 --newcomer-trials 2 --storm-trials 1 --upgrade-trials 4"
 
 # The release before this one, for the chaos run's upgrade scenario: the
 # operator and agent of commit PREVIOUS (the one before HEAD), built from git into

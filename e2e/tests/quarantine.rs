@@ -429,10 +429,11 @@ async fn a_device_plugin_node_stays_schedulable_only_while_the_plugin_withdrew_t
 
 #[tokio::test]
 async fn an_operator_killed_around_a_fence_leaves_no_rule_behind_and_no_gpu_fenced_forever() {
-    // Killed after recording the fence and before writing its rule; after
-    // writing it, before the next step saw it; after recording the
-    // recovery and before deleting the rule; after deleting it, before the
-    // next step recorded that.
+    // Killed after writing the rule and recording it, before the rest of
+    // the step's actions; after those, before the next step saw the rule;
+    // after recording the recovery and before deleting the rule; after
+    // deleting it, before the next step recorded that. (Between the rule
+    // and its record: the chaos run's `fence_kills`.)
     let crashes = [
         (Phase::Quarantined, ""),
         (Phase::Quarantined, "+acted"),

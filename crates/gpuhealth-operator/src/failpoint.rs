@@ -1,10 +1,12 @@
-//! Fault injection for the crash-safety tests, kept at the action boundary:
-//! `GPUHEALTH_TEST_CRASH_AFTER=<phase>[:<node>]` makes the process exit
-//! right after a decision that enters `phase` (for `node`, if named) is
-//! recorded and before any of its actions, as a crash at the worst moment
-//! would; `<phase>+acted[:<node>]`, right after its actions, before the
-//! next decision records what they did. Unset, it costs one comparison
-//! per decision.
+//! Fault injection for the crash-safety tests, kept at the boundaries of
+//! the record and act stages: `GPUHEALTH_TEST_CRASH_AFTER=<phase>[:<node>]`
+//! makes the process exit right after a decision that enters `phase` (for
+//! `node`, if named) is recorded and before any of its other actions, as a
+//! crash at the worst moment would; `<phase>+fenced[:<node>]`, right after
+//! its fence (the cordon or a GPU's rule) and before its status;
+//! `<phase>+acted[:<node>]`, right after its actions, before the next
+//! decision records what they did. Unset, it costs one comparison per
+//! decision.
 
 use gpuhealth_api::node_health::Phase;
 use tracing::error;
@@ -19,6 +21,8 @@ pub struct CrashAfter(Option<(Phase, Moment, Option<String>)>);
 /// When, in the round that enters the phase.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Moment {
+    /// Once the incident's fence is written, before its status.
+    AfterFencing,
     BeforeActing,
     AfterActing,
 }
@@ -33,9 +37,12 @@ impl CrashAfter {
             Some((p, n)) => (p.to_owned(), Some(n.to_owned())),
             None => (value.clone(), None),
         };
-        let (phase, moment) = match phase.strip_suffix("+acted") {
-            Some(p) => (p.to_owned(), Moment::AfterActing),
-            None => (phase, Moment::BeforeActing),
+        let (phase, moment) = if let Some(p) = phase.strip_suffix("+acted") {
+            (p.to_owned(), Moment::AfterActing)
+        } else if let Some(p) = phase.strip_suffix("+fenced") {
+            (p.to_owned(), Moment::AfterFencing)
+        } else {
+            (phase, Moment::BeforeActing)
         };
         let phase = serde_json::from_value::<Phase>(serde_json::Value::String(phase))
             .map_err(|_| format!("{ENV}: no phase in {value}"))?;

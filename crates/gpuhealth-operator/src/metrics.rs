@@ -268,8 +268,11 @@ impl Default for Metrics {
 
 impl Metrics {
     /// The stages of a node reconcile, in order; `budget` (counting the
-    /// policy's fleet) only for a step about to start a remediation.
-    pub const STAGES: [&'static str; 6] = ["read", "wait", "budget", "decide", "write", "act"];
+    /// policy's fleet) only for a step about to start a remediation,
+    /// `fence` (the cordon or a GPU's rule, before the status) only for one
+    /// that quarantines.
+    pub const STAGES: [&'static str; 7] =
+        ["read", "wait", "budget", "decide", "fence", "write", "act"];
 
     /// Records that `stage` took from `since` until now; returns now, the
     /// next stage's start.

@@ -15,6 +15,10 @@ struct Args {
     /// Trials of SIGKILLing the leader mid-remediation.
     #[arg(long, default_value_t = 50)]
     kill_trials: usize,
+    /// Trials in which the leader exits between an incident's fence and
+    /// its status (each: once with the cordon, once with a GPU's rule).
+    #[arg(long, default_value_t = 3)]
+    fence_kill_trials: usize,
     /// Restarts of the API server and etcd (alternately) mid-remediation.
     #[arg(long, default_value_t = 10)]
     restart_trials: usize,
@@ -99,6 +103,14 @@ async fn main() -> ExitCode {
             &mut failed,
             "operator SIGKILL",
             chaos::kill::run(args.kill_trials, &mut rng).await,
+        );
+    }
+    if args.fence_kill_trials > 0 {
+        collect(
+            &mut rows,
+            &mut failed,
+            "kill between fence and status",
+            chaos::fence_kills::run(args.fence_kill_trials, &mut rng).await,
         );
     }
     if args.restart_trials > 0 {

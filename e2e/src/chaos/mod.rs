@@ -4,6 +4,7 @@
 //! [`crate::recorder::Recorder`] saw. Every scenario reports one [`Row`].
 
 pub mod conflicts;
+pub mod fence_kills;
 pub mod fencing;
 pub mod fleet;
 pub mod hostile;

@@ -54,7 +54,11 @@ impl Stepper<'_> {
         step: Option<RecoveryAction>,
     ) -> Taken {
         let leftover = self.leftover_cordon();
-        let incident = self.new_incident_id();
+        let adopted = self.unrecorded_fence();
+        let incident = adopted.clone().unwrap_or_else(|| self.new_incident_id());
+        let node = self.input.node;
+        let cordon_adopted =
+            node.unschedulable && node.cordoned_by.is_some() && node.cordoned_by == adopted;
         let choice = self.choose_quarantine(&incident, &gpus, step);
         self.supersede_workload_watch(&incident);
         self.status.incident = Some(incident.clone());
@@ -83,6 +87,7 @@ impl Stepper<'_> {
         self.record_quarantine(&incident, choice);
         let taken = match scope {
             Fenced::Gpu => Taken::Gpus(fenced),
+            Fenced::Node if cordon_adopted => Taken::Cordoned,
             Fenced::Node if self.input.node.unschedulable && leftover.is_none() => {
                 return Taken::KeptCordon;
             }
@@ -150,6 +155,40 @@ impl Stepper<'_> {
             && node.unschedulable
             && node.cordoned_by.as_deref() == Some(last.id.as_str()))
         .then(|| last.id.clone())
+    }
+
+    /// A fence of ours naming an incident this status has never held: the
+    /// operator writes an incident's fence (the cordon with its record, or
+    /// a GPU's `DeviceTaintRule`, labelled with the incident) before its
+    /// status, and one stopped between the two left the fence as the only
+    /// record of it. That incident is the one to carry on, under its id;
+    /// anyone else's cordon carries no record of ours (only the operator may
+    /// write one), and an incident already in the history is not reopened.
+    /// Only under Enforce: nothing else writes fences.
+    pub(super) fn unrecorded_fence(&self) -> Option<String> {
+        if self.spec().mode != Mode::Enforce || self.status.incident.is_some() {
+            return None;
+        }
+        let node = self.input.node;
+        let cordon = node.cordoned_by.as_ref().filter(|_| node.unschedulable);
+        let rules = node
+            .dra
+            .iter()
+            .flat_map(|d| d.rules.iter().map(|r| &r.incident));
+        let known = |id: &String| self.status.history.iter().any(|i| &i.id == id);
+        cordon
+            .into_iter()
+            .chain(rules)
+            .find(|id| !known(id))
+            .cloned()
+    }
+
+    /// Our cordon with the record of an incident never recorded (see
+    /// [`Stepper::unrecorded_fence`]), on a node with nothing to act on now.
+    pub(super) fn unrecorded_cordon(&self) -> Option<String> {
+        let node = self.input.node;
+        self.unrecorded_fence()
+            .filter(|id| node.unschedulable && node.cordoned_by.as_ref() == Some(id))
     }
 
     /// A record of ours on a node that is not cordoned, naming an incident

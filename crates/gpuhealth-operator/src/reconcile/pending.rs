@@ -26,7 +26,9 @@ impl<'a> Pending<'a> {
         }
     }
 
-    pub fn keep(mut self) {
+    /// The decision is in the cluster (its status, or its fence): it
+    /// stays recorded whatever happens next.
+    pub fn keep(&mut self) {
         self.kept = true;
     }
 }

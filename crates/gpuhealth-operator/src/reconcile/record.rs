@@ -1,14 +1,19 @@
-//! The third stage: intent first. The decided status is written before any
-//! side effect; if it cannot be, this process's record of the decision goes
-//! back to what it was (other decisions made meanwhile counted an intent
-//! that did not happen, which errs on the safe side).
+//! The third stage: intent first. An incident's fence carries its own
+//! record of the incident (the cordon's `gpuhealth.io/cordoned-by`, a
+//! `DeviceTaintRule`'s label), so it is written first, in one write as the
+//! quarantine's own; then the decided status, before any other side effect.
+//! An operator stopped between the two leaves the fence naming an incident
+//! the status does not hold, and the engine carries that incident on
+//! (`unrecorded_fence`). If nothing was written, this process's record of
+//! the decision goes back to what it was (other decisions made meanwhile
+//! counted an intent that did not happen, which errs on the safe side).
 
 use std::{sync::Arc, time::Duration};
 
 use gpuhealth_api::{
     GpuNodeHealth, node_health::GpuNodeHealthStatus, policy::Mode, vocabulary::Reason,
 };
-use gpuhealth_engine::machine::{Decision, is_disruptive};
+use gpuhealth_engine::machine::{Action, Decision, is_disruptive};
 use k8s_openapi::api::core::v1::Node;
 use kube::{
     Api, ResourceExt,
@@ -22,7 +27,11 @@ use super::{
     decide::{Decided, Fleet},
     read::Read,
 };
-use crate::context::{Context, Error, MANAGER};
+use crate::{
+    actions,
+    context::{Context, Error, MANAGER},
+    failpoint::Moment,
+};
 
 /// How long after a takeover remediation starts are confirmed against a
 /// fresh list: the previous leader's last writes reach this replica's
@@ -45,7 +54,10 @@ pub async fn record(
     read: &Read,
     decided: Decided<'_>,
 ) -> Result<Recorded, Error> {
-    let Decided { decision, pending } = decided;
+    let Decided {
+        decision,
+        mut pending,
+    } = decided;
     let status = &decision.status;
     if starts_after_takeover(ctx, read, status) {
         let fresh = Api::<GpuNodeHealth>::all(ctx.client.clone())
@@ -72,6 +84,24 @@ pub async fn record(
     if !ctx.leadership.is_held() {
         return Err(Error::NotLeader);
     }
+    let (fences, rest): (Vec<Action>, Vec<Action>) =
+        decision.actions.iter().cloned().partition(is_fence);
+    if !fences.is_empty() {
+        let fencing = std::time::Instant::now();
+        for fence in &fences {
+            actions::run(ctx, node, &read.policy.spec, fence).await?;
+        }
+        ctx.metrics.stage("fence", fencing);
+        // The fence is the record now: the decision counts against the
+        // budget whether or not its status lands.
+        pending.keep();
+        ctx.crash_after.at(
+            Moment::AfterFencing,
+            &read.name,
+            read.stored.phase,
+            status.phase,
+        );
+    }
     if read.in_cluster.as_ref() != Some(status) {
         let writing = std::time::Instant::now();
         let result = write_status(ctx, &node.name_any(), status).await;
@@ -79,7 +109,16 @@ pub async fn record(
         result?;
     }
     pending.keep();
-    Ok(Recorded::Written(Box::new(decision)))
+    Ok(Recorded::Written(Box::new(Decision {
+        actions: rest,
+        ..decision
+    })))
+}
+
+/// The actions that quarantine, each carrying the incident's id: written
+/// before the status that records them.
+fn is_fence(action: &Action) -> bool {
+    matches!(action, Action::Cordon { .. } | Action::TaintDevice { .. })
 }
 
 /// Starting a remediation takes from the budget, and the budget was

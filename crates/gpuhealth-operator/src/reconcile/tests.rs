@@ -1,11 +1,14 @@
-//! The reconcile's stages against the fake API server: intent before
-//! action, a record taken back when its write fails, and the check of a
-//! start against a fresh list just after a takeover.
+//! The reconcile's stages against the fake API server: the fence first
+//! (it records its incident), then the status, then the rest; a record
+//! taken back when nothing of it was written, kept once its fence was; and
+//! the check of a start against a fresh list just after a takeover.
 
 use std::time::Duration;
 
 use gpuhealth_api::{
-    GpuHealthPolicy, GpuNodeHealth, contract::GPU_REPORT_ANNOTATION, node_health::Phase,
+    GpuHealthPolicy, GpuNodeHealth,
+    contract::{CORDONED_BY_ANNOTATION, GPU_REPORT_ANNOTATION},
+    node_health::{GpuNodeHealthStatus, Phase},
     vocabulary::Reason,
 };
 use k8s_openapi::{api::core::v1::Node, jiff::Timestamp};
@@ -13,6 +16,7 @@ use serde_json::{Value, json};
 
 use super::reconcile_node;
 use crate::{
+    actions::Kind,
     context::Error,
     testing::{World, cache},
 };
@@ -84,59 +88,88 @@ fn decided_phase(w: &World) -> Option<Phase> {
 }
 
 #[tokio::test]
-async fn a_fault_is_recorded_before_the_node_is_cordoned() {
+async fn the_cordon_is_the_first_write_and_its_status_follows() {
     let w = world(Duration::from_secs(600));
     reconcile_node(&faulty(NODE), &w.ctx)
         .await
         .expect("reconciled");
     let lines = w.api.lines();
-    let written = lines
-        .iter()
-        .position(|l| l == &format!("PATCH {STATUS}"))
-        .unwrap_or_else(|| panic!("no status write: {lines:?}"));
-    let cordoned = lines
-        .iter()
-        .position(|l| l == CORDON)
-        .unwrap_or_else(|| panic!("no cordon: {lines:?}"));
-    assert!(written < cordoned, "{lines:?}");
-    let phase = decided_phase(&w).expect("this process's record of its decision");
-    assert!(gpuhealth_engine::machine::is_disruptive(phase), "{phase:?}");
+    let at = |line: &str| {
+        lines
+            .iter()
+            .position(|l| l == line)
+            .unwrap_or_else(|| panic!("no {line}: {lines:?}"))
+    };
+    assert!(at(CORDON) < at(&format!("PATCH {STATUS}")), "{lines:?}");
+    assert_eq!(
+        lines.iter().filter(|l| *l == CORDON).count(),
+        1,
+        "cordoned once: {lines:?}"
+    );
+    // The cordon's record names the incident the status opens.
+    let seen = w.api.seen();
+    let cordon = seen.iter().find(|s| s.line() == CORDON).expect("cordon");
+    let record = cordon.body["metadata"]["annotations"][CORDONED_BY_ANNOTATION]
+        .as_str()
+        .expect("the record");
+    let decided = w.ctx.lock_decisions().get(NODE).cloned().expect("recorded");
+    assert_eq!(decided.phase, Phase::Quarantined);
+    let incident = decided.incident.expect("an incident");
+    assert!(record.contains(&incident), "{record} names {incident}");
 }
 
 #[tokio::test]
-async fn a_status_write_that_fails_acts_on_nothing_and_takes_its_record_back() {
-    let w = world(Duration::from_secs(600));
-    w.api.on("PATCH", "/status", 500);
-    let error = reconcile_node(&faulty(NODE), &w.ctx)
-        .await
-        .expect_err("the write failed");
-    assert!(
-        matches!(&error, Error::WriteStatus { node, .. } if node == NODE),
-        "{error:?}"
-    );
-    assert!(
-        !w.api.lines().contains(&CORDON.to_owned()),
-        "{:?}",
-        w.api.lines()
-    );
-    assert_eq!(decided_phase(&w), None, "the budget no longer counts it");
-}
-
-#[tokio::test]
-async fn a_failed_write_puts_back_the_record_it_replaced() {
+async fn a_cordon_that_fails_writes_no_status_and_takes_its_record_back() {
     let w = world(Duration::from_secs(600));
     // A decision this process made earlier, which the watch has not shown.
-    let before = gpuhealth_api::node_health::GpuNodeHealthStatus {
+    let before = GpuNodeHealthStatus {
         phase: Phase::Suspect,
         policy: Some(POLICY.into()),
         ..Default::default()
     };
     w.ctx.lock_decisions().insert(NODE.into(), before.clone());
-    w.api.on("PATCH", "/status", 500);
-    reconcile_node(&faulty(NODE), &w.ctx)
+    w.api.on("PATCH", "/nodes/", 500);
+    let error = reconcile_node(&faulty(NODE), &w.ctx)
         .await
-        .expect_err("the write failed");
+        .expect_err("the cordon failed");
+    assert!(
+        matches!(&error, Error::Act { node, action: Kind::Cordon, .. } if node == NODE),
+        "{error:?}"
+    );
+    let lines = w.api.lines();
+    assert!(!lines.iter().any(|l| l.ends_with("/status")), "{lines:?}");
     assert_eq!(w.ctx.lock_decisions().get(NODE), Some(&before));
+}
+
+#[tokio::test]
+async fn a_status_that_fails_after_its_cordon_stays_recorded() {
+    let w = world(Duration::from_secs(600));
+    w.api.on("PATCH", "/status", 500);
+    let error = reconcile_node(&faulty(NODE), &w.ctx)
+        .await
+        .expect_err("the status write failed");
+    assert!(
+        matches!(&error, Error::WriteStatus { node, .. } if node == NODE),
+        "{error:?}"
+    );
+    assert!(w.api.lines().contains(&CORDON.to_owned()));
+    // The cordon names the incident: the budget goes on counting it, and
+    // the next reconcile writes the status from this record.
+    assert_eq!(decided_phase(&w), Some(Phase::Quarantined));
+}
+
+#[tokio::test]
+async fn a_decision_without_a_fence_whose_status_fails_is_taken_back() {
+    let mut w = world(Duration::from_secs(600));
+    let other: GpuNodeHealth = serde_json::from_value(other_remediating()).expect("record");
+    cache(&mut w.node_health, other);
+    w.api.on("PATCH", "/status", 500);
+    let error = reconcile_node(&faulty(NODE), &w.ctx)
+        .await
+        .expect_err("the status write failed");
+    assert!(matches!(error, Error::WriteStatus { .. }), "{error:?}");
+    assert!(!w.api.lines().contains(&CORDON.to_owned()));
+    assert_eq!(decided_phase(&w), None, "the budget no longer counts it");
 }
 
 #[tokio::test]

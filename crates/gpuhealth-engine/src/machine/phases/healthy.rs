@@ -155,7 +155,11 @@ impl Stepper<'_> {
             required,
             headline,
         };
-        if let Some(hold) = HOLDS.iter().find_map(|check| check(self, &trigger)) {
+        // A fence already made for this trigger (its status never written)
+        // is carried on, whatever would hold a new start back: its budget
+        // was counted when it was made.
+        let adopting = self.unrecorded_fence().is_some() && self.input.not_enforced.is_none();
+        if !adopting && let Some(hold) = HOLDS.iter().find_map(|check| check(self, &trigger)) {
             self.enter(Phase::Suspect, hold.reason, hold.why);
             if let Some(after) = hold.recheck {
                 self.wait(after);
@@ -183,7 +187,8 @@ impl Stepper<'_> {
                 self.wait(left);
             }
             None => {
-                if let Some(incident) = self.leftover_cordon() {
+                let ours = self.leftover_cordon().or_else(|| self.unrecorded_cordon());
+                if let Some(incident) = ours {
                     self.actions.push(Action::Uncordon { incident });
                 }
                 self.back_in_service()
