@@ -44,6 +44,9 @@ pub struct Context {
     /// queue, and under load each waiter waited for the whole queue (the
     /// benchmark saw 0.4 s mean waits for 0.7 ms decisions).
     pub decisions: Mutex<HashMap<String, GpuNodeHealthStatus>>,
+    /// What the API server showed once this replica's term began, for the
+    /// starts of its first minute.
+    pub at_takeover: crate::reconcile::AtTakeover,
     pub metrics: Arc<Metrics>,
     /// Whether the install's admission protection is in force
     /// (`protection`): nothing is enforced while it is not.

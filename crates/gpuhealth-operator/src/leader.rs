@@ -77,6 +77,13 @@ impl Leadership {
             .map(|t| t.since.elapsed())
     }
 
+    /// When this replica's term began, while it leads: the same instant
+    /// for the whole term.
+    pub fn term_began(&self) -> Option<Instant> {
+        self.held_for()?;
+        self.term().map(|t| t.since)
+    }
+
     /// True while the last renewal is recent enough that no other replica
     /// can hold the lease.
     pub fn is_held(&self) -> bool {

@@ -446,6 +446,7 @@ async fn run(args: Args) -> Result<(), Fatal> {
         dra,
         pod_health,
         decisions: Default::default(),
+        at_takeover: Default::default(),
         holders_seen: Default::default(),
         failures: Default::default(),
         report_seen: Default::default(),

@@ -209,6 +209,7 @@ impl World {
             pod_health: Arc::default(),
             events: crate::events::Events::new(client, "gpuhealth-operator", "test"),
             decisions: Mutex::default(),
+            at_takeover: Default::default(),
             metrics: Arc::default(),
             protection: Arc::new(crate::protection::Protection::new(false)),
             guardrails: Guardrails::none(),

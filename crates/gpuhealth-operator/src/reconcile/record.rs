@@ -8,7 +8,7 @@
 //! the decision goes back to what it was (other decisions made meanwhile
 //! counted an intent that did not happen, which errs on the safe side).
 
-use std::{sync::Arc, time::Duration};
+use std::time::{Duration, Instant};
 
 use gpuhealth_api::{
     GpuNodeHealth, node_health::GpuNodeHealthStatus, policy::Mode, vocabulary::Reason,
@@ -17,7 +17,7 @@ use gpuhealth_engine::machine::{Action, Decision, is_disruptive};
 use k8s_openapi::api::core::v1::Node;
 use kube::{
     Api, ResourceExt,
-    api::{ListParams, Patch, PatchParams},
+    api::{Patch, PatchParams},
     runtime::reflector::ObjectRef,
 };
 use serde_json::json;
@@ -26,6 +26,7 @@ use tracing::info;
 use super::{
     decide::{Decided, Fleet},
     read::Read,
+    takeover,
 };
 use crate::{
     actions,
@@ -59,12 +60,13 @@ pub async fn record(
         mut pending,
     } = decided;
     let status = &decision.status;
-    if starts_after_takeover(ctx, read, status) {
-        let fresh = Api::<GpuNodeHealth>::all(ctx.client.clone())
-            .list(&ListParams::default())
+    if let Some(term) = starts_after_takeover(ctx, read, status) {
+        let listed = ctx
+            .at_takeover
+            .records(&ctx.client, term)
             .await
             .map_err(Error::read(&read.name))?;
-        let store: Vec<Arc<GpuNodeHealth>> = fresh.items.into_iter().map(Arc::new).collect();
+        let store = takeover::merged(&ctx.node_health.state(), &listed);
         let fleet = Fleet::of(ctx, &read.policy, &read.name);
         let hold = {
             let written = ctx.lock_decisions();
@@ -127,18 +129,23 @@ fn is_fence(action: &Action) -> bool {
 /// before it (the chaos runs saw a third node started under maxConcurrent 2
 /// right after a takeover, its view seven seconds old). Its own writes it
 /// always counts, and the leader is the only writer, so only the first
-/// while after a takeover is at risk: a start then is confirmed against a
-/// fresh list first (one LIST of every GpuNodeHealth, too heavy for every
-/// start of a large fleet: the benchmark's time to quarantine quadrupled).
-fn starts_after_takeover(ctx: &Context, read: &Read, status: &GpuNodeHealthStatus) -> bool {
+/// while after a takeover is at risk: a start then is confirmed against
+/// what the API server showed once this term began (`takeover`), merged
+/// with the cache (one LIST of every GpuNodeHealth for every start was
+/// too heavy for a large fleet: the benchmark's time to quarantine
+/// quadrupled).
+/// When this replica's term began, if `status` starts a remediation in
+/// its first minute.
+fn starts_after_takeover(
+    ctx: &Context,
+    read: &Read,
+    status: &GpuNodeHealthStatus,
+) -> Option<Instant> {
     let starts = read.policy.spec.mode == Mode::Enforce
         && !is_disruptive(read.stored.phase)
         && is_disruptive(status.phase);
-    starts
-        && ctx
-            .leadership
-            .held_for()
-            .is_some_and(|d| d < FRESH_BUDGET_AFTER_TAKEOVER)
+    let began = ctx.leadership.term_began()?;
+    (starts && began.elapsed() < FRESH_BUDGET_AFTER_TAKEOVER).then_some(began)
 }
 
 /// Writes `status` to the node's record, creating it first if need be.

@@ -23,6 +23,7 @@ use crate::{
 
 const NODE: &str = "gpu-node-1";
 const OTHER: &str = "gpu-node-2";
+const THIRD: &str = "gpu-node-3";
 const POLICY: &str = "serving";
 const STATUS: &str = "/apis/gpuhealth.io/v1alpha1/gpunodehealths/gpu-node-1/status";
 const CORDON: &str = "PATCH /api/v1/nodes/gpu-node-1";
@@ -77,7 +78,7 @@ fn world(led_for: Duration) -> World {
     cache(&mut w.nodes, healthy(OTHER));
     // A fleet large enough that one node under way is no storm (the
     // circuit breaker's business, not this test's).
-    for i in 3..=20 {
+    for i in 4..=20 {
         cache(&mut w.nodes, healthy(&format!("gpu-node-{i}")));
     }
     w
@@ -216,6 +217,55 @@ async fn just_after_a_takeover_a_start_the_api_server_agrees_to_goes_ahead() {
         "{lines:?}"
     );
     assert!(lines.contains(&CORDON.to_owned()), "{lines:?}");
+}
+
+#[tokio::test]
+async fn a_term_lists_once_whatever_its_starts() {
+    let mut w = world(Duration::from_secs(5));
+    cache(&mut w.nodes, faulty(THIRD));
+    reconcile_node(&faulty(NODE), &w.ctx)
+        .await
+        .expect("started");
+    reconcile_node(&faulty(THIRD), &w.ctx).await.expect("held");
+    let lists = w
+        .api
+        .lines()
+        .into_iter()
+        .filter(|l| l.ends_with("/gpunodehealths"))
+        .count();
+    assert_eq!(lists, 1, "{:?}", w.api.lines());
+    // The second counted the first's start, from this process's record.
+    let held = w.ctx.lock_decisions().get(THIRD).and_then(|s| s.reason);
+    assert_eq!(held, Some(Reason::WaitingForBudget));
+}
+
+#[tokio::test]
+async fn the_list_after_a_takeover_is_read_a_page_at_a_time() {
+    let w = world(Duration::from_secs(5));
+    w.api.on_with("GET", "/gpunodehealths", |seen| {
+        let page = if seen.uri.contains("continue=page-2") {
+            json!({"metadata": {"resourceVersion": "10"}, "items": [other_remediating()]})
+        } else {
+            json!({"metadata": {"resourceVersion": "10", "continue": "page-2"}, "items": []})
+        };
+        (200, page)
+    });
+    reconcile_node(&faulty(NODE), &w.ctx)
+        .await
+        .expect("held back");
+    let lists: Vec<String> = w
+        .api
+        .seen()
+        .into_iter()
+        .filter(|s| s.line().ends_with("/gpunodehealths"))
+        .map(|s| s.uri)
+        .collect();
+    assert_eq!(lists.len(), 2, "{lists:?}");
+    assert!(lists.iter().all(|u| u.contains("limit=500")), "{lists:?}");
+    assert!(
+        !w.api.lines().contains(&CORDON.to_owned()),
+        "the second page held it back"
+    );
 }
 
 #[tokio::test]
