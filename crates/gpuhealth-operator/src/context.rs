@@ -46,7 +46,7 @@ pub struct Context {
     pub decisions: Mutex<HashMap<String, GpuNodeHealthStatus>>,
     /// What the API server showed once this replica's term began, for the
     /// starts of its first minute.
-    pub at_takeover: crate::reconcile::AtTakeover,
+    pub at_takeover: crate::takeover::AtTakeover,
     pub metrics: Arc<Metrics>,
     /// Whether the install's admission protection is in force
     /// (`protection`): nothing is enforced while it is not.

@@ -25,11 +25,12 @@ mod reconcile;
 mod retry;
 mod selection;
 mod slim;
+mod takeover;
 #[cfg(test)]
 mod testing;
 mod triggers;
 mod validation;
-mod workloads;
+mod watched_workloads;
 
 use std::{net::SocketAddr, process::ExitCode, sync::Arc, time::Duration};
 

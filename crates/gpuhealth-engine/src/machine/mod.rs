@@ -15,7 +15,7 @@
 mod aftercare;
 mod core;
 mod decision;
-mod evictions;
+mod drain_round;
 mod gangs;
 mod gone;
 mod incident;

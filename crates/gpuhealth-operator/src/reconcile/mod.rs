@@ -14,14 +14,13 @@ mod last_look;
 mod pending;
 mod read;
 mod record;
-mod takeover;
 
 use std::{sync::Arc, time::Duration};
 
 use k8s_openapi::api::core::v1::Node;
 use kube::{Resource, ResourceExt, runtime::controller::Action as Requeue};
 
-pub(crate) use self::{record::write_status, takeover::AtTakeover};
+pub(crate) use self::record::write_status;
 use crate::{
     account,
     context::{Context, Error},

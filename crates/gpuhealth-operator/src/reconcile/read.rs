@@ -27,7 +27,7 @@ use crate::{
     devices, fences, gangs,
     observe::{budget_views, gpu_holders, holders_hash, node_view, pod_view, resource_count},
     selection::winner,
-    validation, workloads,
+    validation, watched_workloads,
 };
 
 /// Everything a node's step decides on.
@@ -187,7 +187,7 @@ pub async fn read(ctx: &Context, node: &Node) -> Result<Option<Read>, Error> {
     let workloads = if needs.workloads.is_empty() {
         Vec::new()
     } else {
-        workloads::watched(ctx, &needs.workloads)
+        watched_workloads::watched(ctx, &needs.workloads)
             .await
             .map_err(Error::read(&name))?
     };

@@ -26,12 +26,12 @@ use tracing::info;
 use super::{
     decide::{Decided, Fleet},
     read::Read,
-    takeover,
 };
 use crate::{
     actions,
     context::{Context, Error, MANAGER},
     failpoint::Moment,
+    takeover,
 };
 
 /// How long after a takeover remediation starts are confirmed against a

@@ -1,12 +1,11 @@
-//! `Healthy` and `Suspect`: whether to act, and what holds it back. `Failed`:
-//! whether a person has handed the node back.
+//! `Healthy` and `Suspect`: whether to act, and what holds it back.
 
 use std::time::Duration;
 
 use gpuhealth_api::{
     RecoveryAction,
     contract::{MaintenanceNotice, NEEDS_REPLACEMENT_LABEL},
-    node_health::{MaintenanceStatus, Phase},
+    node_health::{MaintenanceStatus, Phase, Plan},
     policy::Mode,
     vocabulary::Reason,
 };
@@ -34,11 +33,22 @@ struct Hold {
     why: String,
     /// When to look again, if nothing changes before.
     recheck: Option<Duration>,
+    /// What the step asks for or records with it.
+    with: Also,
+}
+
+/// What a hold asks for or records beside the node's staying `Suspect`.
+enum Also {
+    Nothing,
+    /// The budget, not counted yet: the step ends, and `step` asks for it.
+    BudgetNeeded,
+    /// A DryRun policy's plan of what it would do.
+    Plan(Box<Plan>),
 }
 
 /// What may hold a node back from acting, in order: the first that holds
 /// wins (a paused policy says so even while the budget is spent).
-const HOLDS: [fn(&mut Stepper<'_>, &Trigger) -> Option<Hold>; 5] = [
+const HOLDS: [fn(&Stepper<'_>, &Trigger) -> Option<Hold>; 5] = [
     not_enforced,
     paused,
     disrupted_by_other,
@@ -46,23 +56,25 @@ const HOLDS: [fn(&mut Stepper<'_>, &Trigger) -> Option<Hold>; 5] = [
     dry_run,
 ];
 
-fn not_enforced(s: &mut Stepper<'_>, t: &Trigger) -> Option<Hold> {
+fn not_enforced(s: &Stepper<'_>, t: &Trigger) -> Option<Hold> {
     s.input.not_enforced.map(|held| Hold {
         reason: held.reason,
         why: format!("{}; would act on: {}", held.why, t.headline),
         recheck: None,
+        with: Also::Nothing,
     })
 }
 
-fn paused(s: &mut Stepper<'_>, t: &Trigger) -> Option<Hold> {
+fn paused(s: &Stepper<'_>, t: &Trigger) -> Option<Hold> {
     (s.spec().mode == Mode::Paused).then(|| Hold {
         reason: Reason::Paused,
         why: format!("policy is Paused; would act on: {}", t.headline),
         recheck: None,
+        with: Also::Nothing,
     })
 }
 
-fn disrupted_by_other(s: &mut Stepper<'_>, t: &Trigger) -> Option<Hold> {
+fn disrupted_by_other(s: &Stepper<'_>, t: &Trigger) -> Option<Hold> {
     let others = &s.input.node.disrupted_by;
     (!others.is_empty()).then(|| Hold {
         reason: Reason::DisruptedByOther,
@@ -72,17 +84,17 @@ fn disrupted_by_other(s: &mut Stepper<'_>, t: &Trigger) -> Option<Hold> {
             t.headline
         ),
         recheck: Some(POLL),
+        with: Also::Nothing,
     })
 }
 
-fn out_of_budget(s: &mut Stepper<'_>, t: &Trigger) -> Option<Hold> {
+fn out_of_budget(s: &Stepper<'_>, t: &Trigger) -> Option<Hold> {
     let Some(b) = s.input.budget else {
-        // Not counted: the step ends here, and `step` asks for it.
-        s.budget_needed = true;
         return Some(Hold {
             reason: budget::Hold::Concurrency.reason(),
             why: "the budget is not counted yet".to_owned(),
             recheck: None,
+            with: Also::BudgetNeeded,
         });
     };
     let b = if s.headline_reason() == Reason::RepairedWithGang {
@@ -111,11 +123,12 @@ fn out_of_budget(s: &mut Stepper<'_>, t: &Trigger) -> Option<Hold> {
         reason: hold.reason(),
         why: format!("{why}; waiting to act on: {}", t.headline),
         recheck: Some(POLL),
+        with: Also::Nothing,
     })
 }
 
 /// A DryRun policy records what it would do instead of doing it.
-fn dry_run(s: &mut Stepper<'_>, t: &Trigger) -> Option<Hold> {
+fn dry_run(s: &Stepper<'_>, t: &Trigger) -> Option<Hold> {
     if s.spec().mode != Mode::DryRun {
         return None;
     }
@@ -126,13 +139,13 @@ fn dry_run(s: &mut Stepper<'_>, t: &Trigger) -> Option<Hold> {
         ),
         (None, Some(r)) => (r, format!("{r:?}")),
     };
-    s.status.plan = Some(s.dry_run_plan(action));
     Some(Hold {
         reason: Reason::DryRun,
         why: format!("DryRun: would quarantine and {what} for: {}", t.headline),
         // The plan says what would happen now: pods, budgets and other
         // tools' holds change without a word to this node.
         recheck: Some(POLL),
+        with: Also::Plan(Box::new(s.dry_run_plan(action))),
     })
 }
 
@@ -160,6 +173,11 @@ impl Stepper<'_> {
         // was counted when it was made.
         let adopting = self.unrecorded_fence().is_some() && self.input.not_enforced.is_none();
         if !adopting && let Some(hold) = HOLDS.iter().find_map(|check| check(self, &trigger)) {
+            match hold.with {
+                Also::Nothing => {}
+                Also::BudgetNeeded => self.budget_needed = true,
+                Also::Plan(plan) => self.status.plan = Some(*plan),
+            }
             self.enter(Phase::Suspect, hold.reason, hold.why);
             if let Some(after) = hold.recheck {
                 self.wait(after);
@@ -246,20 +264,5 @@ impl Stepper<'_> {
             self.headline_reason(),
             format!("{} for: {headline}", taken.done()),
         );
-    }
-
-    /// A person takes over from `Failed`: once they uncordon the node and
-    /// its signals are clear, it is `Healthy` again.
-    pub(in crate::machine) fn failed(&mut self) -> Then {
-        // A GPU fenced alone is handed back by mending it: the node serves.
-        let per_gpu = self.status.quarantine.as_ref().is_some_and(|q| q.per_gpu());
-        if (per_gpu || !self.input.node.unschedulable) && self.diagnosis.is_clear() {
-            self.lift_quarantine();
-            self.status.action = None;
-            self.status.incident = None;
-            self.status.maintenance = None;
-            self.back_in_service();
-        }
-        Then::Done
     }
 }

@@ -2,9 +2,11 @@
 //! comes next: done, or another phase's handler (`Then`).
 
 mod diagnose;
-mod drain;
+mod draining;
+mod failed;
 mod healthy;
 mod maintenance;
+mod quarantined;
 mod remediate;
 mod verify;
 

@@ -1,14 +1,13 @@
-//! `Quarantined` and `Draining`: the attempt is chosen, then its pods leave.
+//! `Draining`: the attempt's pods leave, a round at a time.
 
 use std::time::Duration;
 
 use gpuhealth_api::{
-    RecoveryAction,
     node_health::{ActionStatus, Phase},
     vocabulary::Reason,
 };
 
-use crate::{diagnosis::after, windows};
+use crate::windows;
 
 use crate::machine::{
     Action, DRAIN_POLL, FENCE_SETTLE, POLL,
@@ -18,22 +17,6 @@ use crate::machine::{
 };
 
 impl Stepper<'_> {
-    pub(in crate::machine) fn quarantined(&mut self) -> Then {
-        if !self.fenced() || self.held_by_other_actor(Phase::Quarantined) || self.cooling_down() {
-            return Then::Done;
-        }
-        let required = self
-            .diagnosis
-            .required()
-            .unwrap_or(RecoveryAction::GpuReset);
-        let ladder = &self.spec().escalation;
-        let rung = ladder
-            .iter()
-            .position(|r| r.action >= required)
-            .unwrap_or(ladder.len().saturating_sub(1));
-        self.start_attempt(rung, 1)
-    }
-
     pub(in crate::machine) fn draining(&mut self) -> Then {
         let Some(action) = self.status.action.clone() else {
             // Draining with no attempt recorded: decide one afresh.
@@ -118,35 +101,6 @@ impl Stepper<'_> {
             Phase::Verifying => (Phase::Verifying, Reason::Verifying, verifying(action)),
             phase => (phase, Reason::ActionRequested, requested(action)),
         }
-    }
-
-    /// Holds the node cordoned until the cooldown after its last
-    /// remediation has passed.
-    fn cooling_down(&mut self) -> bool {
-        let cooldown = self.spec().remediation_limits.cooldown;
-        let Some(ended) = self
-            .status
-            .history
-            .get(1)
-            .and_then(|i| i.ended_at.as_ref())
-            .map(|t| t.0)
-        else {
-            return false;
-        };
-        let until = after(ended, cooldown.as_std());
-        if cooldown.as_std().is_zero() || self.now() >= until {
-            return false;
-        }
-        let message = format!(
-            "the last remediation of this node ended at {ended}; the next waits for remediationLimits.cooldown {cooldown}, until {until}"
-        );
-        self.enter(Phase::Quarantined, Reason::Cooldown, message);
-        let left = until
-            .duration_since(self.now())
-            .try_into()
-            .unwrap_or(Duration::ZERO);
-        self.wait(left);
-        true
     }
 
     /// Why a step that disrupts healthy GPUs must wait now, if it must.
