@@ -169,7 +169,8 @@ async fn a_gated_pod_leaves_traffic_while_its_gpu_is_bad_and_returns_after_recov
             .findings
             .iter()
             .any(|f| f.type_ == FindingKind::PodOnBadGpu
-                && f.subject.as_deref() == Some(&format!("{}/plain", s.namespace))),
+                && f.subject.as_ref().map(ToString::to_string)
+                    == Some(format!("{}/plain", s.namespace))),
         "{:?}",
         status.findings
     );

@@ -190,7 +190,8 @@ async fn the_incident_gpu_7_is_reset_and_the_node_returns_to_service() {
             .findings
             .iter()
             .any(|f| f.type_ == FindingKind::PodOnBadGpu
-                && f.subject.as_deref() == Some(&format!("{}/{}", s.namespace, pods_before[7]))),
+                && f.subject.as_ref().map(ToString::to_string)
+                    == Some(format!("{}/{}", s.namespace, pods_before[7]))),
         "{:?}",
         status.findings
     );

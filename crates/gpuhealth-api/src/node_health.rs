@@ -13,7 +13,8 @@ use crate::{
     quarantine::{Fenced, QuarantineStatus},
     types::{GpuHealth, RecoveryAction},
     vocabulary::{
-        Attempt, FindingKind, IncidentOutcome, PodKey, QuarantineWhy, Reason, WorkloadOutcome,
+        Attempt, FindingKind, FindingSubject, IncidentOutcome, PodKey, QuarantineWhy, Reason,
+        WorkloadOutcome,
     },
 };
 
@@ -307,9 +308,12 @@ impl ReportProblemKind {
 pub struct Finding {
     #[serde(rename = "type")]
     pub type_: FindingKind,
-    /// The object concerned, e.g. `pod/ml/vllm-0`.
+    /// The object concerned: a pod (`ml/vllm-0`), a workload
+    /// (`Deployment/ml/vllm`), an incident (`incident/<id>`), or who gave a
+    /// maintenance notice.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub subject: Option<String>,
+    #[schemars(with = "Option<String>")]
+    pub subject: Option<FindingSubject>,
     pub message: String,
     pub observed_at: Time,
 }

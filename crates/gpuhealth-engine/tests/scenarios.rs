@@ -849,7 +849,12 @@ fn a_pod_on_the_bad_gpu_gets_a_finding_and_an_event_once() {
         .iter()
         .find(|f| f.type_ == FindingKind::PodOnBadGpu)
         .expect("a finding");
-    assert_eq!(finding.subject, Some(holder[0].to_string()));
+    assert_eq!(
+        finding.subject,
+        Some(gpuhealth_api::vocabulary::FindingSubject::Pod(
+            holder[0].clone()
+        ))
+    );
     assert!(finding.message.contains(BAD_GPU), "{}", finding.message);
     w.reconcile();
     assert!(

@@ -207,7 +207,12 @@ fn a_startup_probe_loop_after_the_reset_is_a_probe_finding_not_a_new_remediation
         .iter()
         .find(|f| f.type_ == FindingKind::StartupProbeTooShort)
         .expect("a probe finding");
-    assert_eq!(probe.subject.as_deref(), Some(VLLM_7));
+    assert_eq!(
+        probe.subject,
+        Some(gpuhealth_api::vocabulary::FindingSubject::Workload(
+            VLLM_7.into()
+        ))
+    );
     assert!(
         probe
             .message

@@ -95,7 +95,7 @@ pub fn merged(
 mod tests {
     use super::*;
 
-    fn record(name: &str, phase: &str) -> Arc<GpuNodeHealth> {
+    fn record(name: &str, phase: Phase) -> Arc<GpuNodeHealth> {
         Arc::new(
             serde_json::from_value(serde_json::json!({
                 "apiVersion": "gpuhealth.io/v1alpha1",
@@ -126,14 +126,14 @@ mod tests {
         // b: the predecessor's start, which the cache has not seen yet;
         // c: only in the list; d: only in the cache.
         let cache = [
-            record("a", "Draining"),
-            record("b", "Healthy"),
-            record("d", "Healthy"),
+            record("a", Phase::Draining),
+            record("b", Phase::Healthy),
+            record("d", Phase::Healthy),
         ];
         let listed = [
-            record("a", "Suspect"),
-            record("b", "Quarantined"),
-            record("c", "Failed"),
+            record("a", Phase::Suspect),
+            record("b", Phase::Quarantined),
+            record("c", Phase::Failed),
         ];
         assert_eq!(
             phases(&merged(&cache, &listed)),

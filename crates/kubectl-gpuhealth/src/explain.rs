@@ -340,7 +340,7 @@ pub fn timeline(input: &ExplainInput) -> (Option<Timestamp>, Vec<Entry>) {
         told.push(key);
         let subject = f
             .subject
-            .as_deref()
+            .as_ref()
             .map(|s| format!(" {s}"))
             .unwrap_or_default();
         raw.push((
@@ -522,7 +522,7 @@ pub fn render(input: &ExplainInput, now: Timestamp, style: Style) -> String {
     for f in open {
         let subject = f
             .subject
-            .as_deref()
+            .as_ref()
             .map(|s| format!(" {s}"))
             .unwrap_or_default();
         out.push_str(&format!(

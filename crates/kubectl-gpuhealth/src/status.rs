@@ -9,7 +9,7 @@ use gpuhealth_api::{
     GpuHealth, GpuHealthPolicy, GpuNodeHealth,
     node_health::{GpuNodeHealthStatus, Phase},
     quarantine::Fenced,
-    vocabulary::{FindingKind, PodKey, Reason},
+    vocabulary::{FindingKind, FindingSubject, PodKey, Reason},
 };
 use k8s_openapi::{apimachinery::pkg::apis::meta::v1::Time, jiff::Timestamp};
 use kube::ResourceExt;
@@ -95,7 +95,7 @@ pub struct FindingLine {
     pub node: String,
     #[serde(rename = "type")]
     pub type_: FindingKind,
-    pub subject: Option<String>,
+    pub subject: Option<FindingSubject>,
     pub message: String,
     pub observed_at: Time,
 }
@@ -427,7 +427,11 @@ pub fn text(fleet: &Fleet, now: Timestamp, style: Style) -> String {
                 vec![
                     plain(f.node.clone()),
                     (f.type_.as_str().to_owned(), Paint::Yellow),
-                    plain(f.subject.clone().unwrap_or_else(|| "-".into())),
+                    plain(
+                        f.subject
+                            .as_ref()
+                            .map_or_else(|| "-".into(), |s| s.to_string()),
+                    ),
                     plain(ago(now, f.observed_at.0)),
                     plain(f.message.clone()),
                 ]

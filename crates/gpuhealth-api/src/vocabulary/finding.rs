@@ -43,3 +43,86 @@ impl FindingKind {
         self == FindingKind::PodOnBadGpu
     }
 }
+
+/// What a finding is about: `status.findings[].subject`, written as the
+/// object's usual name so that a person reads it as is, and read back by
+/// its shape.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(from = "String", into = "String")]
+pub enum FindingSubject {
+    /// One of the node's incidents: `incident/<id>`.
+    Incident(String),
+    /// A workload: `<Kind>/<namespace>/<name>`.
+    Workload(String),
+    /// A pod: `<namespace>/<name>`.
+    Pod(super::PodKey),
+    /// Anything else, as written: who gave a maintenance notice, or a
+    /// subject an older release wrote.
+    Named(String),
+}
+
+const INCIDENT_PREFIX: &str = "incident/";
+
+impl From<String> for FindingSubject {
+    fn from(s: String) -> Self {
+        if let Some(id) = s.strip_prefix(INCIDENT_PREFIX) {
+            return FindingSubject::Incident(id.to_owned());
+        }
+        let parts: Vec<&str> = s.split('/').collect();
+        match parts.as_slice() {
+            [kind, namespace, name] if ![kind, namespace, name].iter().any(|p| p.is_empty()) => {
+                FindingSubject::Workload(s)
+            }
+            [namespace, name] if !namespace.is_empty() && !name.is_empty() => {
+                FindingSubject::Pod(super::PodKey::new(*namespace, *name))
+            }
+            _ => FindingSubject::Named(s),
+        }
+    }
+}
+
+impl From<&str> for FindingSubject {
+    fn from(s: &str) -> Self {
+        FindingSubject::from(s.to_owned())
+    }
+}
+
+impl From<FindingSubject> for String {
+    fn from(s: FindingSubject) -> String {
+        s.to_string()
+    }
+}
+
+impl std::fmt::Display for FindingSubject {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            FindingSubject::Incident(id) => write!(f, "{INCIDENT_PREFIX}{id}"),
+            FindingSubject::Workload(name) | FindingSubject::Named(name) => f.write_str(name),
+            FindingSubject::Pod(pod) => write!(f, "{pod}"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_subject_reads_back_as_it_was_written() {
+        let subjects = [
+            FindingSubject::Incident("inc-1780042543-9a371f29eed4".into()),
+            FindingSubject::Workload("Deployment/ml-serving/qwen".into()),
+            FindingSubject::Pod(crate::vocabulary::PodKey::new("ml-serving", "qwen-0")),
+            FindingSubject::Named("aws-scheduled-events".into()),
+        ];
+        for subject in subjects {
+            let written = serde_json::to_value(&subject).expect("written");
+            assert!(written.is_string(), "{written}");
+            let read: FindingSubject = serde_json::from_value(written.clone()).expect("read");
+            assert_eq!(read, subject, "{written}");
+        }
+        // Whatever is stored is kept, shape or not.
+        let odd: FindingSubject = serde_json::from_str(r#""a/b/c/d""#).expect("read");
+        assert_eq!(odd.to_string(), "a/b/c/d");
+    }
+}

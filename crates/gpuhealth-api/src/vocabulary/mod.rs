@@ -12,7 +12,7 @@ mod quarantine;
 mod reason;
 
 pub use attempt::{Attempt, AttemptAction, AttemptOutcome};
-pub use finding::FindingKind;
+pub use finding::{FindingKind, FindingSubject};
 pub use outcome::{IncidentOutcome, WorkloadOutcome};
 pub use pod::PodKey;
 pub use quarantine::QuarantineWhy;

@@ -1,6 +1,7 @@
 //! After a recovery: are the workloads it evicted serving again? And the
 //! readiness gates of the pods on the node.
 
+use gpuhealth_api::vocabulary::FindingSubject;
 use std::time::Duration;
 
 use gpuhealth_api::{
@@ -91,7 +92,7 @@ impl Stepper<'_> {
                 );
                 self.finding_about(
                     FindingKind::StartupProbeTooShort,
-                    Some(name.clone()),
+                    Some(FindingSubject::Workload(name.clone())),
                     message,
                     pod,
                 );
@@ -117,7 +118,7 @@ impl Stepper<'_> {
             );
             self.finding(
                 FindingKind::WorkloadNotRecovered,
-                Some(format!("incident/{id}")),
+                Some(FindingSubject::Incident(id.clone())),
                 message.clone(),
             );
             (WorkloadOutcome::WorkloadNotRecovered, message)

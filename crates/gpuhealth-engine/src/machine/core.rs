@@ -1,6 +1,7 @@
 //! The step in progress: what it has decided so far, and the small verbs every
 //! phase uses (enter a phase, wait, record, find, tell).
 
+use gpuhealth_api::vocabulary::FindingSubject;
 use std::time::Duration;
 
 use gpuhealth_api::{
@@ -243,7 +244,7 @@ impl<'a> Stepper<'a> {
                     );
                     self.finding_about(
                         FindingKind::PodOnBadGpu,
-                        Some(pod.to_string()),
+                        Some(FindingSubject::Pod(pod.clone())),
                         message,
                         Some(pod),
                     );
@@ -337,14 +338,19 @@ impl<'a> Stepper<'a> {
 
     /// Records a finding once (until it changes) and says so in an Event
     /// (about the node, or about the pod in `pod`).
-    pub(super) fn finding(&mut self, type_: FindingKind, subject: Option<String>, message: String) {
+    pub(super) fn finding(
+        &mut self,
+        type_: FindingKind,
+        subject: Option<FindingSubject>,
+        message: String,
+    ) {
         self.finding_about(type_, subject, message, None);
     }
 
     pub(super) fn finding_about(
         &mut self,
         type_: FindingKind,
-        subject: Option<String>,
+        subject: Option<FindingSubject>,
         message: String,
         pod: Option<PodKey>,
     ) {

@@ -1,5 +1,6 @@
 //! A provider's maintenance notice: whether its time to drain has come.
 
+use gpuhealth_api::vocabulary::FindingSubject;
 use std::time::Duration;
 
 use gpuhealth_api::{contract::MaintenanceNotice, vocabulary::FindingKind};
@@ -43,7 +44,7 @@ impl Stepper<'_> {
             );
             self.finding(
                 FindingKind::MaintenanceDeadlinePassed,
-                Some(notice.source.clone()),
+                Some(FindingSubject::Named(notice.source.clone())),
                 message,
             );
             return None;

@@ -67,7 +67,7 @@ fn other_remediating() -> Value {
         "kind": "GpuNodeHealth",
         "metadata": {"name": OTHER, "resourceVersion": "9"},
         "spec": {},
-        "status": {"phase": "Draining", "policy": POLICY, "incident": "inc-1764950000-000000000001"},
+        "status": {"phase": Phase::Draining, "policy": POLICY, "incident": "inc-1764950000-000000000001"},
     })
 }
 

@@ -3,7 +3,7 @@
 
 use gpuhealth_api::{
     node_health::{Finding, Phase},
-    vocabulary::{FindingKind, Reason},
+    vocabulary::{FindingKind, FindingSubject, Reason},
 };
 use k8s_openapi::jiff::Timestamp;
 
@@ -81,7 +81,7 @@ pub fn steps(input: &ExplainInput, now: Timestamp) -> Vec<String> {
     for f in &current {
         match f.type_ {
             FindingKind::StartupProbeTooShort => {
-                let Some(w) = f.subject.as_deref() else {
+                let Some(FindingSubject::Workload(w)) = &f.subject else {
                     steps.push(format!("{}: {}", f.type_, f.message));
                     continue;
                 };
@@ -100,7 +100,10 @@ pub fn steps(input: &ExplainInput, now: Timestamp) -> Vec<String> {
                 });
             }
             FindingKind::WorkloadNotRecovered => {
-                let id = f.subject.as_deref().and_then(|s| s.strip_prefix("incident/"));
+                let id = match &f.subject {
+                    Some(FindingSubject::Incident(id)) => Some(id.as_str()),
+                    _ => None,
+                };
                 let evicted = s
                     .history
                     .iter()
@@ -151,7 +154,7 @@ pub fn steps(input: &ExplainInput, now: Timestamp) -> Vec<String> {
             | FindingKind::BreakGlass) => {
                 let subject = f
                     .subject
-                    .as_deref()
+                    .as_ref()
                     .map(|s| format!(" {s}"))
                     .unwrap_or_default();
                 steps.push(format!("{other}{subject}: {}", f.message));

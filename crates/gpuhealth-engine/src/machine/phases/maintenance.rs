@@ -1,6 +1,7 @@
 //! A provider's scheduled maintenance: due, drained for, awaited, or
 //! withdrawn.
 
+use gpuhealth_api::vocabulary::FindingSubject;
 use std::time::Duration;
 
 use gpuhealth_api::{
@@ -118,7 +119,7 @@ impl Stepper<'_> {
             );
             self.finding(
                 FindingKind::MaintenanceOverdue,
-                Some(m.source.clone()),
+                Some(FindingSubject::Named(m.source.clone())),
                 message,
             );
         } else {
