@@ -24,6 +24,7 @@ use crate::{
     gang::GangDrain,
     quarantine::Quarantine,
     types::{GpuHealth, RecoveryAction, SignalAction},
+    vocabulary::PolicyCondition,
 };
 
 /// A policy for keeping the GPU nodes it selects healthy.
@@ -994,6 +995,18 @@ pub struct GpuHealthPolicyStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Vec<Condition>,
+}
+
+impl GpuHealthPolicyStatus {
+    /// The condition of `type_`, if the status carries it.
+    pub fn condition(&self, type_: PolicyCondition) -> Option<&Condition> {
+        self.conditions.iter().find(|c| c.type_ == type_.as_str())
+    }
+
+    /// Whether the condition of `type_` is `True`.
+    pub fn is_true(&self, type_: PolicyCondition) -> bool {
+        self.condition(type_).is_some_and(|c| c.status == "True")
+    }
 }
 
 fn default_true() -> bool {

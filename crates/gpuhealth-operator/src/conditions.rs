@@ -1,6 +1,6 @@
 //! Status conditions of a policy: `Ready`, `CircuitOpen` and `Conflict`.
 
-use gpuhealth_api::vocabulary::Reason;
+use gpuhealth_api::vocabulary::{PolicyCondition, Reason};
 use gpuhealth_engine::{
     budget::Budget,
     honour::{self, Problem},
@@ -13,19 +13,19 @@ use k8s_openapi::{
 /// A condition whose transition time moves only when its status does.
 fn condition(
     previous: &[Condition],
-    type_: &str,
+    type_: PolicyCondition,
     status: bool,
     reason: &str,
     message: String,
     generation: Option<i64>,
 ) -> Condition {
     let status = if status { "True" } else { "False" };
-    let since = match previous.iter().find(|c| c.type_ == type_) {
+    let since = match previous.iter().find(|c| c.type_ == type_.as_str()) {
         Some(c) if c.status == status => c.last_transition_time.clone(),
         _ => Time(Timestamp::now()),
     };
     Condition {
-        type_: type_.into(),
+        type_: type_.as_str().into(),
         status: status.into(),
         reason: reason.into(),
         message,
@@ -51,7 +51,7 @@ pub fn ready(
     if let Some(why) = unprotected {
         return condition(
             previous,
-            "Ready",
+            PolicyCondition::Ready,
             false,
             // The word the nodes it holds give too.
             Reason::Unprotected.as_str(),
@@ -62,7 +62,7 @@ pub fn ready(
     if let Some(past) = honour::message(past_guardrails) {
         return condition(
             previous,
-            "Ready",
+            PolicyCondition::Ready,
             false,
             // The word the nodes it holds give too.
             Reason::PastGuardrail.as_str(),
@@ -75,7 +75,7 @@ pub fn ready(
     match (selector_error, unhonoured) {
         (Some(e), unhonoured) => condition(
             previous,
-            "Ready",
+            PolicyCondition::Ready,
             false,
             "InvalidSelector",
             format!(
@@ -84,10 +84,17 @@ pub fn ready(
             ),
             generation,
         ),
-        (None, Some(m)) => condition(previous, "Ready", false, honour::REASON, m, generation),
+        (None, Some(m)) => condition(
+            previous,
+            PolicyCondition::Ready,
+            false,
+            honour::REASON,
+            m,
+            generation,
+        ),
         (None, None) => condition(
             previous,
-            "Ready",
+            PolicyCondition::Ready,
             true,
             "Managing",
             format!("managing {managed} node(s)"),
@@ -102,7 +109,7 @@ pub fn circuit_open(previous: &[Condition], budget: &Budget, generation: Option<
     if budget.circuit_open() {
         condition(
             previous,
-            "CircuitOpen",
+            PolicyCondition::CircuitOpen,
             true,
             "TooManyUnhealthy",
             format!(
@@ -114,7 +121,7 @@ pub fn circuit_open(previous: &[Condition], budget: &Budget, generation: Option<
     } else {
         condition(
             previous,
-            "CircuitOpen",
+            PolicyCondition::CircuitOpen,
             false,
             "WithinBudget",
             format!(
@@ -136,7 +143,7 @@ pub fn conflict(
     if lost_to.is_empty() {
         return condition(
             previous,
-            "Conflict",
+            PolicyCondition::Conflict,
             false,
             "NoOverlap",
             "no other policy manages a node this one selects".into(),
@@ -149,7 +156,7 @@ pub fn conflict(
         .collect();
     condition(
         previous,
-        "Conflict",
+        PolicyCondition::Conflict,
         true,
         "Overlap",
         format!(

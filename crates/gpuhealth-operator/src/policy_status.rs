@@ -11,7 +11,7 @@ use gpuhealth_api::{
     node_health::{GpuNodeHealthStatus, Phase, ReportProblemKind},
     policy::GpuHealthPolicyStatus,
     quarantine::GpuFence,
-    vocabulary::Reason,
+    vocabulary::{PolicyCondition, Reason},
 };
 use gpuhealth_engine::{
     budget,
@@ -41,99 +41,136 @@ pub async fn reconcile(policy: Arc<GpuHealthPolicy>, ctx: Arc<Context>) -> Resul
     result
 }
 
+/// A policy's reconcile, through the stages of a node's: count (read its
+/// nodes' statuses, under the decisions lock, no I/O), decide its status,
+/// record it, and tell what changed in Events.
 async fn reconcile_policy(policy: &GpuHealthPolicy, ctx: &Context) -> Result<Requeue, Error> {
     if !ctx.leadership.is_held() {
         return Err(Error::NotLeader);
     }
     let name = policy.name_any();
-    let (nodes, lost_to) = managed(ctx, policy);
-    // Counted under the decisions lock, borrowing the statuses; no I/O here.
-    let (failed, remediating, budget) = {
-        let store = ctx.node_health.state();
-        let written = ctx.lock_decisions();
-        let of_policy: Vec<(&str, &GpuNodeHealthStatus)> = latest(&store, &written)
-            .filter(|(_, s)| s.policy.as_deref() == Some(name.as_str()))
-            .collect();
-        let budget = budget::Fleet::count(of_policy.iter().copied()).budget(&policy.spec, nodes);
-        let statuses: Vec<&GpuNodeHealthStatus> = of_policy.iter().map(|(_, s)| *s).collect();
-        for phase in Phase::ALL {
-            let n = statuses.iter().filter(|s| s.phase == phase).count();
-            ctx.metrics
-                .nodes
-                .get_or_create(&PhaseLabels {
-                    policy: name.clone(),
-                    phase: format!("{phase:?}"),
-                })
-                .set(n as i64);
-        }
-        for problem in ReportProblemKind::ALL {
-            let n = statuses
-                .iter()
-                .filter(|s| s.report_problem.as_ref().is_some_and(|p| p.kind == problem))
-                .count();
-            ctx.metrics
-                .report_problems
-                .get_or_create(&ReportProblemLabels {
-                    policy: name.clone(),
-                    problem: format!("{problem:?}"),
-                })
-                .set(n as i64);
-        }
-        for fence in [GpuFence::DeviceTaintRule, GpuFence::DevicePlugin] {
-            let n: usize = statuses
-                .iter()
-                .filter_map(|s| s.quarantine.as_ref().filter(|q| q.per_gpu()))
-                .map(|q| q.gpus.iter().filter(|g| g.fence == fence).count())
-                .sum();
-            ctx.metrics
-                .gpus_fenced
-                .get_or_create(&FenceLabels {
-                    policy: name.clone(),
-                    fence: format!("{fence:?}"),
-                })
-                .set(n as i64);
-        }
-        let count = |f: &dyn Fn(&GpuNodeHealthStatus) -> bool| {
-            statuses.iter().filter(|s| f(s)).count() as u32
-        };
-        (
-            count(&|s| s.phase == Phase::Failed),
-            count(&|s| !matches!(s.phase, Phase::Healthy | Phase::Failed)),
-            budget,
-        )
-    };
-    ctx.metrics
-        .circuit_open
-        .get_or_create(&PolicyLabels {
-            policy: name.clone(),
-        })
-        .set(i64::from(budget.circuit_open()));
+    let counted = count(ctx, policy, &name);
+    let decided = decide(ctx, policy, &name, &counted);
+    if policy.status.as_ref() == Some(&decided.status) {
+        return Ok(Requeue::await_change());
+    }
+    record(ctx, &name, &decided.status).await?;
+    tell(ctx, policy, &name, &counted, &decided).await;
+    Ok(Requeue::await_change())
+}
 
+/// What a policy's nodes are: how many it manages, which policies took the
+/// others it selects, how many failed or are under way, and its budget.
+struct Counted {
+    nodes: usize,
+    lost_to: Vec<(String, usize)>,
+    failed: u32,
+    remediating: u32,
+    budget: budget::Budget,
+}
+
+/// Counts the policy's nodes under the decisions lock, borrowing the
+/// statuses (no I/O), and sets the policy's gauges.
+fn count(ctx: &Context, policy: &GpuHealthPolicy, name: &str) -> Counted {
+    let (nodes, lost_to) = managed(ctx, policy);
+    let store = ctx.node_health.state();
+    let written = ctx.lock_decisions();
+    let of_policy: Vec<(&str, &GpuNodeHealthStatus)> = latest(&store, &written)
+        .filter(|(_, s)| s.policy.as_deref() == Some(name))
+        .collect();
+    let budget = budget::Fleet::count(of_policy.iter().copied()).budget(&policy.spec, nodes);
+    let statuses: Vec<&GpuNodeHealthStatus> = of_policy.iter().map(|(_, s)| *s).collect();
+    gauges(ctx, name, &statuses, &budget);
+    let count =
+        |f: &dyn Fn(&GpuNodeHealthStatus) -> bool| statuses.iter().filter(|s| f(s)).count() as u32;
+    Counted {
+        nodes,
+        lost_to,
+        failed: count(&|s| s.phase == Phase::Failed),
+        remediating: count(&|s| !matches!(s.phase, Phase::Healthy | Phase::Failed)),
+        budget,
+    }
+}
+
+/// The policy's gauges: its nodes by phase, report problems and fenced
+/// GPUs, and whether its circuit is open.
+fn gauges(ctx: &Context, name: &str, statuses: &[&GpuNodeHealthStatus], budget: &budget::Budget) {
+    let m = &ctx.metrics;
+    for phase in Phase::ALL {
+        let n = statuses.iter().filter(|s| s.phase == phase).count();
+        m.nodes
+            .get_or_create(&PhaseLabels {
+                policy: name.to_owned(),
+                phase: format!("{phase:?}"),
+            })
+            .set(n as i64);
+    }
+    for problem in ReportProblemKind::ALL {
+        let n = statuses
+            .iter()
+            .filter(|s| s.report_problem.as_ref().is_some_and(|p| p.kind == problem))
+            .count();
+        m.report_problems
+            .get_or_create(&ReportProblemLabels {
+                policy: name.to_owned(),
+                problem: format!("{problem:?}"),
+            })
+            .set(n as i64);
+    }
+    for fence in [GpuFence::DeviceTaintRule, GpuFence::DevicePlugin] {
+        let n: usize = statuses
+            .iter()
+            .filter_map(|s| s.quarantine.as_ref().filter(|q| q.per_gpu()))
+            .map(|q| q.gpus.iter().filter(|g| g.fence == fence).count())
+            .sum();
+        m.gpus_fenced
+            .get_or_create(&FenceLabels {
+                policy: name.to_owned(),
+                fence: format!("{fence:?}"),
+            })
+            .set(n as i64);
+    }
+    let policy = PolicyLabels {
+        policy: name.to_owned(),
+    };
+    m.circuit_open
+        .get_or_create(&policy)
+        .set(i64::from(budget.circuit_open()));
+}
+
+/// The policy's decided status, and whether it is within the cluster's
+/// guardrails.
+struct Decided {
+    status: GpuHealthPolicyStatus,
+    within_guardrails: bool,
+}
+
+fn decide(ctx: &Context, policy: &GpuHealthPolicy, name: &str, counted: &Counted) -> Decided {
     let previous = policy.status.clone().unwrap_or_default();
     let generation = policy.metadata.generation;
     let selector_error = Selector::try_from(policy.spec.node_selector.clone())
         .err()
         .map(|e| e.to_string());
     let problems = unhonoured(ctx, policy);
+    let past_guardrails = ctx.guardrails.exceeded(&policy.spec, counted.nodes);
+    let labels = PolicyLabels {
+        policy: name.to_owned(),
+    };
     ctx.metrics
         .unhonoured_fields
-        .get_or_create(&PolicyLabels {
-            policy: name.clone(),
-        })
+        .get_or_create(&labels)
         .set(problems.len() as i64);
-    let past_guardrails = ctx.guardrails.exceeded(&policy.spec, nodes);
     ctx.metrics
         .past_guardrails
-        .get_or_create(&PolicyLabels {
-            policy: name.clone(),
-        })
+        .get_or_create(&labels)
         .set(past_guardrails.len() as i64);
+    let nodes = counted.nodes as u32;
     let status = GpuHealthPolicyStatus {
         observed_generation: generation,
-        nodes: nodes as u32,
-        healthy: (nodes as u32).saturating_sub(failed + remediating),
-        remediating,
-        failed,
+        nodes,
+        healthy: nodes.saturating_sub(counted.failed + counted.remediating),
+        remediating: counted.remediating,
+        failed: counted.failed,
         conditions: vec![
             conditions::ready(
                 &previous.conditions,
@@ -141,38 +178,54 @@ async fn reconcile_policy(policy: &GpuHealthPolicy, ctx: &Context) -> Result<Req
                 &past_guardrails,
                 selector_error,
                 &problems,
-                nodes,
+                counted.nodes,
                 generation,
             ),
-            conditions::circuit_open(&previous.conditions, &budget, generation),
-            conditions::conflict(&previous.conditions, &lost_to, generation),
+            conditions::circuit_open(&previous.conditions, &counted.budget, generation),
+            conditions::conflict(&previous.conditions, &counted.lost_to, generation),
         ],
     };
-    if policy.status.as_ref() == Some(&status) {
-        return Ok(Requeue::await_change());
+    Decided {
+        status,
+        within_guardrails: past_guardrails.is_empty(),
     }
+}
+
+async fn record(ctx: &Context, name: &str, status: &GpuHealthPolicyStatus) -> Result<(), Error> {
     let api: Api<GpuHealthPolicy> = Api::all(ctx.client.clone());
     let patch =
         json!({"apiVersion": "gpuhealth.io/v1alpha1", "kind": "GpuHealthPolicy", "status": status});
     api.patch_status(
-        &name,
+        name,
         &PatchParams::apply(MANAGER).force(),
         &Patch::Apply(patch),
     )
     .await
     .map_err(|source| Error::PolicyStatus {
-        policy: name.clone(),
+        policy: name.to_owned(),
         source,
     })?;
-    let was = |type_: &str| {
-        previous
-            .conditions
-            .iter()
-            .any(|c| c.type_ == type_ && c.status == "True")
+    Ok(())
+}
+
+/// Events for what changed between the stored status and the one written:
+/// what cannot be honoured, the guardrails, the breaker, a conflict.
+async fn tell(
+    ctx: &Context,
+    policy: &GpuHealthPolicy,
+    name: &str,
+    counted: &Counted,
+    decided: &Decided,
+) {
+    let previous = policy.status.clone().unwrap_or_default();
+    let status = &decided.status;
+    let (Some(ready), Some(circuit), Some(conflict)) = (
+        status.condition(PolicyCondition::Ready),
+        status.condition(PolicyCondition::CircuitOpen),
+        status.condition(PolicyCondition::Conflict),
+    ) else {
+        return;
     };
-    let ready = &status.conditions[0];
-    let circuit = &status.conditions[1];
-    let conflict = &status.conditions[2];
     let mut events = Vec::new();
     // Once per change of what cannot be honoured, and once when all can.
     let now = (ready.reason == honour::REASON).then(|| ready.message.clone());
@@ -182,31 +235,30 @@ async fn reconcile_policy(policy: &GpuHealthPolicy, ctx: &Context) -> Result<Req
             .lock()
             .unwrap_or_else(|e| e.into_inner());
         announced
-            .insert(name.clone(), now.clone())
+            .insert(name.to_owned(), now.clone())
             .unwrap_or_else(|| {
                 // Nothing announced by this process yet: what the status said.
                 previous
-                    .conditions
-                    .iter()
-                    .find(|c| c.type_ == "Ready" && c.reason == honour::REASON)
+                    .condition(PolicyCondition::Ready)
+                    .filter(|c| c.reason == honour::REASON)
                     .map(|c| c.message.clone())
             })
     };
     events.extend(honour_event(before.as_deref(), now, ready.status == "True"));
-    let ready_before = previous.conditions.iter().find(|c| c.type_ == "Ready");
     events.extend(guardrail_event(
-        ready_before,
+        previous.condition(PolicyCondition::Ready),
         ready,
-        past_guardrails.is_empty(),
+        decided.within_guardrails,
     ));
-    if was("CircuitOpen") != budget.circuit_open() {
-        events.push(if budget.circuit_open() {
+    let open = counted.budget.circuit_open();
+    if previous.is_true(PolicyCondition::CircuitOpen) != open {
+        events.push(if open {
             (EventType::Warning, "CircuitOpen", circuit.message.clone())
         } else {
             (EventType::Normal, "CircuitClosed", circuit.message.clone())
         });
     }
-    if !was("Conflict") && !lost_to.is_empty() {
+    if !previous.is_true(PolicyCondition::Conflict) && !counted.lost_to.is_empty() {
         events.push((EventType::Warning, "Conflict", conflict.message.clone()));
     }
     for (type_, reason, note) in events {
@@ -220,7 +272,6 @@ async fn reconcile_policy(policy: &GpuHealthPolicy, ctx: &Context) -> Result<Req
             warn!(policy = %name, error = %e, "could not publish an Event");
         }
     }
-    Ok(Requeue::await_change())
 }
 
 /// The Event for a change in what cannot be honoured of a policy: `before`

@@ -9,7 +9,7 @@ use gpuhealth_api::{
     GpuHealth, GpuHealthPolicy, GpuNodeHealth,
     node_health::{GpuNodeHealthStatus, Phase},
     quarantine::Fenced,
-    vocabulary::{FindingKind, FindingSubject, PodKey, Reason},
+    vocabulary::{FindingKind, FindingSubject, PodKey, PolicyCondition, Reason},
 };
 use k8s_openapi::{apimachinery::pkg::apis::meta::v1::Time, jiff::Timestamp};
 use kube::ResourceExt;
@@ -215,16 +215,22 @@ fn phase_rank(phase: Phase) -> usize {
 
 fn policy_line(p: &GpuHealthPolicy) -> PolicyLine {
     let status = p.status.clone().unwrap_or_default();
-    let condition = |t: &str| status.conditions.iter().find(|c| c.type_ == t);
-    let is_true = |t: &str| condition(t).is_some_and(|c| c.status == "True");
-    let ready = condition("Ready").map(|c| c.status == "True");
+    let ready = status
+        .condition(PolicyCondition::Ready)
+        .map(|c| c.status == "True");
     let mut notes = Vec::new();
     for (type_, bad) in [
-        ("Ready", ready == Some(false)),
-        ("CircuitOpen", is_true("CircuitOpen")),
-        ("Conflict", is_true("Conflict")),
+        (PolicyCondition::Ready, ready == Some(false)),
+        (
+            PolicyCondition::CircuitOpen,
+            status.is_true(PolicyCondition::CircuitOpen),
+        ),
+        (
+            PolicyCondition::Conflict,
+            status.is_true(PolicyCondition::Conflict),
+        ),
     ] {
-        if let Some(c) = condition(type_).filter(|_| bad)
+        if let Some(c) = status.condition(type_).filter(|_| bad)
             && !c.message.is_empty()
         {
             notes.push(c.message.clone());
@@ -238,8 +244,8 @@ fn policy_line(p: &GpuHealthPolicy) -> PolicyLine {
         remediating: status.remediating,
         failed: status.failed,
         ready,
-        circuit_open: is_true("CircuitOpen"),
-        conflict: is_true("Conflict"),
+        circuit_open: status.is_true(PolicyCondition::CircuitOpen),
+        conflict: status.is_true(PolicyCondition::Conflict),
         notes,
     }
 }

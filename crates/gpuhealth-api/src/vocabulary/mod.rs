@@ -5,6 +5,7 @@
 //! the same words as an enum, so the API server refuses any other.
 
 mod attempt;
+mod condition;
 mod finding;
 mod outcome;
 mod pod;
@@ -12,6 +13,7 @@ mod quarantine;
 mod reason;
 
 pub use attempt::{Attempt, AttemptAction, AttemptOutcome};
+pub use condition::PolicyCondition;
 pub use finding::{FindingKind, FindingSubject};
 pub use outcome::{IncidentOutcome, WorkloadOutcome};
 pub use pod::PodKey;
