@@ -126,6 +126,28 @@ struct Observed {
     changed_at: Instant,
 }
 
+/// The lease renewed in the background, until it is lost or handed back.
+pub struct Renewing {
+    stop: tokio::sync::oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<Option<Elector>>,
+}
+
+impl Renewing {
+    /// Resolves when the lease is lost.
+    pub async fn lost(&mut self) {
+        let _ = (&mut self.task).await;
+    }
+
+    /// Stops renewing and gives the lease up, so that another replica
+    /// takes over at once.
+    pub async fn release(self) {
+        let _ = self.stop.send(());
+        if let Ok(Some(mut elector)) = self.task.await {
+            elector.release().await;
+        }
+    }
+}
+
 pub struct Elector {
     api: Api<Lease>,
     settings: Settings,
@@ -145,6 +167,20 @@ impl Elector {
 
     pub fn leadership(&self) -> Leadership {
         self.leadership.clone()
+    }
+
+    /// Renews the lease in the background from now on (`keep`), beside
+    /// everything else: on a slow API server the reads that set up the
+    /// loops outlast the renew deadline.
+    pub fn renew_in_background(mut self) -> Renewing {
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(async move {
+            tokio::select! {
+                () = self.keep() => None,
+                _ = stopped => Some(self),
+            }
+        });
+        Renewing { stop, task }
     }
 
     /// Returns once this replica holds the lease.

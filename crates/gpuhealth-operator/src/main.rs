@@ -31,26 +31,20 @@ mod testing;
 mod triggers;
 mod validation;
 mod watched_workloads;
+mod watches;
 
 use std::{net::SocketAddr, process::ExitCode, sync::Arc, time::Duration};
 
 use clap::{Parser, ValueEnum};
 
 use futures::{FutureExt, StreamExt};
-use gpuhealth_api::{GpuHealthPolicy, GpuNodeHealth};
+use gpuhealth_api::GpuHealthPolicy;
 use gpuhealth_engine::guardrails::{ConditionTypes, Guardrails};
 use gpuhealth_http::api_requests::CountRequests;
-use k8s_openapi::{
-    api::{core::v1::Node, policy::v1::PodDisruptionBudget},
-    apimachinery::pkg::util::intstr::IntOrString,
-};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::{
-    Api, Config, ResourceExt,
-    runtime::{
-        Controller, WatchStreamExt, controller,
-        reflector::{self, ObjectRef},
-        watcher,
-    },
+    Api, Config,
+    runtime::{Controller, watcher},
 };
 use tracing::{error, info, warn};
 
@@ -138,20 +132,6 @@ struct Args {
     /// (detection.nodeConditions); `*`: any. None by default.
     #[arg(long, env = "GPUHEALTH_CONDITION_TYPES", value_delimiter = ',')]
     condition_types: Vec<String>,
-}
-
-/// Node reconciles in flight at most. Unbounded, a start on a fleet ran one
-/// per node at once: at 1,000 nodes they left the operator 84 MiB at rest
-/// where it needs 34, and at 5,000 their requests delayed the leader's
-/// renewal past its deadline, so it exited (bench/FINDINGS.md). A
-/// reconcile is a few store reads and at most a few writes: 32 at once go
-/// through a fleet's start in seconds and a storm's nodes at once.
-const RECONCILES_AT_ONCE: u16 = 32;
-
-/// The watches of one object per node list in pages of this many: a page is
-/// parsed whole, and pages of 500 nodes made a start's peak (bench/FINDINGS.md).
-fn fleet_watch() -> watcher::Config {
-    watcher::Config::default().page_size(100)
 }
 
 /// How long the stores a step reads may take to list before the wait says so.
@@ -250,6 +230,10 @@ async fn main() -> ExitCode {
     }
 }
 
+/// The operator, in order: its client and metrics endpoint; the records
+/// every replica reads before it leads; the lease; once leading, the
+/// fleet's watches and the other tools' locks; then the nodes' and the
+/// policies' controllers until stopped or the lease is lost.
 async fn run(args: Args) -> Result<(), Fatal> {
     let guardrails = guardrails(&args);
     if !(args.retry_period < args.renew_deadline && args.renew_deadline < args.lease_duration) {
@@ -259,88 +243,19 @@ async fn run(args: Args) -> Result<(), Fatal> {
         )));
     }
     let crash_after = failpoint::CrashAfter::from_env().map_err(Fatal::Flags)?;
-    let mut config = Config::infer().await.map_err(kube::Error::InferConfig)?;
-    // A 429 from the Eviction API means a PodDisruptionBudget says "not now":
-    // the reconcile requeues; it must not block in the client's retry loop.
-    config.default_retry = false;
-    // Names this replica in every request, so that the API server's audit
-    // log says which replica made each write (and whether it led then).
-    let agent = format!(
-        "gpuhealth-operator/{} ({})",
-        env!("CARGO_PKG_VERSION"),
-        args.pod_name
-    );
-    if let Ok(agent) = http::HeaderValue::from_str(&agent) {
-        config.headers.push((http::header::USER_AGENT, agent));
-    }
     let metrics = Arc::new(Metrics::default());
-    let client = api_client::builder(config)?
-        .with_layer(&CountRequests(metrics.api_requests.clone()))
-        .build();
+    let client = client(&args, &metrics).await?;
     info!(
         version = env!("CARGO_PKG_VERSION"),
         "gpuhealth-operator starting"
     );
-    let listener = tokio::net::TcpListener::bind(args.metrics_addr)
-        .await
-        .map_err(Fatal::Metrics)?;
-    let served = metrics.clone();
-    tokio::spawn(async move {
-        if let Err(e) = gpuhealth_http::serve(listener, served).await {
-            error!(error = %e, "the metrics endpoint stopped");
-        }
-    });
-
-    // Stores the reconciles read from, filled before leadership is sought so
-    // that a new leader starts warm. The policies' controller keeps a watch
-    // of its own (kube's stable API cannot share one stream); the health
-    // records' watch also triggers reconciles, once this replica leads.
-    let (policies, policy_writer) = reflector::store::<GpuHealthPolicy>();
-    let (node_health, health_writer) = reflector::store::<GpuNodeHealth>();
-    let policy_api = Api::<GpuHealthPolicy>::all(client.clone());
-    let health_api = Api::<GpuNodeHealth>::all(client.clone());
-    tokio::spawn(
-        reflector::reflector(
-            policy_writer,
-            watcher(policy_api.clone(), watcher::Config::default()),
-        )
-        .default_backoff()
-        .for_each(|_| futures::future::ready(())),
-    );
-    // The nodes' and policies' reconciles follow this one watch of the
-    // health records (`triggers`).
-    let health_changes = triggers::HealthChanges::default();
-    tokio::spawn(
-        watcher(health_api.clone(), fleet_watch())
-            .default_backoff()
-            .modify(slim::node_health)
-            .inspect(health_changes.tap())
-            .reflect(health_writer)
-            .for_each(|_| futures::future::ready(())),
-    );
-    policies
-        .wait_until_ready()
-        .await
-        .map_err(|e| kube::Error::Service(Box::new(e)))?;
-    node_health
-        .wait_until_ready()
-        .await
-        .map_err(|e| kube::Error::Service(Box::new(e)))?;
+    serve_metrics(args.metrics_addr, metrics.clone()).await?;
+    let records = watches::records(&client).await?;
     metrics
         .ready
         .store(true, std::sync::atomic::Ordering::Relaxed);
 
-    let mut elector = Elector::new(
-        client.clone(),
-        Settings {
-            namespace: args.namespace.clone(),
-            name: args.lease_name,
-            identity: args.pod_name.clone(),
-            lease_duration: args.lease_duration,
-            renew_deadline: args.renew_deadline,
-            retry_period: args.retry_period,
-        },
-    );
+    let mut elector = Elector::new(client.clone(), lease_settings(&args));
     tokio::select! {
         () = elector.acquire() => {}
         () = shutdown_signal() => {
@@ -349,21 +264,11 @@ async fn run(args: Args) -> Result<(), Fatal> {
         }
     }
     metrics.leader.set(1);
-    let Some(health_changed) = health_changes.lead() else {
+    let Some(health_changed) = records.health_changes.lead() else {
         unreachable!("leadership is taken once");
     };
-    // Renewing from now on, beside everything else: on a slow API server
-    // the reads that set up the loops below outlast the renew deadline.
-    // It ends when the lease is lost, or when asked to stop, handing the
-    // elector back so that the lease can be released.
     let leadership = elector.leadership();
-    let (stop_renewing, renewing_stopped) = tokio::sync::oneshot::channel::<()>();
-    let mut renewing = tokio::spawn(async move {
-        tokio::select! {
-            () = elector.keep() => None,
-            _ = renewing_stopped => Some(elector),
-        }
-    });
+    let mut renewing = elector.renew_in_background();
 
     let locks = Arc::new(locks::Locks::default());
     // When a lock becomes unreadable or readable again, every policy's
@@ -383,54 +288,17 @@ async fn run(args: Args) -> Result<(), Fatal> {
     ));
     tokio::spawn(locks::poll(
         client.clone(),
-        policies.clone(),
+        records.policies.clone(),
         locks.clone(),
         unreadable_changed,
     ));
-    // Nodes are kept slim, and only a change in what a reconcile reads
-    // triggers one: at fleet scale whole nodes were most of the memory. A
-    // change of labels also looks at every policy's selection again.
-    let (nodes, node_writer) = reflector::store::<Node>();
-    let (relabelled, label_changes) = futures::channel::mpsc::unbounded();
-    let (deleted, deletions) = futures::channel::mpsc::unbounded();
-    let node_changes = watcher(Api::<Node>::all(client.clone()), fleet_watch())
-        .default_backoff()
-        .modify(slim::node)
-        .inspect(triggers::label_changes(nodes.clone(), relabelled))
-        .reflect(node_writer)
-        // After the store has let the node go: the sweep reads it.
-        .inspect(triggers::deletions(deleted))
-        .applied_objects()
-        .predicate_filter(slim::node_inputs, Default::default());
-    let node_controller = Controller::for_stream(node_changes, nodes.clone())
-        .with_config(controller::Config::default().concurrency(RECONCILES_AT_ONCE));
-    // PodDisruptionBudgets, kept from one watch; a change reconciles the
-    // nodes whose DryRun plan it is in.
-    let (budgets, budget_writer) = reflector::store::<PodDisruptionBudget>();
-    let (budget_changed, budget_changes) = futures::channel::mpsc::unbounded();
-    let planned = planned_in(node_health.clone());
-    tokio::spawn(
-        watcher(
-            Api::<PodDisruptionBudget>::all(client.clone()),
-            watcher::Config::default(),
-        )
-        .default_backoff()
-        .modify(|pdb| pdb.managed_fields_mut().clear())
-        .reflect(budget_writer)
-        .applied_objects()
-        .for_each(move |pdb| {
-            for node in pdb.map(&planned).unwrap_or_default() {
-                let _ = budget_changed.unbounded_send(node);
-            }
-            futures::future::ready(())
-        }),
-    );
+    let fleet = watches::fleet(&client, records.node_health.clone());
     // DRA: devices' taints and gpuhealth's DeviceTaintRules, where the
     // cluster serves them; a change reconciles the node concerned.
     let (device_changed, device_changes) = futures::channel::mpsc::unbounded();
     let dra = tokio::select! {
         dra = devices::watch(&client, device_changed.clone()) => dra,
-        _ = &mut renewing => {
+        () = renewing.lost() => {
             metrics.leader.set(0);
             return Err(Fatal::LostLeadership);
         }
@@ -440,10 +308,10 @@ async fn run(args: Args) -> Result<(), Fatal> {
     let pod_health = pod_health::watch(client.clone(), device_changed);
     let ctx = Arc::new(Context {
         client: client.clone(),
-        nodes: nodes.clone(),
-        policies: policies.clone(),
-        node_health,
-        budgets,
+        nodes: fleet.nodes.clone(),
+        policies: records.policies.clone(),
+        node_health: records.node_health,
+        budgets: fleet.budgets,
         dra,
         pod_health,
         decisions: Default::default(),
@@ -452,7 +320,7 @@ async fn run(args: Args) -> Result<(), Fatal> {
         failures: Default::default(),
         report_seen: Default::default(),
         honour_announced: Default::default(),
-        locks: locks.clone(),
+        locks,
         protection,
         guardrails,
         metrics: metrics.clone(),
@@ -466,10 +334,12 @@ async fn run(args: Args) -> Result<(), Fatal> {
     });
     // A policy's spec may change any node's decision; a node-health change
     // only its own node's.
-    let nodes_stream = node_controller
+    let policy_api = Api::<GpuHealthPolicy>::all(client.clone());
+    let nodes_stream = fleet
+        .controller
         .reconcile_all_on(triggers::spec_changes(policy_api.clone()))
         .reconcile_on(health_changed.nodes)
-        .reconcile_on(budget_changes)
+        .reconcile_on(fleet.budget_changes)
         .reconcile_on(device_changes)
         .reconcile_all_on(protection_node_changes)
         .shutdown_on_signal()
@@ -485,12 +355,13 @@ async fn run(args: Args) -> Result<(), Fatal> {
     };
     // The records of deleted nodes, beside the nodes' reconciles.
     let swept = ctx.clone();
+    let deletions = fleet.deletions;
     tokio::spawn(async move { gone::watch(&swept, deletions).await });
     // A policy's status follows its nodes' statuses, which nodes it selects,
     // and whether the locks it names can be read.
     let policy_loop = Controller::new(policy_api, watcher::Config::default())
         .reconcile_all_on(unreadable_changes)
-        .reconcile_all_on(label_changes)
+        .reconcile_all_on(fleet.label_changes)
         .reconcile_all_on(protection_policy_changes)
         .reconcile_on(health_changed.policies)
         .shutdown_on_signal()
@@ -499,18 +370,59 @@ async fn run(args: Args) -> Result<(), Fatal> {
 
     tokio::select! {
         stopped = futures::future::try_join(node_loop, policy_loop.map(Ok)) => {
-            let _ = stop_renewing.send(());
-            if let Ok(Some(mut elector)) = renewing.await {
-                elector.release().await;
-            }
+            renewing.release().await;
             stopped?;
             info!("gpuhealth-operator stopped");
             Ok(())
         }
-        _ = &mut renewing => {
+        () = renewing.lost() => {
             metrics.leader.set(0);
             Err(Fatal::LostLeadership)
         }
+    }
+}
+
+/// The API client: no retries of its own (a 429 from the Eviction API is a
+/// PodDisruptionBudget's "not now", for the reconcile to requeue), this
+/// replica named in every request (the audit log then says which replica
+/// made each write, and whether it led then), and its requests counted.
+async fn client(args: &Args, metrics: &Metrics) -> Result<kube::Client, Fatal> {
+    let mut config = Config::infer().await.map_err(kube::Error::InferConfig)?;
+    config.default_retry = false;
+    let agent = format!(
+        "gpuhealth-operator/{} ({})",
+        env!("CARGO_PKG_VERSION"),
+        args.pod_name
+    );
+    if let Ok(agent) = http::HeaderValue::from_str(&agent) {
+        config.headers.push((http::header::USER_AGENT, agent));
+    }
+    Ok(api_client::builder(config)?
+        .with_layer(&CountRequests(metrics.api_requests.clone()))
+        .build())
+}
+
+/// Serves `/metrics`, `/healthz` and `/readyz` on `addr`.
+async fn serve_metrics(addr: SocketAddr, metrics: Arc<Metrics>) -> Result<(), Fatal> {
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(Fatal::Metrics)?;
+    tokio::spawn(async move {
+        if let Err(e) = gpuhealth_http::serve(listener, metrics).await {
+            error!(error = %e, "the metrics endpoint stopped");
+        }
+    });
+    Ok(())
+}
+
+fn lease_settings(args: &Args) -> Settings {
+    Settings {
+        namespace: args.namespace.clone(),
+        name: args.lease_name.clone(),
+        identity: args.pod_name.clone(),
+        lease_duration: args.lease_duration,
+        renew_deadline: args.renew_deadline,
+        retry_period: args.retry_period,
     }
 }
 
@@ -549,30 +461,6 @@ async fn shutdown_signal() {
     tokio::select! {
         () = term => {}
         _ = tokio::signal::ctrl_c() => {}
-    }
-}
-
-/// The nodes whose DryRun plan has pods in a budget's namespace: a
-/// budget's change is in their plan at once, not at the next poll (a
-/// drain looks again every two seconds anyway).
-fn planned_in(
-    statuses: reflector::Store<GpuNodeHealth>,
-) -> impl Fn(PodDisruptionBudget) -> Vec<ObjectRef<Node>> {
-    move |pdb: PodDisruptionBudget| {
-        let namespace = pdb.namespace().unwrap_or_default();
-        statuses
-            .state()
-            .iter()
-            .filter(|g| {
-                g.status.as_ref().is_some_and(|s| {
-                    s.plan
-                        .iter()
-                        .flat_map(|p| p.evict.iter().chain(&p.wait_for))
-                        .any(|pod| pod.namespace == namespace)
-                })
-            })
-            .map(|g| ObjectRef::new(&g.name_any()))
-            .collect()
     }
 }
 
