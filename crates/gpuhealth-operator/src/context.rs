@@ -6,10 +6,7 @@ use std::{
 };
 
 use gpuhealth_api::{GpuHealthPolicy, GpuNodeHealth, node_health::GpuNodeHealthStatus};
-use k8s_openapi::{
-    api::{core::v1::Node, policy::v1::PodDisruptionBudget},
-    jiff::Timestamp,
-};
+use k8s_openapi::api::{core::v1::Node, policy::v1::PodDisruptionBudget};
 use kube::{
     Client,
     runtime::reflector::{Store, store::WriterDropped},
@@ -36,14 +33,9 @@ pub struct Context {
     /// watch of every pod.
     pub pod_health: Arc<crate::pod_health::PodHealth>,
     pub events: crate::events::Events,
-    /// Decisions that may start a remediation are made one at a time, each
-    /// seeing the statuses the ones before it wrote: reconciles of different
-    /// nodes run concurrently, and two nodes deciding at once on the same
-    /// budget could both start. Held only to compute, never across I/O, so a
-    /// plain mutex: tokio's handed the lock over through the scheduler's run
-    /// queue, and under load each waiter waited for the whole queue (the
-    /// benchmark saw 0.4 s mean waits for 0.7 ms decisions).
-    pub decisions: Mutex<HashMap<String, GpuNodeHealthStatus>>,
+    /// What this process remembers of each node between its reconciles
+    /// (its latest decision, GPU holders and report), forgotten with it.
+    pub memory: crate::memory::NodeMemory,
     /// What the API server showed once this replica's term began, for the
     /// starts of its first minute.
     pub at_takeover: crate::takeover::AtTakeover,
@@ -53,16 +45,8 @@ pub struct Context {
     pub protection: Arc<crate::protection::Protection>,
     /// The cluster administrator's bounds on every policy (the flags).
     pub guardrails: gpuhealth_engine::guardrails::Guardrails,
-    /// Per node, what its last reconcile saw of the pods holding its GPUs:
-    /// when that changes, the node's pods are listed once, to set a new
-    /// holder's readiness gate.
-    pub holders_seen: Mutex<HashMap<String, HoldersSeen>>,
     /// Failed reconciles in a row, per object, for the back-off.
     pub failures: crate::error::Failures,
-    /// Per node, its report's `observedAt` and when this process first saw
-    /// it, by its own clock: how old a report is, judged on one clock
-    /// whatever the agent's says.
-    pub report_seen: Mutex<HashMap<String, (Timestamp, Timestamp)>>,
     /// Per policy, what this process last announced of what cannot be
     /// honoured (its `Ready` message, or `None` when all could be): each
     /// change is announced once, even when a reconcile reads a policy whose
@@ -96,7 +80,7 @@ impl Context {
 
     /// This process's latest decision for each node it decided on.
     pub fn lock_decisions(&self) -> MutexGuard<'_, HashMap<String, GpuNodeHealthStatus>> {
-        self.decisions.lock().unwrap_or_else(|e| e.into_inner())
+        self.memory.lock_decisions()
     }
 }
 
@@ -112,15 +96,4 @@ pub fn latest<'a>(
         (!written.contains_key(name)).then_some((name, g.status.as_ref()?))
     });
     watched.chain(written.iter().map(|(k, v)| (k.as_str(), v)))
-}
-
-/// What a node's last reconcile saw of the pods holding its GPUs.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-pub enum HoldersSeen {
-    /// Their hash (`observe::holders_hash`), not their names: it is kept
-    /// for every node of the fleet.
-    Holders(u64),
-    /// The pods were not listed (a quarantine decided on the report alone):
-    /// the next reconcile lists them, for their readiness gates.
-    GatesPending,
 }

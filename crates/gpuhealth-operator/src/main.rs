@@ -16,6 +16,7 @@ mod gangs;
 mod gone;
 mod leader;
 mod locks;
+mod memory;
 mod metrics;
 mod observe;
 mod pod_health;
@@ -314,11 +315,9 @@ async fn run(args: Args) -> Result<(), Fatal> {
         budgets: fleet.budgets,
         dra,
         pod_health,
-        decisions: Default::default(),
+        memory: Default::default(),
         at_takeover: Default::default(),
-        holders_seen: Default::default(),
         failures: Default::default(),
-        report_seen: Default::default(),
         honour_announced: Default::default(),
         locks,
         protection,

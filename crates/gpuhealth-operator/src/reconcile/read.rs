@@ -23,8 +23,9 @@ use kube::{Api, ResourceExt, api::ListParams, runtime::reflector::ObjectRef};
 use tracing::warn;
 
 use crate::{
-    context::{Context, Error, HoldersSeen},
+    context::{Context, Error},
     devices, fences, gangs,
+    memory::HoldersSeen,
     observe::{budget_views, gpu_holders, holders_hash, node_view, pod_view, resource_count},
     selection::winner,
     validation, watched_workloads,
@@ -80,13 +81,7 @@ pub async fn read(ctx: &Context, node: &Node) -> Result<Option<Read>, Error> {
 
     let holders = gpu_holders(&view);
     let holders_now = HoldersSeen::Holders(holders_hash(&holders));
-    let seen = ctx
-        .holders_seen
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .get(&name)
-        .copied();
-    let since = match seen {
+    let since = match ctx.memory.holders_seen(&name) {
         Some(HoldersSeen::GatesPending) => HoldersSince::GatesPending,
         Some(h) if h == holders_now => HoldersSince::Same,
         _ => HoldersSince::Changed,
@@ -229,10 +224,7 @@ impl Read {
         } else {
             self.holders_now
         };
-        ctx.holders_seen
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(self.name.clone(), seen);
+        ctx.memory.remember_holders(&self.name, seen);
     }
 }
 
@@ -242,13 +234,5 @@ fn report_refreshed_at(ctx: &Context, node: &str, view: &NodeView) -> Option<Tim
     let Some(Ok(report)) = &view.report else {
         return None;
     };
-    let observed = report.observed_at.0;
-    let mut seen = ctx.report_seen.lock().unwrap_or_else(|e| e.into_inner());
-    let entry = seen
-        .entry(node.to_owned())
-        .or_insert((observed, Timestamp::now()));
-    if entry.0 != observed {
-        *entry = (observed, Timestamp::now());
-    }
-    Some(entry.1)
+    Some(ctx.memory.report_refreshed_at(node, report.observed_at.0))
 }
