@@ -19,9 +19,9 @@ use gpuhealth_api::{
     vocabulary::PodKey,
 };
 use gpuhealth_engine::{
-    diagnosis::ObservedCondition,
+    diagnosis::{ObservedCondition, UnhealthyDevice},
     drain::{BudgetView, GpuGate, PodView},
-    fence::ResourceCount,
+    fence::{DraView, ResourceCount},
     machine::NodeView,
     others::{NodeSignals, disruptions},
     workload::controller_of,
@@ -39,12 +39,28 @@ use kube::{
     core::{Selector, SelectorExt},
 };
 
-/// The node as the engine sees it, with the other tools `actors` names
-/// that are disrupting it (`named_by`: the locks that name it, see `locks`).
+/// What the engine sees of a node besides the object itself.
+#[derive(Default)]
+pub struct Beside {
+    /// The policy's device-plugin resource on the node.
+    pub gpu_resource: Option<ResourceCount>,
+    /// Its DRA devices and gpuhealth's rules over them.
+    pub dra: Option<DraView>,
+    /// Its GPUs the kubelet calls unhealthy in the pods holding them.
+    pub unhealthy_devices: Vec<UnhealthyDevice>,
+}
+
+/// The node as the engine sees it, built once: with the other tools
+/// `actors` names that are disrupting it (`named_by`: the locks that name
+/// it, see `locks`), what is known of it `beside` the object, and
+/// `first_seen`, when this process first saw its report as observed at
+/// the time given (`NodeMemory::report_refreshed_at`).
 pub fn node_view(
     node: &Node,
     actors: &[OtherActor],
     named_by: &BTreeMap<String, String>,
+    beside: Beside,
+    first_seen: impl FnOnce(Timestamp) -> Timestamp,
 ) -> NodeView {
     let annotations = node.annotations();
     let parse_id =
@@ -66,6 +82,13 @@ pub fn node_view(
                 .collect()
         })
         .unwrap_or_default();
+    let report = annotations
+        .get(GPU_REPORT_ANNOTATION)
+        .map(|v| GpuReport::parse(v));
+    let report_refreshed_at = match &report {
+        Some(Ok(r)) => Some(first_seen(r.observed_at.0)),
+        _ => None,
+    };
     NodeView {
         name: node.name_any(),
         unschedulable: node
@@ -84,9 +107,7 @@ pub fn node_view(
             .map(|i| i.boot_id.clone())
             .unwrap_or_default(),
         conditions,
-        report: annotations
-            .get(GPU_REPORT_ANNOTATION)
-            .map(|v| GpuReport::parse(v)),
+        report,
         reset_request: parse_id(RESET_REQUEST_ANNOTATION, |v| {
             ResetRequest::parse(v).ok().map(|r| r.id)
         }),
@@ -103,11 +124,11 @@ pub fn node_view(
         maintenance: annotations
             .get(MAINTENANCE_ANNOTATION)
             .map(|v| MaintenanceNotice::parse(v)),
-        report_refreshed_at: None,
+        report_refreshed_at,
         break_glass: annotations.get(BREAK_GLASS_ANNOTATION).cloned(),
-        dra: None,
-        gpu_resource: None,
-        unhealthy_devices: Vec::new(),
+        dra: beside.dra,
+        gpu_resource: beside.gpu_resource,
+        unhealthy_devices: beside.unhealthy_devices,
     }
 }
 

@@ -152,7 +152,8 @@ mod tests {
     fn a_slim_node_keeps_what_decisions_read_and_drops_the_rest() {
         let mut n = served("2026-11-30T00:00:00Z", "1");
         node(&mut n);
-        let view = crate::observe::node_view(&n, &[], &Default::default());
+        let view =
+            crate::observe::node_view(&n, &[], &Default::default(), Default::default(), |t| t);
         assert!(view.unschedulable);
         assert_eq!(view.boot_id, "b-1");
         assert_eq!(view.conditions.len(), 1);

@@ -4,7 +4,7 @@
 
 use std::{collections::BTreeSet, sync::Arc};
 
-use gpuhealth_api::{GpuHealthPolicy, node_health::GpuNodeHealthStatus};
+use gpuhealth_api::{GpuHealthPolicy, node_health::GpuNodeHealthStatus, quarantine::Quarantine};
 use gpuhealth_engine::{
     drain::{BudgetView, PodView},
     fence::DraView,
@@ -12,12 +12,9 @@ use gpuhealth_engine::{
     machine::{HoldersSince, Needs, NodeView, ValidationView, needs},
     workload::WorkloadView,
 };
-use k8s_openapi::{
-    api::{
-        core::v1::{Node, Pod},
-        policy::v1::PodDisruptionBudget,
-    },
-    jiff::Timestamp,
+use k8s_openapi::api::{
+    core::v1::{Node, Pod},
+    policy::v1::PodDisruptionBudget,
 };
 use kube::{Api, ResourceExt, api::ListParams, runtime::reflector::ObjectRef};
 use tracing::warn;
@@ -26,7 +23,9 @@ use crate::{
     context::{Context, Error},
     devices, fences, gangs,
     memory::HoldersSeen,
-    observe::{budget_views, gpu_holders, holders_hash, node_view, pod_view, resource_count},
+    observe::{
+        Beside, budget_views, gpu_holders, holders_hash, node_view, pod_view, resource_count,
+    },
     selection::winner,
     validation, watched_workloads,
 };
@@ -63,8 +62,13 @@ pub async fn read(ctx: &Context, node: &Node) -> Result<Option<Read>, Error> {
     };
     let name = node.name_any();
     let policy_name = policy.name_any();
-    let mut view = node_view(node, &policy.spec.other_actors, &ctx.locks.of(&name));
-    view.report_refreshed_at = report_refreshed_at(ctx, &name, &view);
+    let view = node_view(
+        node,
+        &policy.spec.other_actors,
+        &ctx.locks.of(&name),
+        beside(ctx, node, &name, &policy.spec.quarantine),
+        |observed| ctx.memory.report_refreshed_at(&name, observed),
+    );
     if let Some(Err(e)) = &view.report {
         warn!(node = %name, error = %e, "malformed GPU report; ignoring it");
     }
@@ -87,28 +91,6 @@ pub async fn read(ctx: &Context, node: &Node) -> Result<Option<Read>, Error> {
         _ => HoldersSince::Changed,
     };
     let needs = needs(&policy.spec, &stored, &view, since);
-
-    let quarantine = &policy.spec.quarantine;
-    view.gpu_resource = resource_count(node, &quarantine.device_plugin_resource);
-    if let Some(dra) = &ctx.dra {
-        view.dra = Some(DraView {
-            can_taint: dra.rules.is_some(),
-            devices: devices::devices_of(&dra.slices, &name, &quarantine.dra_driver),
-            rules: dra
-                .rules
-                .as_ref()
-                .map(|r| fences::rules_of(&r.store, &name))
-                .unwrap_or_default(),
-        });
-    }
-    view.unhealthy_devices = ctx.pod_health.on(
-        &name,
-        quarantine,
-        ctx.dra
-            .as_ref()
-            .zip(view.dra.as_ref())
-            .map(|(dra, v)| (&dra.claims, v.devices.as_slice())),
-    );
 
     let pods: Vec<PodView> = if needs.pods {
         let api: Api<Pod> = Api::all(ctx.client.clone());
@@ -228,11 +210,30 @@ impl Read {
     }
 }
 
-/// When this process first saw the node's report as it is now (its
-/// `observedAt`), by its own clock.
-fn report_refreshed_at(ctx: &Context, node: &str, view: &NodeView) -> Option<Timestamp> {
-    let Some(Ok(report)) = &view.report else {
-        return None;
-    };
-    Some(ctx.memory.report_refreshed_at(node, report.observed_at.0))
+/// What the engine sees of `node` besides the object: the policy's
+/// device-plugin resource, its DRA devices and gpuhealth's rules over them,
+/// and the GPUs the kubelet calls unhealthy in the pods holding them.
+fn beside(ctx: &Context, node: &Node, name: &str, quarantine: &Quarantine) -> Beside {
+    let dra = ctx.dra.as_ref().map(|dra| DraView {
+        can_taint: dra.rules.is_some(),
+        devices: devices::devices_of(&dra.slices, name, &quarantine.dra_driver),
+        rules: dra
+            .rules
+            .as_ref()
+            .map(|r| fences::rules_of(&r.store, name))
+            .unwrap_or_default(),
+    });
+    let unhealthy_devices = ctx.pod_health.on(
+        name,
+        quarantine,
+        ctx.dra
+            .as_ref()
+            .zip(dra.as_ref())
+            .map(|(watched, v)| (&watched.claims, v.devices.as_slice())),
+    );
+    Beside {
+        gpu_resource: resource_count(node, &quarantine.device_plugin_resource),
+        dra,
+        unhealthy_devices,
+    }
 }
