@@ -150,8 +150,17 @@ impl Default for Metrics {
             api_requests: Default::default(),
             ready: AtomicBool::new(false),
         };
-        // Every kind from the start, at 0: rate() needs a series to exist
-        // before the first error does.
+        m.series_from_the_start();
+        m.register();
+        m
+    }
+}
+
+impl Metrics {
+    /// Every error kind and stage from the start, at 0: rate() needs a
+    /// series to exist before the first error does.
+    fn series_from_the_start(&self) {
+        let m = self;
         for (stage, kind) in crate::error::Error::LABELS {
             drop(m.reconcile_errors.get_or_create(&ErrorLabels {
                 stage: stage.as_str(),
@@ -161,6 +170,11 @@ impl Default for Metrics {
         for stage in Metrics::STAGES {
             drop(m.reconcile_stages.get_or_create(&StageLabels { stage }));
         }
+    }
+
+    /// Every metric, with its help text, under the `gpuhealth` prefix.
+    fn register(&mut self) {
+        let m = self;
         let r = &mut m.registry;
         r.register(
             "reconcile_errors",
@@ -174,7 +188,7 @@ impl Default for Metrics {
         );
         r.register(
             "reconcile_stage_seconds",
-            "Time taken by each stage of a node reconcile: read (API reads before deciding), wait (for the decisions lock), decide (budget and engine), write (the status), act (side effects)",
+            "Time taken by each stage of a node reconcile: read (API reads before deciding), wait (for the decisions lock), budget (counting the policy's fleet, for a step about to start), decide (the engine), fence (the cordon or a GPU's rule, before the status), write (the status), act (the other side effects)",
             m.reconcile_stages.clone(),
         );
         r.register(
@@ -262,7 +276,6 @@ impl Default for Metrics {
             "1 while this replica holds the leader Lease and may act",
             m.leader.clone(),
         );
-        m
     }
 }
 
