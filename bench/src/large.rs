@@ -93,6 +93,7 @@ async fn grow_and_measure(
     measure::shuffle(&mut pool, args.seed);
     let floor_set: Vec<String> = pool.drain(..args.large_faults).collect();
     let gpuhealth_set: Vec<String> = pool.drain(..args.large_faults).collect();
+    let pass_set: Vec<String> = pool.drain(..args.pass_faults).collect();
     // The time to quarantine's policy, as in the phase at `--nodes`.
     let policies: Api<GpuHealthPolicy> = Api::all(client.clone());
     let mut current = policies.get(POLICY).await?;
@@ -111,6 +112,10 @@ async fn grow_and_measure(
         )
         .await?,
     );
+    if !pass_set.is_empty() {
+        large.during_pass =
+            Some(crate::during_pass::measure(args, client, run.cordons, &pass_set).await?);
+    }
 
     if let Some(nhc) = run.nhc {
         let args = Args {

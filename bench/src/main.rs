@@ -13,6 +13,7 @@
 mod capacity;
 mod detect;
 mod drain;
+mod during_pass;
 mod fleet;
 mod gangs;
 mod large;
@@ -156,6 +157,13 @@ pub struct Args {
     /// over every node's Lease grows with the fleet (bench/FINDINGS.md).
     #[arg(long, default_value_t = 20)]
     pub large_peer_faults: usize,
+    /// Faults in the large fleet, each coming during the pass over every
+    /// node that a change of the policy's spec starts; 0 leaves them out.
+    #[arg(long, default_value_t = 20)]
+    pub pass_faults: usize,
+    /// How long after the policy's change each of those faults comes.
+    #[arg(long, default_value_t = 200)]
+    pub pass_fault_delay_ms: u64,
     /// Seed for picking the nodes that fail.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
@@ -172,13 +180,15 @@ impl Args {
             .into());
         }
         if self.large > self.nodes
-            && (self.large_step == 0 || 2 * self.large_faults + 2 > self.large - self.nodes)
+            && (self.large_step == 0
+                || 2 * self.large_faults + self.pass_faults + 2 > self.large - self.nodes)
         {
             return Err(format!(
-                "--large {}: its {} new nodes must hold both sides' faults ({} each) and two for the peer, and --large-step must be at least 1",
+                "--large {}: its {} new nodes must hold both sides' faults ({} each), the faults during a pass ({}) and two for the peer, and --large-step must be at least 1",
                 self.large,
                 self.large - self.nodes,
-                self.large_faults
+                self.large_faults,
+                self.pass_faults
             )
             .into());
         }

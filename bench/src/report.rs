@@ -336,6 +336,26 @@ fn large_rows(s: &mut String, l: &Large) {
             verdict(ttq.ratio_p50 <= 1.5 && ttq.ratio_p99 <= 1.5)
         );
     }
+    if let (Some(pass), Some(ttq)) = (&l.during_pass, &l.time_to_quarantine) {
+        let ratio = if ttq.floor.p99 > 0.0 {
+            pass.gpuhealth.p99 / ttq.floor.p99
+        } else {
+            f64::INFINITY
+        };
+        let _ = writeln!(
+            s,
+            "| large fleet, {} nodes: a fault {} ms after a policy change (its pass over every node under way), time to quarantine p50 / p99 over {} faults | {:.3} / {:.3} s against the floor's p99 {:.3} s: ratio {:.2}; {} missed | p99 within 1.5× the floor | {} |",
+            l.reached,
+            pass.delay_ms,
+            pass.gpuhealth.n,
+            pass.gpuhealth.p50,
+            pass.gpuhealth.p99,
+            ttq.floor.p99,
+            ratio,
+            pass.missed.len(),
+            verdict(ratio <= 1.5)
+        );
+    }
 }
 
 /// The rows beside the peer: per fleet size, each one's time from the

@@ -311,8 +311,20 @@ pub struct Large {
     /// RSS growth per node from `--nodes` to the size reached.
     pub kib_per_node: f64,
     pub time_to_quarantine: Option<TimeToQuarantine>,
+    /// Faults during a policy change's pass over every node.
+    pub during_pass: Option<DuringPass>,
     /// Why the phase ended before its end, if it did.
     pub stopped: Option<String>,
+}
+
+/// Time to quarantine of faults that come during a policy change's pass.
+#[derive(Debug, Default, Serialize)]
+pub struct DuringPass {
+    /// How long after the change each fault came.
+    pub delay_ms: u64,
+    pub gpuhealth: Distribution,
+    pub seconds: Vec<f64>,
+    pub missed: Vec<String>,
 }
 
 #[derive(Debug, Default, Serialize)]

@@ -20,6 +20,9 @@ pub const MANAGER: &str = "gpuhealth-operator";
 
 pub struct Context {
     pub client: Client,
+    /// Node reconciles running now: a pass over every node is paced by it
+    /// (`pass`).
+    pub in_flight: Arc<crate::pass::InFlight>,
     pub nodes: Store<Node>,
     pub policies: Store<GpuHealthPolicy>,
     pub node_health: Store<GpuNodeHealth>,

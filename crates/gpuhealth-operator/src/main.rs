@@ -19,6 +19,7 @@ mod locks;
 mod memory;
 mod metrics;
 mod observe;
+mod pass;
 mod pod_health;
 mod policy_status;
 mod protection;
@@ -307,8 +308,10 @@ async fn run(args: Args) -> Result<(), Fatal> {
     // The kubelet's health of the devices it gave each pod: a change
     // reconciles the pod's node.
     let pod_health = pod_health::watch(client.clone(), device_changed);
+    let in_flight = Arc::new(pass::InFlight::default());
     let ctx = Arc::new(Context {
         client: client.clone(),
+        in_flight: in_flight.clone(),
         nodes: fleet.nodes.clone(),
         policies: records.policies.clone(),
         node_health: records.node_health,
@@ -331,16 +334,20 @@ async fn run(args: Args) -> Result<(), Fatal> {
         },
         events: events::Events::new(client.clone(), "gpuhealth-operator", &args.pod_name),
     });
-    // A policy's spec may change any node's decision; a node-health change
-    // only its own node's.
+    // A policy's spec, or the protection coming or going, may change any
+    // node's decision: a pass over every node, paced behind the nodes with
+    // news. A node-health change only its own node's.
     let policy_api = Api::<GpuHealthPolicy>::all(client.clone());
+    let every_node = futures::stream::select(
+        triggers::spec_changes(policy_api.clone()),
+        protection_node_changes,
+    );
     let nodes_stream = fleet
         .controller
-        .reconcile_all_on(triggers::spec_changes(policy_api.clone()))
+        .reconcile_on(pass::paced(every_node, fleet.nodes.clone(), in_flight))
         .reconcile_on(health_changed.nodes)
         .reconcile_on(fleet.budget_changes)
         .reconcile_on(device_changes)
-        .reconcile_all_on(protection_node_changes)
         .shutdown_on_signal()
         .run(reconcile::reconcile, reconcile::error_policy, ctx.clone());
     // No decision before every store it reads has listed; waited for here,

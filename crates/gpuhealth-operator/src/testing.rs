@@ -201,6 +201,7 @@ impl World {
         let (budgets, _) = reflector::store();
         let ctx = Context {
             client: client.clone(),
+            in_flight: Arc::default(),
             nodes: nodes_store,
             policies: policies_store,
             node_health: node_health_store,

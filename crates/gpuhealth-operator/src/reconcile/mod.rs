@@ -28,6 +28,7 @@ use crate::{
 };
 
 pub async fn reconcile(node: Arc<Node>, ctx: Arc<Context>) -> Result<Requeue, Error> {
+    let _running = ctx.in_flight.start();
     let started = std::time::Instant::now();
     let result = reconcile_node(&node, &ctx).await;
     ctx.metrics
