@@ -134,7 +134,7 @@ bench-smoke: peer-nhc
 	  --storm 3 --max-concurrent 2 --quiet-secs 10 --agents 1 --extra-pods 1 \
 	  --drain-pods 20 --drain-repeats 1 --gang-nodes 2 --gang-notice-secs 5 --peer-at 10 --peer-nodes 3 --peer-faults 4 \
 	  --peer-storm 2 --peer-rest-secs 5 --detect-nodes 2 --detect-faults 2 \
-	  --large 18 --large-step 4 --large-faults 2 --large-peer-faults 2 --pass-faults 2 \
+	  --large 26 --large-step 8 --large-measure-at 18 --large-peer-at 18 --large-faults 2 --large-peer-faults 2 --pass-faults 2 \
 	  --out target/bench-smoke --label smoke
 	bench/plot.sh target/bench-smoke/smoke.json
 

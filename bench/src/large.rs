@@ -1,12 +1,17 @@
 //! The large fleet, after every other phase: the fleet grows past `--nodes`
 //! to `--large` nodes whose GPUs run no pods (KWOK on two cores keeps that
 //! many nodes, not their pods), `--large-step` nodes at a time, watched by
-//! a fresh operator. At the largest size reached: the operator's idle
-//! memory, time to quarantine against the floor over `--large-faults`
-//! faults a side, and the peer beside gpuhealth. A step that fails ends the
-//! phase and says why; what was measured before it is kept.
+//! a fresh operator, its idle memory measured after each step. At each of
+//! `--large-measure-at` and at `--large`: time to quarantine against the
+//! floor over `--large-faults` faults a side, then faults during a policy
+//! change's pass; at `--large-peer-at`, the peer beside gpuhealth. A step
+//! that fails ends the phase and says why; what was measured before it is
+//! kept.
 
-use std::time::{Duration, Instant};
+use std::{
+    collections::HashSet,
+    time::{Duration, Instant},
+};
 
 use gpuhealth_api::GpuHealthPolicy;
 use gpuhealth_e2e::process::Process;
@@ -18,7 +23,7 @@ use crate::{
     measure::{self, POLICY},
     peer::Nhc,
     policy::policy,
-    results::{Large, PeerSize, Step},
+    results::{Large, LargeAt, PeerSize, Step},
     say,
     watch::Cordons,
 };
@@ -60,6 +65,16 @@ async fn grow_and_measure(
     large
         .memory
         .push(measure::idle_memory(&operator, pid, args.nodes, pods).await?);
+    // The time to quarantine's policy, as in the phase at `--nodes`.
+    let policies: Api<GpuHealthPolicy> = Api::all(client.clone());
+    let mut current = policies.get(POLICY).await?;
+    current.spec = policy(GROUP, "100%").spec;
+    policies
+        .replace(POLICY, &PostParams::default(), &current)
+        .await?;
+    // Nodes of this phase only (the earlier phases may have left theirs
+    // fenced or labelled), each failed at one size only.
+    let mut failed: HashSet<String> = HashSet::new();
     while large.reached < args.large {
         let to = (large.reached + args.large_step).min(args.large);
         say(&format!(
@@ -79,6 +94,15 @@ async fn grow_and_measure(
         large
             .memory
             .push(measure::idle_memory(&operator, pid, to, pods).await?);
+        if to == args.large || args.large_measure_at.contains(&to) {
+            let mut pool = unfailed(args, to, &failed);
+            let at = faults_at(run, &operator, to, &mut pool).await?;
+            failed.extend(at.nodes_failed());
+            large.at.push(at);
+            if let Some(nhc) = run.nhc.filter(|_| to == args.large_peer_at.min(args.large)) {
+                *peer = Some(beside_the_peer(run, nhc, &operator, pid, pool, to).await?);
+            }
+        }
     }
     if let (Some(first), Some(last)) = (large.memory.first(), large.memory.last())
         && last.nodes > first.nodes
@@ -86,55 +110,80 @@ async fn grow_and_measure(
         large.kib_per_node =
             (last.rss_mib - first.rss_mib) * 1024.0 / (last.nodes - first.nodes) as f64;
     }
+    // The operator is killed as it drops.
+    Ok(())
+}
 
-    // The nodes of this phase only: the earlier phases may have left theirs
-    // fenced or labelled.
-    let mut pool: Vec<String> = (args.nodes..large.reached).map(fleet::node_name).collect();
-    measure::shuffle(&mut pool, args.seed);
+/// The phase's nodes up to `size` that no fault has touched, shuffled by
+/// the seed.
+fn unfailed(args: &Args, size: usize, failed: &HashSet<String>) -> Vec<String> {
+    let mut pool: Vec<String> = (args.nodes..size)
+        .map(fleet::node_name)
+        .filter(|n| !failed.contains(n))
+        .collect();
+    measure::shuffle(&mut pool, args.seed.wrapping_add(size as u64));
+    pool
+}
+
+/// At `size` nodes: time to quarantine against the floor, then the faults
+/// during a policy change's pass, on nodes drawn from `pool`.
+async fn faults_at(
+    run: &Run<'_>,
+    operator: &Process,
+    size: usize,
+    pool: &mut Vec<String>,
+) -> Result<LargeAt> {
+    let args = run.args;
     let floor_set: Vec<String> = pool.drain(..args.large_faults).collect();
     let gpuhealth_set: Vec<String> = pool.drain(..args.large_faults).collect();
     let pass_set: Vec<String> = pool.drain(..args.pass_faults).collect();
-    // The time to quarantine's policy, as in the phase at `--nodes`.
-    let policies: Api<GpuHealthPolicy> = Api::all(client.clone());
-    let mut current = policies.get(POLICY).await?;
-    current.spec = policy(GROUP, "100%").spec;
-    policies
-        .replace(POLICY, &PostParams::default(), &current)
-        .await?;
-    large.time_to_quarantine = Some(
-        measure::time_to_quarantine(
-            args,
-            client,
-            run.cordons,
-            &operator,
-            &floor_set,
-            &gpuhealth_set,
-        )
-        .await?,
-    );
-    if !pass_set.is_empty() {
-        large.during_pass =
-            Some(crate::during_pass::measure(args, client, run.cordons, &pass_set).await?);
-    }
+    let time_to_quarantine = measure::time_to_quarantine(
+        args,
+        run.client,
+        run.cordons,
+        operator,
+        &floor_set,
+        &gpuhealth_set,
+    )
+    .await?;
+    let during_pass = if pass_set.is_empty() {
+        None
+    } else {
+        Some(crate::during_pass::measure(args, run.client, run.cordons, &pass_set).await?)
+    };
+    Ok(LargeAt {
+        nodes: size,
+        floor_nodes: floor_set,
+        gpuhealth_nodes: gpuhealth_set,
+        pass_nodes: pass_set,
+        time_to_quarantine,
+        during_pass,
+    })
+}
 
-    if let Some(nhc) = run.nhc {
-        let args = Args {
-            peer_faults: args.large_peer_faults,
-            ..args.clone()
-        };
-        let bench = crate::versus::Bench {
-            args: &args,
-            client,
-            cordons: run.cordons,
-            operator: &operator,
-            operator_pid: pid,
-            nhc,
-        };
-        let sides = measure::sides_from(&args, pool, large.reached);
-        *peer = Some(crate::versus::at_size(&bench, large.reached, &sides).await?);
-    }
-    // The operator is killed as it drops.
-    Ok(())
+/// The comparison with the peer at `size`, on nodes drawn from `pool`.
+async fn beside_the_peer(
+    run: &Run<'_>,
+    nhc: &Nhc,
+    operator: &Process,
+    pid: u32,
+    pool: Vec<String>,
+    size: usize,
+) -> Result<PeerSize> {
+    let args = Args {
+        peer_faults: run.args.large_peer_faults,
+        ..run.args.clone()
+    };
+    let bench = crate::versus::Bench {
+        args: &args,
+        client: run.client,
+        cordons: run.cordons,
+        operator,
+        operator_pid: pid,
+        nhc,
+    };
+    let sides = measure::sides_from(&args, pool, size);
+    crate::versus::at_size(&bench, size, &sides).await
 }
 
 /// `step`'s outcome, or the operator's own last error as soon as it exits

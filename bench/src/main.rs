@@ -144,8 +144,16 @@ pub struct Args {
     /// The large fleet, after every other phase: nodes with no pods are
     /// added up to this size and a fresh operator is measured there. At
     /// most --nodes leaves the phase out.
-    #[arg(long, default_value_t = 5000)]
+    #[arg(long, default_value_t = 10000)]
     pub large: usize,
+    /// Sizes of the large fleet, besides `--large`, where its faults are
+    /// measured (and its idle memory judged against 64 MiB).
+    #[arg(long, value_delimiter = ',', default_value = "5000")]
+    pub large_measure_at: Vec<usize>,
+    /// The size of the large fleet where the peer is compared with
+    /// gpuhealth (at most `--large`).
+    #[arg(long, default_value_t = 5000)]
+    pub large_peer_at: usize,
     /// Nodes added at a time to the large fleet.
     #[arg(long, default_value_t = 1000)]
     pub large_step: usize,
@@ -179,16 +187,34 @@ impl Args {
             )
             .into());
         }
+        let measured = self
+            .large_measure_at
+            .iter()
+            .filter(|&&n| n > self.nodes && n < self.large)
+            .count()
+            + 1;
         if self.large > self.nodes
             && (self.large_step == 0
-                || 2 * self.large_faults + self.pass_faults + 2 > self.large - self.nodes)
+                || measured * (2 * self.large_faults + self.pass_faults) + 2
+                    > self.large - self.nodes)
         {
             return Err(format!(
-                "--large {}: its {} new nodes must hold both sides' faults ({} each), the faults during a pass ({}) and two for the peer, and --large-step must be at least 1",
+                "--large {}: its {} new nodes must hold, at each size measured, both sides' faults ({} each) and the faults during a pass ({}), and two for the peer, and --large-step must be at least 1",
                 self.large,
                 self.large - self.nodes,
                 self.large_faults,
                 self.pass_faults
+            )
+            .into());
+        }
+        if let Some(off) = self.large_measure_at.iter().find(|&&n| {
+            n > self.nodes
+                && n < self.large
+                && !(n - self.nodes).is_multiple_of(self.large_step.max(1))
+        }) {
+            return Err(format!(
+                "--large-measure-at {off}: not a size the large fleet stops at (--nodes {} plus steps of --large-step {})",
+                self.nodes, self.large_step
             )
             .into());
         }

@@ -297,8 +297,11 @@ fn large_rows(s: &mut String, l: &Large) {
         l.target,
         verdict(l.reached >= l.target)
     );
+    // Judged at the first size the faults are measured at (5,000 by
+    // default); the larger ones are shown.
+    let judged = l.at.first().map_or(l.target, |a| a.nodes);
     for m in &l.memory {
-        let target = if m.nodes == l.target {
+        let target = if m.nodes == judged {
             ("under 64 MiB", verdict(m.rss_mib < 64.0))
         } else {
             ("", "")
@@ -318,11 +321,12 @@ fn large_rows(s: &mut String, l: &Large) {
             first.nodes, last.nodes, l.kib_per_node,
         );
     }
-    if let Some(ttq) = &l.time_to_quarantine {
+    for at in &l.at {
+        let ttq = &at.time_to_quarantine;
         let _ = writeln!(
             s,
             "| large fleet, {} nodes: time to quarantine p50 / p99, gpuhealth against the floor, over {} and {} faults | {:.3} / {:.3} s against {:.3} / {:.3} s: ratio {:.2} / {:.2}; {} and {} missed | both within 1.5× | {} |",
-            l.reached,
+            at.nodes,
             ttq.gpuhealth.n,
             ttq.floor.n,
             ttq.gpuhealth.p50,
@@ -335,26 +339,26 @@ fn large_rows(s: &mut String, l: &Large) {
             ttq.floor_missed.len(),
             verdict(ttq.ratio_p50 <= 1.5 && ttq.ratio_p99 <= 1.5)
         );
-    }
-    if let (Some(pass), Some(ttq)) = (&l.during_pass, &l.time_to_quarantine) {
-        let ratio = if ttq.floor.p99 > 0.0 {
-            pass.gpuhealth.p99 / ttq.floor.p99
-        } else {
-            f64::INFINITY
-        };
-        let _ = writeln!(
-            s,
-            "| large fleet, {} nodes: a fault {} ms after a policy change (its pass over every node under way), time to quarantine p50 / p99 over {} faults | {:.3} / {:.3} s against the floor's p99 {:.3} s: ratio {:.2}; {} missed | p99 within 1.5× the floor | {} |",
-            l.reached,
-            pass.delay_ms,
-            pass.gpuhealth.n,
-            pass.gpuhealth.p50,
-            pass.gpuhealth.p99,
-            ttq.floor.p99,
-            ratio,
-            pass.missed.len(),
-            verdict(ratio <= 1.5)
-        );
+        if let Some(pass) = &at.during_pass {
+            let ratio = if ttq.floor.p99 > 0.0 {
+                pass.gpuhealth.p99 / ttq.floor.p99
+            } else {
+                f64::INFINITY
+            };
+            let _ = writeln!(
+                s,
+                "| large fleet, {} nodes: a fault {} ms after a policy change (its pass over every node under way), time to quarantine p50 / p99 over {} faults | {:.3} / {:.3} s against the floor's p99 {:.3} s: ratio {:.2}; {} missed | p99 within 1.5× the floor | {} |",
+                at.nodes,
+                pass.delay_ms,
+                pass.gpuhealth.n,
+                pass.gpuhealth.p50,
+                pass.gpuhealth.p99,
+                ttq.floor.p99,
+                ratio,
+                pass.missed.len(),
+                verdict(ratio <= 1.5)
+            );
+        }
     }
 }
 

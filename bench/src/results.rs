@@ -310,11 +310,33 @@ pub struct Large {
     pub memory: Vec<MemoryPoint>,
     /// RSS growth per node from `--nodes` to the size reached.
     pub kib_per_node: f64,
-    pub time_to_quarantine: Option<TimeToQuarantine>,
-    /// Faults during a policy change's pass over every node.
-    pub during_pass: Option<DuringPass>,
+    /// The faults, at each size they were measured at.
+    pub at: Vec<LargeAt>,
     /// Why the phase ended before its end, if it did.
     pub stopped: Option<String>,
+}
+
+/// The large fleet's faults at one size.
+#[derive(Debug, Default, Serialize)]
+pub struct LargeAt {
+    pub nodes: usize,
+    /// The nodes each measure failed.
+    pub floor_nodes: Vec<String>,
+    pub gpuhealth_nodes: Vec<String>,
+    pub pass_nodes: Vec<String>,
+    pub time_to_quarantine: TimeToQuarantine,
+    /// Faults during a policy change's pass over every node.
+    pub during_pass: Option<DuringPass>,
+}
+
+impl LargeAt {
+    pub fn nodes_failed(&self) -> impl Iterator<Item = String> + '_ {
+        self.floor_nodes
+            .iter()
+            .chain(&self.gpuhealth_nodes)
+            .chain(&self.pass_nodes)
+            .cloned()
+    }
 }
 
 /// Time to quarantine of faults that come during a policy change's pass.
