@@ -6,7 +6,11 @@
 use std::time::{Duration, Instant};
 
 use gpuhealth_api::GpuHealthPolicy;
-use kube::{Api, Client, api::PostParams};
+use kube::{
+    Api, Client,
+    api::{Patch, PatchParams},
+};
+use serde_json::json;
 
 use crate::{
     Args, Result,
@@ -30,11 +34,16 @@ pub async fn measure(
         args.pass_fault_delay_ms
     ));
     let policies: Api<GpuHealthPolicy> = Api::all(client.clone());
+    // A merge patch of the spec: a replace of what was read conflicts
+    // with the operator's own writes of the policy's status.
     let change = async |max_concurrent: &str| -> Result<()> {
-        let mut current = policies.get(POLICY).await?;
-        current.spec = policy(GROUP, max_concurrent).spec;
+        let spec = policy(GROUP, max_concurrent).spec;
         policies
-            .replace(POLICY, &PostParams::default(), &current)
+            .patch(
+                POLICY,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": spec})),
+            )
             .await?;
         Ok(())
     };

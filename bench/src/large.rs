@@ -15,7 +15,10 @@ use std::{
 
 use gpuhealth_api::GpuHealthPolicy;
 use gpuhealth_e2e::process::Process;
-use kube::{Api, Client, api::PostParams};
+use kube::{
+    Api, Client,
+    api::{Patch, PatchParams},
+};
 
 use crate::{
     Args, Result,
@@ -67,10 +70,13 @@ async fn grow_and_measure(
         .push(measure::idle_memory(&operator, pid, args.nodes, pods).await?);
     // The time to quarantine's policy, as in the phase at `--nodes`.
     let policies: Api<GpuHealthPolicy> = Api::all(client.clone());
-    let mut current = policies.get(POLICY).await?;
-    current.spec = policy(GROUP, "100%").spec;
+    let spec = policy(GROUP, "100%").spec;
     policies
-        .replace(POLICY, &PostParams::default(), &current)
+        .patch(
+            POLICY,
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"spec": spec})),
+        )
         .await?;
     // Nodes of this phase only (the earlier phases may have left theirs
     // fenced or labelled), each failed at one size only.
