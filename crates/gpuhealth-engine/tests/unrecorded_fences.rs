@@ -148,3 +148,22 @@ fn a_gpu_fence_whose_status_never_landed_is_carried_on_as_its_incident() {
     w.run_until(|w| w.state.phase == Phase::Healthy, HOUR);
     assert!(w.rules().is_empty(), "lifted at recovery");
 }
+
+#[test]
+fn while_the_admission_protection_is_not_in_force_a_record_is_not_trusted() {
+    // Whoever may patch Nodes could have written the record: a cordon of
+    // theirs is neither lifted nor taken for an incident of ours.
+    let mut w = cordoned_unrecorded();
+    w.unprotected = Some("the admission policies are not bound".into());
+    w.clear();
+    let actions = w.reconcile();
+    assert!(fences(&actions).is_empty(), "{actions:?}");
+    assert!(w.node.unschedulable, "left as it is");
+
+    let mut w = cordoned_unrecorded();
+    w.unprotected = Some("the admission policies are not bound".into());
+    let actions = w.reconcile();
+    assert!(fences(&actions).is_empty(), "{actions:?}");
+    assert_eq!(w.state.incident, None, "nothing adopted");
+    assert_eq!(w.state.reason, Some(Reason::Unprotected));
+}

@@ -57,8 +57,7 @@ impl Stepper<'_> {
         let adopted = self.unrecorded_fence();
         let incident = adopted.clone().unwrap_or_else(|| self.new_incident_id());
         let node = self.input.node;
-        let cordon_adopted =
-            node.unschedulable && node.cordoned_by.is_some() && node.cordoned_by == adopted;
+        let cordon_adopted = adopted.is_some() && node.unschedulable && node.cordoned_by == adopted;
         let choice = self.choose_quarantine(&incident, &gpus, step);
         self.supersede_workload_watch(&incident);
         self.status.incident = Some(incident.clone());
@@ -164,9 +163,13 @@ impl Stepper<'_> {
     /// record of it. That incident is the one to carry on, under its id;
     /// anyone else's cordon carries no record of ours (only the operator may
     /// write one), and an incident already in the history is not reopened.
-    /// Only under Enforce: nothing else writes fences.
+    /// Only under Enforce (nothing else writes fences), and only while the
+    /// admission protection is in force: without it, whoever may patch a
+    /// Node could have written the record, and a cordon of theirs would be
+    /// taken, or lifted, as ours.
     pub(super) fn unrecorded_fence(&self) -> Option<String> {
-        if self.spec().mode != Mode::Enforce || self.status.incident.is_some() {
+        let trusted = self.spec().mode == Mode::Enforce && self.input.not_enforced.is_none();
+        if !trusted || self.status.incident.is_some() {
             return None;
         }
         let node = self.input.node;

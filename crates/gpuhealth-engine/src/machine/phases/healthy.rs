@@ -171,7 +171,7 @@ impl Stepper<'_> {
         // A fence already made for this trigger (its status never written)
         // is carried on, whatever would hold a new start back: its budget
         // was counted when it was made.
-        let adopting = self.unrecorded_fence().is_some() && self.input.not_enforced.is_none();
+        let adopting = self.unrecorded_fence().is_some();
         if !adopting && let Some(hold) = HOLDS.iter().find_map(|check| check(self, &trigger)) {
             match hold.with {
                 Also::Nothing => {}
