@@ -129,20 +129,26 @@ struct Observed {
 /// The lease renewed in the background, until it is lost or handed back.
 pub struct Renewing {
     stop: tokio::sync::oneshot::Sender<()>,
-    task: tokio::task::JoinHandle<Option<Elector>>,
+    /// The renewals; None once they ended with the lease lost.
+    task: Option<tokio::task::JoinHandle<Option<Elector>>>,
 }
 
 impl Renewing {
-    /// Resolves when the lease is lost.
+    /// Resolves when the lease is lost (at once, if it already was).
     pub async fn lost(&mut self) {
-        let _ = (&mut self.task).await;
+        if let Some(task) = &mut self.task {
+            let _ = task.await;
+            self.task = None;
+        }
     }
 
     /// Stops renewing and gives the lease up, so that another replica
-    /// takes over at once.
+    /// takes over at once; nothing to give up if it was lost.
     pub async fn release(self) {
         let _ = self.stop.send(());
-        if let Ok(Some(mut elector)) = self.task.await {
+        if let Some(task) = self.task
+            && let Ok(Some(mut elector)) = task.await
+        {
             elector.release().await;
         }
     }
@@ -180,7 +186,10 @@ impl Elector {
                 _ = stopped => Some(self),
             }
         });
-        Renewing { stop, task }
+        Renewing {
+            stop,
+            task: Some(task),
+        }
     }
 
     /// Returns once this replica holds the lease.

@@ -49,13 +49,14 @@ async fn reconcile_policy(policy: &GpuHealthPolicy, ctx: &Context) -> Result<Req
         return Err(Error::NotLeader);
     }
     let name = policy.name_any();
+    let previous = policy.status.clone().unwrap_or_default();
     let counted = count(ctx, policy, &name);
-    let decided = decide(ctx, policy, &name, &counted);
+    let decided = decide(ctx, policy, &previous, &counted);
     if policy.status.as_ref() == Some(&decided.status) {
         return Ok(Requeue::await_change());
     }
     record(ctx, &name, &decided.status).await?;
-    tell(ctx, policy, &name, &counted, &decided).await;
+    tell(ctx, policy, &previous, &counted, &decided).await;
     Ok(Requeue::await_change())
 }
 
@@ -145,8 +146,12 @@ struct Decided {
     within_guardrails: bool,
 }
 
-fn decide(ctx: &Context, policy: &GpuHealthPolicy, name: &str, counted: &Counted) -> Decided {
-    let previous = policy.status.clone().unwrap_or_default();
+fn decide(
+    ctx: &Context,
+    policy: &GpuHealthPolicy,
+    previous: &GpuHealthPolicyStatus,
+    counted: &Counted,
+) -> Decided {
     let generation = policy.metadata.generation;
     let selector_error = Selector::try_from(policy.spec.node_selector.clone())
         .err()
@@ -154,7 +159,7 @@ fn decide(ctx: &Context, policy: &GpuHealthPolicy, name: &str, counted: &Counted
     let problems = unhonoured(ctx, policy);
     let past_guardrails = ctx.guardrails.exceeded(&policy.spec, counted.nodes);
     let labels = PolicyLabels {
-        policy: name.to_owned(),
+        policy: policy.name_any(),
     };
     ctx.metrics
         .unhonoured_fields
@@ -213,11 +218,11 @@ async fn record(ctx: &Context, name: &str, status: &GpuHealthPolicyStatus) -> Re
 async fn tell(
     ctx: &Context,
     policy: &GpuHealthPolicy,
-    name: &str,
+    previous: &GpuHealthPolicyStatus,
     counted: &Counted,
     decided: &Decided,
 ) {
-    let previous = policy.status.clone().unwrap_or_default();
+    let name = policy.name_any();
     let status = &decided.status;
     let (Some(ready), Some(circuit), Some(conflict)) = (
         status.condition(PolicyCondition::Ready),

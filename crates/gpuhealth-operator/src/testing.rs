@@ -191,6 +191,25 @@ pub struct World {
 }
 
 impl World {
+    /// The same, in a cluster that serves DRA and `DeviceTaintRule`s (as
+    /// v1, Kubernetes 1.37's).
+    pub fn with_dra(led_for: Duration) -> World {
+        let mut w = World::new(led_for);
+        let (slices, _) = reflector::store();
+        let (claims, _) = reflector::store();
+        let version = gpuhealth_api::device_taint_rule::RuleVersion::V1;
+        let rules = reflector::store::Writer::new(version).as_reader();
+        w.ctx.dra = Some(crate::devices::Dra {
+            slices,
+            claims,
+            rules: Some(crate::fences::Rules {
+                store: rules,
+                version,
+            }),
+        });
+        w
+    }
+
     /// A replica that took the lease `led_for` ago.
     pub fn new(led_for: Duration) -> World {
         let api = FakeApi::default();

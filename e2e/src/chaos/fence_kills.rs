@@ -55,11 +55,15 @@ async fn trial(fleet: &mut Fleet, rng: &mut Rng, row: &mut Row) -> Result<()> {
     fleet.start_replica().await?;
     let (expect, violations) = fleet
         .trial(rng, 1, &[Fault::ResetHeals], async |fleet, _| {
-            let Some(mut replica) = fleet.remove(&crasher) else {
-                return Ok(vec![]);
+            let ended = match fleet.remove(&crasher) {
+                Some(mut replica) => replica
+                    .exited(Duration::from_secs(120))
+                    .await
+                    .map(|e| e.code())
+                    .map_err(|e| e.to_string()),
+                None => Err("no longer in the fleet".into()),
             };
-            let exit = replica.exited(Duration::from_secs(120)).await;
-            Ok(match exit.map(|e| e.code()) {
+            Ok(match ended {
                 Ok(Some(3)) => Vec::new(),
                 other => vec![Violation::Missing {
                     what: format!("{crasher} exiting at {FAILPOINT} (it ended: {other:?})"),

@@ -44,7 +44,7 @@ pub(super) async fn evict(
             ..ObjectMeta::default()
         },
         delete_options: Some(DeleteOptions {
-            grace_period_seconds: graceful(spec).grace_period_seconds.map(i64::from),
+            grace_period_seconds: grace_seconds(spec).map(i64::from),
             ..DeleteOptions::default()
         }),
     };
@@ -180,10 +180,14 @@ fn api(ctx: &Context, pod: &PodKey) -> Api<Pod> {
 /// A pod's delete with the policy's grace period (unset: the pod's own).
 fn graceful(spec: &GpuHealthPolicySpec) -> DeleteParams {
     DeleteParams {
-        grace_period_seconds: spec
-            .drain
-            .grace_period
-            .map(|g| u32::try_from(g.as_std().as_secs()).unwrap_or(u32::MAX)),
+        grace_period_seconds: grace_seconds(spec),
         ..Default::default()
     }
+}
+
+/// The policy's `drain.gracePeriod`, in seconds (unset: the pod's own).
+fn grace_seconds(spec: &GpuHealthPolicySpec) -> Option<u32> {
+    spec.drain
+        .grace_period
+        .map(|g| u32::try_from(g.as_std().as_secs()).unwrap_or(u32::MAX))
 }

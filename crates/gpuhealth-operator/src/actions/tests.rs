@@ -14,11 +14,7 @@ use k8s_openapi::{api::core::v1::Node, jiff::Timestamp};
 use serde_json::json;
 
 use super::{Kind, Outcome, run};
-use crate::{
-    context::Error,
-    error::Retry,
-    testing::{World, status},
-};
+use crate::{context::Error, error::Retry, testing::World};
 
 const NODE: &str = "gpu-node-1";
 const INCIDENT: &str = "inc-1764950400-00000000abcd";
@@ -377,5 +373,64 @@ async fn each_outcome_is_counted() {
             .get()
     };
     assert_eq!((count("refused"), count("error"), count("done")), (1, 1, 0));
-    let _ = status(404);
+}
+
+fn taint() -> Action {
+    Action::TaintDevice {
+        rule: "gpuhealth-inc-1764950400-00000000abcd-gpu-7".into(),
+        device: "gpu.nvidia.com/gpu-node-1/gpu-7".into(),
+        incident: INCIDENT.into(),
+    }
+}
+
+#[tokio::test]
+async fn a_gpus_fence_names_its_incident_and_one_already_up_is_left() {
+    let w = World::with_dra(Duration::from_secs(600));
+    assert_eq!(
+        carry(&w, &spec(), taint()).await.expect("fenced"),
+        Outcome::Done
+    );
+    let seen = w.api.seen();
+    assert_eq!(
+        w.api.lines(),
+        ["POST /apis/resource.k8s.io/v1/devicetaintrules"]
+    );
+    let labels = seen[0].body["metadata"]["labels"].to_string();
+    assert!(labels.contains(INCIDENT), "{labels}");
+    w.api.on("POST", "/devicetaintrules", 409);
+    assert_eq!(
+        carry(&w, &spec(), taint()).await.expect("up"),
+        Outcome::Gone
+    );
+    w.api.on("POST", "/devicetaintrules", 500);
+    let error = carry(&w, &spec(), taint()).await.expect_err("failed");
+    assert!(
+        matches!(
+            error,
+            Error::Act {
+                action: Kind::TaintDevice,
+                ..
+            }
+        ),
+        "{error:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_gpus_fence_already_lifted_is_done() {
+    let w = World::with_dra(Duration::from_secs(600));
+    w.api.on("DELETE", "/devicetaintrules/", 404);
+    let untaint = Action::UntaintDevice {
+        rule: "gpuhealth-inc-1764950400-00000000abcd-gpu-7".into(),
+    };
+    assert_eq!(
+        carry(&w, &spec(), untaint).await.expect("gone"),
+        Outcome::Gone
+    );
+    assert_eq!(
+        w.api.lines(),
+        [
+            "DELETE /apis/resource.k8s.io/v1/devicetaintrules/gpuhealth-inc-1764950400-00000000abcd-gpu-7"
+        ]
+    );
 }

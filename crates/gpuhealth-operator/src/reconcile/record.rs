@@ -47,8 +47,9 @@ pub enum Recorded {
     HeldBack,
 }
 
-/// Writes the decided status, keeping this process's record of it; on any
-/// other way out, the record is rolled back (`Pending`).
+/// Writes the decision's fences, then its status, keeping this process's
+/// record of it once either lands; on any other way out, the record is
+/// rolled back (`Pending`). What is left of its actions follows.
 pub async fn record(
     ctx: &Context,
     node: &Node,
@@ -56,9 +57,13 @@ pub async fn record(
     decided: Decided<'_>,
 ) -> Result<Recorded, Error> {
     let Decided {
-        decision,
+        mut decision,
         mut pending,
     } = decided;
+    let (fences, rest): (Vec<Action>, Vec<Action>) = std::mem::take(&mut decision.actions)
+        .into_iter()
+        .partition(is_fence);
+    decision.actions = rest;
     let status = &decision.status;
     if let Some(term) = starts_after_takeover(ctx, read, status) {
         let listed = ctx
@@ -86,10 +91,8 @@ pub async fn record(
     if !ctx.leadership.is_held() {
         return Err(Error::NotLeader);
     }
-    let (fences, rest): (Vec<Action>, Vec<Action>) =
-        decision.actions.iter().cloned().partition(is_fence);
     if !fences.is_empty() {
-        let fencing = std::time::Instant::now();
+        let fencing = Instant::now();
         for fence in &fences {
             actions::run(ctx, node, &read.policy.spec, fence).await?;
         }
@@ -111,10 +114,7 @@ pub async fn record(
         result?;
     }
     pending.keep();
-    Ok(Recorded::Written(Box::new(Decision {
-        actions: rest,
-        ..decision
-    })))
+    Ok(Recorded::Written(Box::new(decision)))
 }
 
 /// The actions that quarantine, each carrying the incident's id: written
@@ -133,9 +133,8 @@ fn is_fence(action: &Action) -> bool {
 /// what the API server showed once this term began (`takeover`), merged
 /// with the cache (one LIST of every GpuNodeHealth for every start was
 /// too heavy for a large fleet: the benchmark's time to quarantine
-/// quadrupled).
-/// When this replica's term began, if `status` starts a remediation in
-/// its first minute.
+/// quadrupled). Returns when this replica's term began, if `status`
+/// starts a remediation in its first minute.
 fn starts_after_takeover(
     ctx: &Context,
     read: &Read,
