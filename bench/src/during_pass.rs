@@ -6,17 +6,13 @@
 use std::time::{Duration, Instant};
 
 use gpuhealth_api::GpuHealthPolicy;
-use kube::{
-    Api, Client,
-    api::{Patch, PatchParams},
-};
+use kube::{Api, Client};
 use serde_json::json;
 
 use crate::{
     Args, Result,
-    fleet::{self, GROUP, recovered},
-    measure::POLICY,
-    policy::policy,
+    fleet::{self, recovered},
+    policy::set_policy,
     results::DuringPass,
     say, stats,
     watch::{self, Cordons},
@@ -34,21 +30,10 @@ pub async fn measure(
         args.pass_fault_delay_ms
     ));
     let policies: Api<GpuHealthPolicy> = Api::all(client.clone());
-    // A merge patch of the spec: a replace of what was read conflicts
-    // with the operator's own writes of the policy's status.
-    let change = async |max_concurrent: &str| -> Result<()> {
-        let spec = policy(GROUP, max_concurrent).spec;
-        policies
-            .patch(
-                POLICY,
-                &PatchParams::default(),
-                &Patch::Merge(json!({"spec": spec})),
-            )
-            .await?;
-        Ok(())
-    };
+    let change =
+        |max_concurrent: &str| set_policy(&policies, json!({"maxConcurrent": max_concurrent}));
     let mut seconds = Vec::new();
-    let mut missed = Vec::new();
+    let mut missed: Vec<&String> = Vec::new();
     for (i, node) in nodes.iter().enumerate() {
         // A new generation each time: every node is looked at again.
         change(if i % 2 == 0 { "99%" } else { "100%" }).await?;
@@ -58,7 +43,7 @@ pub async fn measure(
         let deadline = Instant::now() + Duration::from_secs(120);
         match watch::awaited(deadline, || cordons.quarantine(node, at)).await {
             Some((sick, cordoned)) => seconds.push(cordoned.duration_since(sick).as_secs_f64()),
-            None => missed.push(node.clone()),
+            None => missed.push(node),
         }
     }
     change("100%").await?;
@@ -74,6 +59,5 @@ pub async fn measure(
         delay_ms: args.pass_fault_delay_ms,
         gpuhealth: stats::Distribution::of(seconds.clone()),
         seconds,
-        missed,
     })
 }

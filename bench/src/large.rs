@@ -15,15 +15,12 @@ use std::{
 
 use gpuhealth_api::GpuHealthPolicy;
 use gpuhealth_e2e::process::Process;
-use kube::{
-    Api, Client,
-    api::{Patch, PatchParams},
-};
+use kube::{Api, Client};
 
 use crate::{
     Args, Result,
     fleet::{self, GROUP, Workload},
-    measure::{self, POLICY},
+    measure,
     peer::Nhc,
     policy::policy,
     results::{Large, LargeAt, PeerSize, Step},
@@ -70,14 +67,7 @@ async fn grow_and_measure(
         .push(measure::idle_memory(&operator, pid, args.nodes, pods).await?);
     // The time to quarantine's policy, as in the phase at `--nodes`.
     let policies: Api<GpuHealthPolicy> = Api::all(client.clone());
-    let spec = policy(GROUP, "100%").spec;
-    policies
-        .patch(
-            POLICY,
-            &PatchParams::default(),
-            &Patch::Merge(serde_json::json!({"spec": spec})),
-        )
-        .await?;
+    crate::policy::replace_spec(&policies, policy(GROUP, "100%").spec).await?;
     // Nodes of this phase only (the earlier phases may have left theirs
     // fenced or labelled), each failed at one size only.
     let mut failed: HashSet<String> = HashSet::new();
@@ -100,7 +90,7 @@ async fn grow_and_measure(
         large
             .memory
             .push(measure::idle_memory(&operator, pid, to, pods).await?);
-        if to == args.large || args.large_measure_at.contains(&to) {
+        if args.large_sizes_measured().contains(&to) {
             let mut pool = unfailed(args, to, &failed);
             let at = faults_at(run, &operator, to, &mut pool).await?;
             failed.extend(at.nodes_failed());

@@ -187,36 +187,8 @@ impl Args {
             )
             .into());
         }
-        let measured = self
-            .large_measure_at
-            .iter()
-            .filter(|&&n| n > self.nodes && n < self.large)
-            .count()
-            + 1;
-        if self.large > self.nodes
-            && (self.large_step == 0
-                || measured * (2 * self.large_faults + self.pass_faults) + 2
-                    > self.large - self.nodes)
-        {
-            return Err(format!(
-                "--large {}: its {} new nodes must hold, at each size measured, both sides' faults ({} each) and the faults during a pass ({}), and two for the peer, and --large-step must be at least 1",
-                self.large,
-                self.large - self.nodes,
-                self.large_faults,
-                self.pass_faults
-            )
-            .into());
-        }
-        if let Some(off) = self.large_measure_at.iter().find(|&&n| {
-            n > self.nodes
-                && n < self.large
-                && !(n - self.nodes).is_multiple_of(self.large_step.max(1))
-        }) {
-            return Err(format!(
-                "--large-measure-at {off}: not a size the large fleet stops at (--nodes {} plus steps of --large-step {})",
-                self.nodes, self.large_step
-            )
-            .into());
+        if self.large > self.nodes {
+            self.check_large()?;
         }
         if self.gang_nodes == 0 {
             return Err("--gang-nodes must be at least 1".into());
@@ -228,6 +200,63 @@ impl Args {
             return Err(format!("--peer-at {size}: each size must be from 2 to --nodes").into());
         }
         Ok(())
+    }
+
+    /// The large fleet: each size its faults are measured at is one it
+    /// stops at, and holds, besides the nodes failed at the sizes before
+    /// it, both sides' faults and the faults during a pass (and two for the
+    /// peer, where it runs).
+    fn check_large(&self) -> Result<()> {
+        if self.large_step == 0 {
+            return Err("--large-step must be at least 1".into());
+        }
+        let sizes = self.large_sizes_measured();
+        if let Some(off) = sizes
+            .iter()
+            .find(|&&n| n < self.large && !(n - self.nodes).is_multiple_of(self.large_step))
+        {
+            return Err(format!(
+                "--large-measure-at {off}: not a size the large fleet stops at (--nodes {} plus steps of --large-step {})",
+                self.nodes, self.large_step
+            )
+            .into());
+        }
+        let peer_at = self.large_peer_at.min(self.large);
+        if !sizes.contains(&peer_at) {
+            return Err(format!(
+                "--large-peer-at {peer_at}: the peer is compared where the faults are measured: at --large or one of --large-measure-at"
+            )
+            .into());
+        }
+        let mut failed = 0;
+        for size in sizes {
+            let needed =
+                2 * self.large_faults + self.pass_faults + 2 * usize::from(size == peer_at);
+            let left = size - self.nodes - failed;
+            if needed > left {
+                return Err(format!(
+                    "the large fleet at {size} nodes: {left} of its new nodes are left for {needed} (both sides' {} faults, {} during a pass, two for the peer where it runs)",
+                    self.large_faults, self.pass_faults
+                )
+                .into());
+            }
+            failed += 2 * self.large_faults + self.pass_faults;
+        }
+        Ok(())
+    }
+
+    /// The sizes of the large fleet where its faults are measured.
+    pub fn large_sizes_measured(&self) -> Vec<usize> {
+        let mut sizes: Vec<usize> = self
+            .large_measure_at
+            .iter()
+            .copied()
+            .filter(|&n| n > self.nodes && n < self.large)
+            .collect();
+        sizes.push(self.large);
+        sizes.sort_unstable();
+        sizes.dedup();
+        sizes
     }
 
     pub fn quiet(&self) -> Duration {
@@ -272,6 +301,49 @@ async fn main() -> ExitCode {
         Err(e) => {
             eprintln!("gpuhealth-bench: {e}");
             ExitCode::FAILURE
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::Args;
+
+    /// Flags as the shell splits them.
+    fn args(flags: &str) -> Args {
+        Args::parse_from(std::iter::once("gpuhealth-bench").chain(flags.split_whitespace()))
+    }
+
+    #[test]
+    fn the_large_fleets_defaults_and_the_smokes_sizes_hold_their_faults() {
+        assert!(args("").check().is_ok(), "{:?}", args("").check());
+        // The Makefile's bench-smoke.
+        let smoke = args(
+            "--nodes 10 --small 4 --faults 2 --storm 3 --agents 1 --peer-at 10 \
+             --large 26 --large-step 8 --large-measure-at 18 --large-peer-at 18 \
+             --large-faults 2 --pass-faults 2",
+        );
+        assert!(smoke.check().is_ok(), "{:?}", smoke.check());
+        assert_eq!(smoke.large_sizes_measured(), [18, 26]);
+    }
+
+    #[test]
+    fn a_large_fleet_that_cannot_hold_its_faults_is_refused_not_run() {
+        for (flags, says) in [
+            (
+                "--large-measure-at 1100 --large-step 100 --large-peer-at 10000",
+                "at 1100 nodes",
+            ),
+            (
+                "--large-measure-at 5500",
+                "not a size the large fleet stops at",
+            ),
+            ("--large-peer-at 7000", "--large-peer-at 7000"),
+        ] {
+            let refused = args(flags).check().expect_err("refused").to_string();
+            assert!(refused.contains(says), "{flags}: {refused}");
         }
     }
 }

@@ -13,10 +13,7 @@ use gpuhealth_api::{
 };
 use gpuhealth_e2e::{agent::FakeAgent, crds, node_agent, process::Process, reports, wait};
 use k8s_openapi::api::core::v1::Node;
-use kube::{
-    Api, Client, ResourceExt,
-    api::{Patch, PatchParams, PostParams},
-};
+use kube::{Api, Client, ResourceExt, api::PostParams};
 use serde_json::json;
 
 use crate::{
@@ -24,11 +21,10 @@ use crate::{
     fleet::{self, GROUP, recovered},
     gangs, large,
     measure::{
-        POLICY, STEP, idle, idle_memory, shuffle, sides_from, start_operator, taken_in,
-        time_to_quarantine,
+        STEP, idle, idle_memory, shuffle, sides_from, start_operator, taken_in, time_to_quarantine,
     },
     peer::Nhc,
-    policy::policy,
+    policy::{policy, set_policy},
     results::{Quiet, Results, Storm},
     say,
     stats::{self, WRITES},
@@ -222,17 +218,6 @@ fn busy(args: &Args) -> fleet::Workload {
 
 fn pods_per_node(args: &Args) -> usize {
     8 + args.cpu_pods
-}
-
-async fn set_policy(policies: &Api<GpuHealthPolicy>, spec: serde_json::Value) -> Result<()> {
-    policies
-        .patch(
-            POLICY,
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": spec})),
-        )
-        .await?;
-    Ok(())
 }
 
 /// Nothing happens for `--quiet-secs`: what do the operator and a few real

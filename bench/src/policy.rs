@@ -10,9 +10,13 @@ use k8s_openapi::apimachinery::pkg::{
     apis::meta::v1::{LabelSelector, LabelSelectorRequirement},
     util::intstr::IntOrString,
 };
-use kube::{Api, Client, api::PostParams};
+use kube::{
+    Api, Client,
+    api::{Patch, PatchParams, PostParams},
+};
+use serde_json::json;
 
-use crate::{Result, peer, watch};
+use crate::{Result, measure::POLICY, peer, watch};
 
 /// The benchmark's policy for simulation group `group`: Enforce, no
 /// cooldown or aftercare, so that only the reaction is measured.
@@ -79,4 +83,39 @@ fn merge(into: &mut serde_json::Value, from: serde_json::Value) {
         }
         (into, from) => *into = from,
     }
+}
+
+/// Merge-patches the policy's `spec` with `spec`: a patch, not a replace
+/// of what was read, which would conflict with the operator's writes of
+/// the policy's status.
+pub async fn set_policy(policies: &Api<GpuHealthPolicy>, spec: serde_json::Value) -> Result<()> {
+    policies
+        .patch(
+            POLICY,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": spec})),
+        )
+        .await?;
+    Ok(())
+}
+
+/// Replaces the policy's whole spec, so that what the earlier phases set
+/// goes too; read again when a write of the operator's came between the
+/// read and the replace.
+pub async fn replace_spec(
+    policies: &Api<GpuHealthPolicy>,
+    spec: gpuhealth_api::GpuHealthPolicySpec,
+) -> Result<()> {
+    for _ in 0..10 {
+        let mut current = policies.get(POLICY).await?;
+        current.spec = spec.clone();
+        match policies
+            .replace(POLICY, &PostParams::default(), &current)
+            .await
+        {
+            Err(kube::Error::Api(s)) if s.code == 409 => continue,
+            replaced => return replaced.map(|_| ()).map_err(Into::into),
+        }
+    }
+    Err("the policy changed under ten replaces in a row".into())
 }

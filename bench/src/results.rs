@@ -346,7 +346,6 @@ pub struct DuringPass {
     pub delay_ms: u64,
     pub gpuhealth: Distribution,
     pub seconds: Vec<f64>,
-    pub missed: Vec<String>,
 }
 
 #[derive(Debug, Default, Serialize)]
