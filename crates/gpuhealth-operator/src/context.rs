@@ -26,6 +26,8 @@ pub struct Context {
     pub nodes: Store<Node>,
     pub policies: Store<GpuHealthPolicy>,
     pub node_health: Store<GpuNodeHealth>,
+    /// The per-GPU tables `node_health` leaves out, as hashes.
+    pub gpu_tables: crate::slim::GpuTables,
     /// Every PodDisruptionBudget, from one watch: what a drain and a DryRun
     /// plan say of them, read with no request of their own.
     pub budgets: Store<PodDisruptionBudget>,

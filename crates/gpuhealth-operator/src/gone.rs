@@ -59,10 +59,12 @@ pub async fn watch(ctx: &Context, mut deleted: UnboundedReceiver<()>) {
 async fn sweep(ctx: &Context) {
     // What this process remembers of a node goes with it; a deleted
     // node's decision still to be recorded is its record's, below.
-    ctx.memory.forget_gone(|node| {
+    let still_there = |node: &str| {
         ctx.nodes.get(&ObjectRef::new(node)).is_some()
             || ctx.node_health.get(&ObjectRef::new(node)).is_some()
-    });
+    };
+    ctx.memory.forget_gone(still_there);
+    ctx.gpu_tables.forget_gone(still_there);
     let records = ctx.node_health.state();
     debug!(
         records = records.len(),

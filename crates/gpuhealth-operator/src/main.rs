@@ -315,6 +315,7 @@ async fn run(args: Args) -> Result<(), Fatal> {
         nodes: fleet.nodes.clone(),
         policies: records.policies.clone(),
         node_health: records.node_health,
+        gpu_tables: records.gpu_tables,
         budgets: fleet.budgets,
         dra,
         pod_health,

@@ -5,11 +5,16 @@
 //! benchmark measured 41 KiB per node at 1,000 nodes).
 
 use std::{
-    collections::BTreeMap,
+    collections::{BTreeMap, HashMap},
     hash::{DefaultHasher, Hash, Hasher},
+    sync::{Arc, Mutex, MutexGuard},
 };
 
-use gpuhealth_api::{GpuNodeHealth, contract::GPU_REPORT_ANNOTATION};
+use gpuhealth_api::{
+    GpuNodeHealth,
+    contract::GPU_REPORT_ANNOTATION,
+    node_health::{GpuNodeHealthStatus, GpuStatus},
+};
 
 use k8s_openapi::{
     api::core::v1::{Node, NodeCondition, NodeStatus, NodeSystemInfo},
@@ -57,9 +62,82 @@ fn extended(mut resources: BTreeMap<String, Quantity>) -> BTreeMap<String, Quant
     resources
 }
 
-/// A node's health record is read whole, but for `managedFields`.
-pub fn node_health(health: &mut GpuNodeHealth) {
-    health.metadata.managed_fields = None;
+/// The per-GPU tables left out of the cached health records, each kept
+/// as a hash, by node. A record is read whole but for `managedFields` and
+/// its `status.gpus`: the table is output, rebuilt from the node's report
+/// by every decision, and it was most of a record (1.1 of its 1.6 KB, kept
+/// for every node of the fleet). Its hash is what a decision needs to tell
+/// whether the table it decided is the one the cluster holds.
+#[derive(Clone, Default)]
+pub struct GpuTables(Arc<Mutex<HashMap<String, u64>>>);
+
+impl GpuTables {
+    /// Slims each record the health records' watch brings.
+    pub fn slimmer(&self) -> impl FnMut(&mut GpuNodeHealth) + Send + 'static {
+        let tables = self.clone();
+        move |health| {
+            health.metadata.managed_fields = None;
+            let table = health
+                .status
+                .as_mut()
+                .map(|s| std::mem::take(&mut s.gpus))
+                .unwrap_or_default();
+            if let Some(name) = health.metadata.name.clone() {
+                tables.lock().insert(name, table_hash(&table));
+            }
+        }
+    }
+
+    /// The hash of the table the cluster's record of `node` holds, as the
+    /// watch last showed it; None if it never showed one.
+    pub fn of(&self, node: &str) -> Option<u64> {
+        self.lock().get(node).copied()
+    }
+
+    /// Forgets every node `still_there` does not name.
+    pub fn forget_gone(&self, still_there: impl Fn(&str) -> bool) {
+        self.lock().retain(|n, _| still_there(n));
+    }
+
+    fn lock(&self) -> MutexGuard<'_, HashMap<String, u64>> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// A per-GPU table as a hash.
+pub fn table_hash(table: &[GpuStatus]) -> u64 {
+    let mut hasher = DefaultHasher::new();
+    serde_json::to_vec(table)
+        .unwrap_or_default()
+        .hash(&mut hasher);
+    hasher.finish()
+}
+
+/// A node's status as the cache shows it: without its per-GPU table, which
+/// the table's hash stands for.
+#[derive(Clone, Debug)]
+pub struct CachedStatus {
+    /// The status, its `gpus` empty.
+    pub status: GpuNodeHealthStatus,
+    /// The hash of the table the cluster holds; None if unknown.
+    pub table: Option<u64>,
+}
+
+impl CachedStatus {
+    /// Whether the cluster holds `status`, table and all.
+    pub fn shows(&self, status: &GpuNodeHealthStatus) -> bool {
+        self.table == Some(table_hash(&status.gpus))
+            && self.status
+                == GpuNodeHealthStatus {
+                    gpus: Vec::new(),
+                    ..status.clone()
+                }
+    }
+
+    /// Whether the cluster's record holds a table the cache left out.
+    pub fn has_table(&self) -> bool {
+        self.table != Some(table_hash(&[]))
+    }
 }
 
 /// A hash of what a reconcile reads of a slimmed node (everything but its
@@ -236,5 +314,49 @@ mod tests {
             ),
             "{\"version\":1,\"gpus\":[]}"
         );
+    }
+
+    #[test]
+    fn a_cached_record_keeps_its_gpu_table_as_a_hash_that_tells_a_change() {
+        let table = |health: &str| -> Vec<GpuStatus> {
+            serde_json::from_value(serde_json::json!([{"index": 0,
+                "uuid": "GPU-0a1b2c3d-0000-4000-8000-000000000000",
+                "pciBusId": "00000000:01:00.0", "health": health}]))
+            .expect("a table")
+        };
+        let status = GpuNodeHealthStatus {
+            gpus: table("Healthy"),
+            bad_gpus: 0,
+            ..Default::default()
+        };
+        let mut record = GpuNodeHealth::new("gpu-1", Default::default());
+        record.status = Some(status.clone());
+        let tables = GpuTables::default();
+        tables.slimmer()(&mut record);
+        let kept = record.status.clone().expect("a status");
+        assert!(kept.gpus.is_empty(), "the table is left out");
+        let cached = CachedStatus {
+            status: kept,
+            table: tables.of("gpu-1"),
+        };
+        assert!(cached.has_table());
+        assert!(cached.shows(&status));
+        let changed = GpuNodeHealthStatus {
+            gpus: table("ResetRequired"),
+            ..status.clone()
+        };
+        assert!(!cached.shows(&changed), "a change in the table alone");
+        let moved = GpuNodeHealthStatus {
+            bad_gpus: 1,
+            ..status.clone()
+        };
+        assert!(!cached.shows(&moved), "a change beside the table");
+        let unknown = CachedStatus {
+            table: None,
+            ..cached
+        };
+        assert!(!unknown.shows(&status) && unknown.has_table());
+        tables.forget_gone(|n| n != "gpu-1");
+        assert_eq!(tables.of("gpu-1"), None);
     }
 }

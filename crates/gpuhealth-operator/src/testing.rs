@@ -224,6 +224,7 @@ impl World {
             nodes: nodes_store,
             policies: policies_store,
             node_health: node_health_store,
+            gpu_tables: Default::default(),
             budgets,
             dra: None,
             pod_health: Arc::default(),
@@ -250,6 +251,14 @@ impl World {
             policies,
             node_health,
         }
+    }
+}
+
+impl World {
+    /// Puts a health record in the cache, slimmed as its watch slims it.
+    pub fn cache_health(&mut self, mut health: GpuNodeHealth) {
+        self.ctx.gpu_tables.slimmer()(&mut health);
+        cache(&mut self.node_health, health);
     }
 }
 

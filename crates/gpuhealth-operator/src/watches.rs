@@ -40,6 +40,8 @@ fn fleet_watch() -> watcher::Config {
 pub struct Records {
     pub policies: Store<GpuHealthPolicy>,
     pub node_health: Store<GpuNodeHealth>,
+    /// What the cached records leave out: their per-GPU tables, as hashes.
+    pub gpu_tables: slim::GpuTables,
     /// The nodes' and policies' reconciles follow this one watch of the
     /// health records (`triggers`).
     pub health_changes: triggers::HealthChanges,
@@ -62,10 +64,11 @@ pub async fn records(client: &Client) -> Result<Records, kube::Error> {
         .for_each(|_| futures::future::ready(())),
     );
     let health_changes = triggers::HealthChanges::default();
+    let gpu_tables = slim::GpuTables::default();
     tokio::spawn(
         watcher(Api::<GpuNodeHealth>::all(client.clone()), fleet_watch())
             .default_backoff()
-            .modify(slim::node_health)
+            .modify(gpu_tables.slimmer())
             .inspect(health_changes.tap())
             .reflect(health_writer)
             .for_each(|_| futures::future::ready(())),
@@ -76,6 +79,7 @@ pub async fn records(client: &Client) -> Result<Records, kube::Error> {
     Ok(Records {
         policies,
         node_health,
+        gpu_tables,
         health_changes,
     })
 }

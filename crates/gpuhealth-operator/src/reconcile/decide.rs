@@ -90,8 +90,13 @@ pub fn decide<'a>(ctx: &'a Context, read: &Read, waiting: Instant) -> Decided<'a
     // write. None is kept once the cluster shows it and nothing new is to
     // be written, so that the records follow the work in flight, not the
     // size of the fleet.
-    let caught_up = read.recorded.is_none() || read.recorded == read.in_cluster;
-    if caught_up && read.in_cluster.as_ref() == Some(&decision.status) {
+    let shown = |status: &GpuNodeHealthStatus| {
+        read.in_cluster
+            .as_ref()
+            .is_some_and(|cached| cached.shows(status))
+    };
+    let caught_up = read.recorded.as_ref().is_none_or(shown);
+    if caught_up && shown(&decision.status) {
         written.remove(&read.name);
     } else {
         written.insert(read.name.clone(), decision.status.clone());

@@ -4,7 +4,9 @@
 
 use std::{collections::BTreeSet, sync::Arc};
 
-use gpuhealth_api::{GpuHealthPolicy, node_health::GpuNodeHealthStatus, quarantine::Quarantine};
+use gpuhealth_api::{
+    GpuHealthPolicy, GpuNodeHealth, node_health::GpuNodeHealthStatus, quarantine::Quarantine,
+};
 use gpuhealth_engine::{
     drain::{BudgetView, PodView},
     fence::DraView,
@@ -27,6 +29,7 @@ use crate::{
         Beside, budget_views, gpu_holders, holders_hash, node_view, pod_view, resource_count,
     },
     selection::winner,
+    slim::CachedStatus,
     validation, watched_workloads,
 };
 
@@ -39,8 +42,8 @@ pub struct Read {
     /// The status the step starts from: this process's last decision for
     /// the node if the watch does not show it yet, else the cluster's.
     pub stored: GpuNodeHealthStatus,
-    /// The status as the watch shows it.
-    pub in_cluster: Option<GpuNodeHealthStatus>,
+    /// The status as the watch shows it (its per-GPU table as a hash).
+    pub in_cluster: Option<CachedStatus>,
     /// This process's record of its last decision, if it keeps one.
     pub recorded: Option<GpuNodeHealthStatus>,
     pub needs: Needs,
@@ -79,9 +82,27 @@ pub async fn read(ctx: &Context, node: &Node) -> Result<Option<Read>, Error> {
     let in_cluster = ctx
         .node_health
         .get(&ObjectRef::new(&name))
-        .and_then(|g| g.status.clone());
+        .and_then(|g| g.status.clone())
+        .map(|status| CachedStatus {
+            status,
+            table: ctx.gpu_tables.of(&name),
+        });
     let recorded = ctx.lock_decisions().get(&name).cloned();
-    let stored = recorded.clone().or(in_cluster.clone()).unwrap_or_default();
+    let stored = match (&recorded, &in_cluster) {
+        (Some(recorded), _) => recorded.clone(),
+        // The cache keeps no per-GPU table: a step rebuilds it from the
+        // report, and one with no report to read keeps the cluster's.
+        (None, Some(cached)) if !matches!(view.report, Some(Ok(_))) && cached.has_table() => {
+            Api::<GpuNodeHealth>::all(ctx.client.clone())
+                .get_status(&name)
+                .await
+                .map_err(Error::read(&name))?
+                .status
+                .unwrap_or_default()
+        }
+        (None, Some(cached)) => cached.status.clone(),
+        (None, None) => GpuNodeHealthStatus::default(),
+    };
 
     let holders = gpu_holders(&view);
     let holders_now = HoldersSeen::Holders(holders_hash(&holders));

@@ -107,7 +107,7 @@ pub async fn record(
             status.phase,
         );
     }
-    if read.in_cluster.as_ref() != Some(status) {
+    if !read.in_cluster.as_ref().is_some_and(|c| c.shows(status)) {
         let writing = std::time::Instant::now();
         let result = write_status(ctx, &node.name_any(), status).await;
         ctx.metrics.stage("write", writing);

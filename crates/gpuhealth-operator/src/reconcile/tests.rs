@@ -96,10 +96,7 @@ fn world_of(led_for: Duration, max_concurrent: u32) -> World {
             "spec": {},
             "status": {"phase": Phase::Healthy, "policy": POLICY},
         });
-        cache(
-            &mut w.node_health,
-            serde_json::from_value(record).expect("record"),
-        );
+        w.cache_health(serde_json::from_value(record).expect("record"));
     }
     w
 }
@@ -183,7 +180,7 @@ async fn a_status_that_fails_after_its_cordon_stays_recorded() {
 async fn a_decision_without_a_fence_whose_status_fails_is_taken_back() {
     let mut w = world(Duration::from_secs(600));
     let other: GpuNodeHealth = serde_json::from_value(other_remediating()).expect("record");
-    cache(&mut w.node_health, other);
+    w.cache_health(other);
     w.api.on("PATCH", "/status", 500);
     let error = reconcile_node(&faulty(NODE), &w.ctx)
         .await
@@ -294,7 +291,7 @@ async fn the_list_after_a_takeover_is_read_a_page_at_a_time() {
 async fn a_leader_past_its_first_minute_trusts_its_cache() {
     let mut w = world(Duration::from_secs(600));
     let other: GpuNodeHealth = serde_json::from_value(other_remediating()).expect("record");
-    cache(&mut w.node_health, other);
+    w.cache_health(other);
     // The cache shows the budget spent: no start, and no list to learn it.
     reconcile_node(&faulty(NODE), &w.ctx)
         .await
@@ -307,4 +304,101 @@ async fn a_leader_past_its_first_minute_trusts_its_cache() {
     assert!(!lines.contains(&CORDON.to_owned()), "{lines:?}");
     let held = w.ctx.lock_decisions().get(NODE).and_then(|s| s.reason);
     assert_eq!(held, Some(Reason::WaitingForBudget));
+}
+
+/// A node whose agent reports one healthy GPU, now.
+fn reporting_healthy(name: &str) -> Node {
+    let report = json!({
+        "version": 1,
+        "observedAt": Timestamp::now().to_string(),
+        "source": "gpuhealth-agent/nvml",
+        "gpus": [{"index": 0, "uuid": "GPU-0a1b2c3d-0000-4000-8000-000000000000",
+            "pciBusId": "00000000:01:00.0", "health": "Healthy"}],
+    });
+    serde_json::from_value(json!({
+        "metadata": {"name": name, "annotations": {GPU_REPORT_ANNOTATION: report.to_string()}},
+    }))
+    .expect("node")
+}
+
+/// `NODE`'s record holding `status`, as the API server serves it.
+fn record_of(status: &Value) -> GpuNodeHealth {
+    serde_json::from_value(json!({
+        "apiVersion": "gpuhealth.io/v1alpha1",
+        "kind": "GpuNodeHealth",
+        "metadata": {"name": NODE, "resourceVersion": "11"},
+        "spec": {},
+        "status": status,
+    }))
+    .expect("record")
+}
+
+fn status_writes(w: &World) -> Vec<Value> {
+    w.api
+        .seen()
+        .into_iter()
+        .filter(|s| s.line() == format!("PATCH {STATUS}"))
+        .map(|s| s.body["status"].clone())
+        .collect()
+}
+
+#[tokio::test]
+async fn a_status_the_cluster_holds_is_not_written_again_though_the_cache_left_its_table_out() {
+    let mut w = world(Duration::from_secs(600));
+    reconcile_node(&reporting_healthy(NODE), &w.ctx)
+        .await
+        .expect("reconciled");
+    let written = status_writes(&w);
+    assert_eq!(written.len(), 1, "{:?}", w.api.lines());
+    assert_eq!(written[0]["gpus"].as_array().map(Vec::len), Some(1));
+    // The watch shows the write: the cache keeps it without its table.
+    w.cache_health(record_of(&written[0]));
+    let cached = w.ctx.node_health.state();
+    let cached = cached
+        .iter()
+        .find(|r| r.metadata.name.as_deref() == Some(NODE));
+    assert_eq!(
+        cached.and_then(|r| r.status.as_ref()).map(|s| s.gpus.len()),
+        Some(0)
+    );
+    reconcile_node(&reporting_healthy(NODE), &w.ctx)
+        .await
+        .expect("reconciled again");
+    assert_eq!(status_writes(&w).len(), 1, "{:?}", w.api.lines());
+    assert!(w.ctx.lock_decisions().get(NODE).is_none(), "caught up");
+}
+
+#[tokio::test]
+async fn a_report_that_cannot_be_read_keeps_the_clusters_gpu_table() {
+    let mut w = world(Duration::from_secs(600));
+    reconcile_node(&reporting_healthy(NODE), &w.ctx)
+        .await
+        .expect("reconciled");
+    let table = status_writes(&w)[0].clone();
+    w.cache_health(record_of(&table));
+    w.ctx.lock_decisions().clear();
+    // The cluster's record, table and all, for the read the cache cannot
+    // answer.
+    w.api
+        .on_with("GET", "/gpunodehealths/gpu-node-1/status", move |_| {
+            (200, serde_json::to_value(record_of(&table)).expect("json"))
+        });
+    let mut garbled = reporting_healthy(NODE);
+    garbled
+        .metadata
+        .annotations
+        .get_or_insert_default()
+        .insert(GPU_REPORT_ANNOTATION.into(), "{not json".into());
+    reconcile_node(&garbled, &w.ctx).await.expect("reconciled");
+    let written = status_writes(&w);
+    assert_eq!(
+        written.len(),
+        2,
+        "the report's problem is news: {:?}",
+        w.api.lines()
+    );
+    assert_eq!(
+        written[1]["gpus"], written[0]["gpus"],
+        "the table the cluster held"
+    );
 }
