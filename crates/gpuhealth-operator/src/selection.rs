@@ -74,15 +74,17 @@ impl Parsed {
     }
 }
 
-/// The nodes `policy` manages (selects, and wins).
-pub fn policy_nodes(ctx: &Context, policy: &GpuHealthPolicy) -> Vec<Arc<Node>> {
+/// The nodes of `nodes` that `policy` manages (the policy that wins them).
+pub fn managed_by<'n>(
+    ctx: &Context,
+    policy: &GpuHealthPolicy,
+    nodes: &'n [Arc<Node>],
+) -> impl Iterator<Item = &'n Arc<Node>> {
     let name = policy.name_any();
     let parsed = Parsed::new(&ctx.policies.state());
-    ctx.nodes
-        .state()
-        .into_iter()
-        .filter(|n| parsed.selects(&name, n) && parsed.winner(n) == Some(name.as_str()))
-        .collect()
+    nodes
+        .iter()
+        .filter(move |n| parsed.winner(n) == Some(name.as_str()))
 }
 
 /// How many nodes `policy` manages, and for the nodes it selects but
