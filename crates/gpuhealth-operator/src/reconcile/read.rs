@@ -91,10 +91,12 @@ pub async fn read(ctx: &Context, node: &Node) -> Result<Option<Read>, Error> {
     let stored = match (&recorded, &in_cluster) {
         (Some(recorded), _) => recorded.clone(),
         // The cache keeps no per-GPU table: a step rebuilds it from the
-        // report, and one with no report to read keeps the cluster's.
+        // report, and one with no report to read keeps the cluster's. The
+        // record itself, not its status subresource: the operator's role
+        // may get the one and only patch the other.
         (None, Some(cached)) if !matches!(view.report, Some(Ok(_))) && cached.has_table() => {
             Api::<GpuNodeHealth>::all(ctx.client.clone())
-                .get_status(&name)
+                .get(&name)
                 .await
                 .map_err(Error::read(&name))?
                 .status

@@ -342,8 +342,9 @@ fn status_writes(w: &World) -> Vec<Value> {
         .collect()
 }
 
-#[tokio::test]
-async fn a_status_the_cluster_holds_is_not_written_again_though_the_cache_left_its_table_out() {
+/// A world where `NODE`, reporting one healthy GPU, was reconciled once
+/// and the watch showed the status written: returns that status.
+async fn written_and_watched() -> (World, Value) {
     let mut w = world(Duration::from_secs(600));
     reconcile_node(&reporting_healthy(NODE), &w.ctx)
         .await
@@ -351,8 +352,17 @@ async fn a_status_the_cluster_holds_is_not_written_again_though_the_cache_left_i
     let written = status_writes(&w);
     assert_eq!(written.len(), 1, "{:?}", w.api.lines());
     assert_eq!(written[0]["gpus"].as_array().map(Vec::len), Some(1));
-    // The watch shows the write: the cache keeps it without its table.
     w.cache_health(record_of(&written[0]));
+    (w, written[0].clone())
+}
+
+/// The record's own path: what the operator's role may get.
+const RECORD: &str = "/apis/gpuhealth.io/v1alpha1/gpunodehealths/gpu-node-1";
+
+#[tokio::test]
+async fn a_status_the_cluster_holds_is_not_written_again_though_the_cache_left_its_table_out() {
+    let (w, _) = written_and_watched().await;
+    // The watch showed the write: the cache keeps it without its table.
     let cached = w.ctx.node_health.state();
     let cached = cached
         .iter()
@@ -366,23 +376,26 @@ async fn a_status_the_cluster_holds_is_not_written_again_though_the_cache_left_i
         .expect("reconciled again");
     assert_eq!(status_writes(&w).len(), 1, "{:?}", w.api.lines());
     assert!(w.ctx.lock_decisions().get(NODE).is_none(), "caught up");
+    // A readable report rebuilds the table: the record is never read.
+    let lines = w.api.lines();
+    assert!(
+        !lines
+            .iter()
+            .any(|l| l.starts_with("GET ") && l.contains(RECORD)),
+        "{lines:?}"
+    );
 }
 
 #[tokio::test]
 async fn a_report_that_cannot_be_read_keeps_the_clusters_gpu_table() {
-    let mut w = world(Duration::from_secs(600));
-    reconcile_node(&reporting_healthy(NODE), &w.ctx)
-        .await
-        .expect("reconciled");
-    let table = status_writes(&w)[0].clone();
-    w.cache_health(record_of(&table));
+    let (w, table) = written_and_watched().await;
     w.ctx.lock_decisions().clear();
     // The cluster's record, table and all, for the read the cache cannot
-    // answer.
-    w.api
-        .on_with("GET", "/gpunodehealths/gpu-node-1/status", move |_| {
-            (200, serde_json::to_value(record_of(&table)).expect("json"))
-        });
+    // answer; its status subresource the operator's role may not get.
+    w.api.on_with("GET", RECORD, move |_| {
+        (200, serde_json::to_value(record_of(&table)).expect("json"))
+    });
+    w.api.on("GET", "/status", 403);
     let mut garbled = reporting_healthy(NODE);
     garbled
         .metadata
