@@ -54,6 +54,16 @@ async fn carry(
     run(&world.ctx, &node(), spec, &action).await
 }
 
+/// Carries `action` out against an API server that fails it, and checks
+/// the error names the action.
+async fn fails_as(world: &World, spec: &GpuHealthPolicySpec, action: Action, kind: Kind) {
+    let error = carry(world, spec, action).await.expect_err("failed");
+    assert!(
+        matches!(&error, Error::Act { action, .. } if *action == kind),
+        "{error:?}"
+    );
+}
+
 fn world() -> World {
     World::new(Duration::from_secs(600))
 }
@@ -165,17 +175,7 @@ async fn an_eviction_of_a_pod_already_gone_is_done_and_any_other_failure_fails()
         Outcome::Gone
     );
     w.api.on("POST", "/eviction", 500);
-    let error = carry(&w, &spec(), evict()).await.expect_err("failed");
-    assert!(
-        matches!(
-            error,
-            Error::Act {
-                action: Kind::Evict,
-                ..
-            }
-        ),
-        "{error:?}"
-    );
+    fails_as(&w, &spec(), evict(), Kind::Evict).await;
 }
 
 #[tokio::test]
@@ -309,17 +309,7 @@ async fn a_validation_pod_that_exists_is_left_and_one_refused_is_said() {
 
     let w = world();
     w.api.on("POST", "/pods", 500);
-    let error = carry(&w, &spec, create()).await.expect_err("failed");
-    assert!(
-        matches!(
-            error,
-            Error::Act {
-                action: Kind::CreateValidationPod,
-                ..
-            }
-        ),
-        "{error:?}"
-    );
+    fails_as(&w, &spec, create(), Kind::CreateValidationPod).await;
 }
 
 #[tokio::test]
@@ -403,17 +393,7 @@ async fn a_gpus_fence_names_its_incident_and_one_already_up_is_left() {
         Outcome::Gone
     );
     w.api.on("POST", "/devicetaintrules", 500);
-    let error = carry(&w, &spec(), taint()).await.expect_err("failed");
-    assert!(
-        matches!(
-            error,
-            Error::Act {
-                action: Kind::TaintDevice,
-                ..
-            }
-        ),
-        "{error:?}"
-    );
+    fails_as(&w, &spec(), taint(), Kind::TaintDevice).await;
 }
 
 #[tokio::test]
