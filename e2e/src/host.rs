@@ -399,9 +399,13 @@ impl Host {
         Ok(())
     }
 
-    /// Whether the simulated device plugin is running now.
+    /// Whether the simulated device plugin is running now, its process
+    /// alive and holding the GPUs.
     pub fn device_plugin_running(&self) -> bool {
-        lock(&self.device_plugin).is_some()
+        let mut plugin = lock(&self.device_plugin);
+        plugin
+            .as_mut()
+            .is_some_and(|child| matches!(child.try_wait(), Ok(None)))
     }
 
     /// `nvidia-persistenced` (the stand-in's) on this host: persistence
@@ -497,14 +501,15 @@ fn since_boot() -> std::time::Duration {
     std::time::Duration::from_secs_f64(secs)
 }
 
-/// A `sleep` holding `devices` open.
+/// A `sleep` holding `devices` open. In bash: dash opens no descriptor
+/// past 9, and its shell died at an eight-GPU host's tenth, holding nothing.
 fn hold(devices: &[PathBuf]) -> Result<Child> {
     let opens: String = devices
         .iter()
         .enumerate()
         .map(|(i, d)| format!("exec {}<'{}'; ", i + 3, d.display()))
         .collect();
-    Command::new("sh")
+    Command::new("bash")
         .arg("-c")
         .arg(format!("{opens}exec sleep 3600"))
         .kill_on_drop(true)
