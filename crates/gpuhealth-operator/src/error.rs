@@ -1,7 +1,7 @@
 //! What can go wrong in a reconcile, where, and how soon each kind is
 //! tried again.
 
-use std::{collections::HashMap, sync::Mutex, time::Duration};
+use std::time::Duration;
 
 use crate::actions::Kind as ActionKind;
 
@@ -164,27 +164,6 @@ impl Retry {
                 let exponent = failures.clamp(1, 6);
                 Some(Duration::from_secs(1 << exponent).min(Duration::from_secs(60)))
             }
-        }
-    }
-}
-
-/// Failures in a row, per object, for the back-off.
-#[derive(Default)]
-pub struct Failures(Mutex<HashMap<String, u32>>);
-
-impl Failures {
-    pub fn one_more(&self, name: &str) -> u32 {
-        let mut all = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        let n = all.entry(name.to_owned()).or_default();
-        *n = n.saturating_add(1);
-        *n
-    }
-
-    /// A reconcile of `name` succeeded: its back-off starts over.
-    pub fn forget(&self, name: &str) {
-        let mut all = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        if !all.is_empty() {
-            all.remove(name);
         }
     }
 }

@@ -65,6 +65,7 @@ async fn sweep(ctx: &Context) {
     };
     ctx.memory.forget_gone(still_there);
     ctx.gpu_tables.forget_gone(still_there);
+    ctx.failures.forget_gone(still_there);
     let records = ctx.node_health.state();
     debug!(
         records = records.len(),

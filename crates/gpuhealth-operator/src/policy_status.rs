@@ -31,13 +31,14 @@ use crate::{
     conditions,
     context::{Context, Error, MANAGER, latest},
     metrics::{FenceLabels, PhaseLabels, PolicyLabels, ReportProblemLabels},
+    retry::{self, Subject},
     selection::managed,
     validation,
 };
 
 pub async fn reconcile(policy: Arc<GpuHealthPolicy>, ctx: Arc<Context>) -> Result<Requeue, Error> {
     let result = reconcile_policy(&policy, &ctx).await;
-    crate::retry::settled(&ctx, "policy", &policy.name_any(), &result);
+    retry::settled(&ctx, Subject::Policy, &policy.name_any(), &result);
     result
 }
 
@@ -341,7 +342,7 @@ fn unhonoured(ctx: &Context, policy: &GpuHealthPolicy) -> Vec<Problem> {
 }
 
 pub fn error_policy(policy: Arc<GpuHealthPolicy>, error: &Error, ctx: Arc<Context>) -> Requeue {
-    crate::retry::retry(&policy.name_any(), "policy", error, &ctx)
+    retry::retry(&policy.name_any(), Subject::Policy, error, &ctx)
 }
 
 #[cfg(test)]
