@@ -1,7 +1,8 @@
 //! Without the install's admission protection anyone who may patch Nodes
 //! could have written the signal: nothing is enforced. A node with
 //! something to act on stays `Suspect`, one mid-way holds where it is, and
-//! both go on once protection is back.
+//! both go on once protection is back. A record of ours on a cordon is
+//! not trusted either.
 
 mod common;
 
@@ -9,6 +10,7 @@ use std::time::Duration;
 
 use common::{Agent, World};
 use gpuhealth_api::{node_health::Phase, vocabulary::Reason};
+use gpuhealth_engine::machine::Action;
 
 const HOUR: Duration = Duration::from_secs(3600);
 const WHY: &str = "no admission policy bound to deny guards agent-keys";
@@ -55,4 +57,36 @@ fn a_remediation_under_way_holds_where_it_is() {
         requests,
         "the same request, not a second"
     );
+}
+
+#[test]
+fn a_leftover_cordon_is_lifted_only_once_protection_is_back() {
+    // The recovery's uncordon did not land. The incident's id is in its
+    // status for anyone to copy onto a cordon of theirs: unprotected, a
+    // cordon naming it is not lifted as ours.
+    let mut w = World::incident();
+    w.refused_uncordons = 1;
+    w.run_until(|w| w.state.phase == Phase::Healthy, HOUR);
+    let ours = w.state.history[0].id.clone();
+    assert!(w.node.unschedulable, "the first uncordon was refused");
+    assert_eq!(w.node.cordoned_by.as_ref(), Some(&ours));
+
+    w.unprotected = Some(WHY.into());
+    for _ in 0..3 {
+        let actions = w.reconcile();
+        assert!(actions.is_empty(), "nothing enforced: {actions:?}");
+        w.advance(Duration::from_secs(60));
+    }
+    assert!(w.node.unschedulable, "left as it is");
+
+    w.unprotected = None;
+    let actions = w.reconcile();
+    assert!(
+        actions
+            .iter()
+            .any(|a| matches!(a, Action::Uncordon { incident } if *incident == ours)),
+        "{actions:?}"
+    );
+    assert!(!w.node.unschedulable);
+    assert_eq!(w.state.phase, Phase::Healthy);
 }

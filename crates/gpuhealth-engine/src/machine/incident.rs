@@ -134,13 +134,24 @@ impl Stepper<'_> {
         id
     }
 
+    /// Whether a fence's record naming an incident is taken as ours to
+    /// carry on or lift: only under Enforce (nothing else writes fences),
+    /// and only while the admission protection is in force. Without it,
+    /// whoever may patch a Node could have written the record, and a cordon
+    /// of theirs would be taken, or lifted, as ours.
+    fn trusts_fence_records(&self) -> bool {
+        self.spec().mode == Mode::Enforce && self.input.not_enforced.is_none()
+    }
+
     /// Our cordon from an incident that ended with the node back in service
     /// (its record still on the node, no incident open): the uncordon was
     /// decided and recorded but did not land (refused as a conflict, or the
     /// operator stopped between the two). The incident's id, if so; only
-    /// under Enforce, since finishing it is a side effect.
+    /// where the record is trusted (see [`Stepper::trusts_fence_records`]):
+    /// an incident's id is in its status for anyone to copy onto a cordon of
+    /// theirs, which would then be lifted as ours.
     pub(super) fn leftover_cordon(&self) -> Option<String> {
-        if self.spec().mode != Mode::Enforce {
+        if !self.trusts_fence_records() {
             return None;
         }
         let last = self.status.history.first()?;
@@ -163,13 +174,10 @@ impl Stepper<'_> {
     /// record of it. That incident is the one to carry on, under its id;
     /// anyone else's cordon carries no record of ours (only the operator may
     /// write one), and an incident already in the history is not reopened.
-    /// Only under Enforce (nothing else writes fences), and only while the
-    /// admission protection is in force: without it, whoever may patch a
-    /// Node could have written the record, and a cordon of theirs would be
-    /// taken, or lifted, as ours.
+    /// Only where the record is trusted (see
+    /// [`Stepper::trusts_fence_records`]).
     pub(super) fn unrecorded_fence(&self) -> Option<String> {
-        let trusted = self.spec().mode == Mode::Enforce && self.input.not_enforced.is_none();
-        if !trusted || self.status.incident.is_some() {
+        if !self.trusts_fence_records() || self.status.incident.is_some() {
             return None;
         }
         let node = self.input.node;
