@@ -51,7 +51,7 @@ pub struct Context {
     /// The cluster administrator's bounds on every policy (the flags).
     pub guardrails: gpuhealth_engine::guardrails::Guardrails,
     /// Failed reconciles in a row, per object, for the back-off.
-    pub failures: crate::retry::Failures,
+    pub failures: crate::error::Failures,
     /// Per policy, what this process last announced of what cannot be
     /// honoured (its `Ready` message, or `None` when all could be): each
     /// change is announced once, even when a reconcile reads a policy whose

@@ -30,8 +30,9 @@ use tracing::warn;
 use crate::{
     conditions,
     context::{Context, Error, MANAGER, latest},
+    error::Subject,
     metrics::{FenceLabels, PhaseLabels, PolicyLabels, ReportProblemLabels},
-    retry::{self, Subject},
+    retry,
     selection::managed,
     validation,
 };

@@ -24,6 +24,7 @@ pub(crate) use self::record::write_status;
 use crate::{
     account,
     context::{Context, Error},
+    error::Subject,
     retry,
 };
 
@@ -34,12 +35,12 @@ pub async fn reconcile(node: Arc<Node>, ctx: Arc<Context>) -> Result<Requeue, Er
     ctx.metrics
         .reconcile_duration
         .observe(started.elapsed().as_secs_f64());
-    retry::settled(&ctx, retry::Subject::Node, &node.name_any(), &result);
+    retry::settled(&ctx, Subject::Node, &node.name_any(), &result);
     result
 }
 
 pub fn error_policy(node: Arc<Node>, error: &Error, ctx: Arc<Context>) -> Requeue {
-    retry::retry(&node.name_any(), retry::Subject::Node, error, &ctx)
+    retry::retry(&node.name_any(), Subject::Node, error, &ctx)
 }
 
 async fn reconcile_node(node: &Node, ctx: &Context) -> Result<Requeue, Error> {
