@@ -25,13 +25,11 @@ use std::{
     sync::{Arc, Mutex},
 };
 
-use futures::StreamExt;
 use gpuhealth_agent::pod_resources::proto::pod_resources_lister_server::PodResourcesListerServer;
 use k8s_openapi::api::core::v1::Node;
 use kube::{
-    Api, Client, ResourceExt,
+    Api, Client,
     api::{Patch, PatchParams},
-    runtime::watcher,
 };
 use serde_json::json;
 use tokio::process::{Child, Command};
@@ -41,8 +39,12 @@ use crate::{
     process::Process,
     shipped::{Part, shipped},
     system_bus,
-    wait::{Background, applied},
+    wait::Background,
 };
+
+mod device_plugin;
+
+use device_plugin::{DevicePlugin, hold};
 
 /// Where `build.rs` put the NVML stand-in.
 pub const STANDIN: &str = env!("GPUHEALTH_NVML_STANDIN");
@@ -399,8 +401,8 @@ impl Host {
         Ok(())
     }
 
-    /// Whether the simulated device plugin is running now, its process
-    /// alive and holding the GPUs.
+    /// Whether the simulated device plugin is running now: its process,
+    /// which held every GPU when it started, still alive.
     pub fn device_plugin_running(&self) -> bool {
         let mut plugin = lock(&self.device_plugin);
         plugin
@@ -499,97 +501,4 @@ fn since_boot() -> std::time::Duration {
         .and_then(|s| s.parse().ok())
         .unwrap_or(0.0);
     std::time::Duration::from_secs_f64(secs)
-}
-
-/// A `sleep` holding `devices` open. In bash: dash opens no descriptor
-/// past 9, and its shell died at an eight-GPU host's tenth, holding nothing.
-fn hold(devices: &[PathBuf]) -> Result<Child> {
-    let opens: String = devices
-        .iter()
-        .enumerate()
-        .map(|(i, d)| format!("exec {}<'{}'; ", i + 3, d.display()))
-        .collect();
-    Command::new("bash")
-        .arg("-c")
-        .arg(format!("{opens}exec sleep 3600"))
-        .kill_on_drop(true)
-        .spawn()
-        .map_err(io("a process holding a GPU"))
-}
-
-struct DevicePlugin {
-    nodes: Api<Node>,
-    node: String,
-    gpus: usize,
-    devices: Vec<PathBuf>,
-    events: PathBuf,
-    running: Arc<Mutex<Option<Child>>>,
-}
-
-impl DevicePlugin {
-    async fn run(self) {
-        let config = watcher::Config::default().fields(&format!("metadata.name={}", self.node));
-        let mut changes = std::pin::pin!(applied(self.nodes.clone(), config));
-        let mut tick = tokio::time::interval(std::time::Duration::from_millis(200));
-        let mut scheduled = false;
-        // What the plugin has read of the XID events, and marked unhealthy.
-        let mut read = 0;
-        let mut unhealthy: Vec<usize> = Vec::new();
-        loop {
-            tokio::select! {
-                next = changes.next() => match next {
-                    Some(n) => scheduled = n.labels().get(DEVICE_PLUGIN_LABEL).map(String::as_str) == Some("true"),
-                    None => return,
-                },
-                _ = tick.tick() => {}
-            }
-            let running = lock(&self.running).is_some();
-            if scheduled && !running {
-                // A fresh plugin: every GPU healthy, events from now on.
-                match hold(&self.devices) {
-                    Ok(child) => *lock(&self.running) = Some(child),
-                    Err(e) => eprintln!("device plugin: {e}"),
-                }
-                read = std::fs::metadata(&self.events)
-                    .map(|m| m.len())
-                    .unwrap_or(0);
-                unhealthy.clear();
-                self.offer(self.gpus).await;
-            } else if !scheduled && running {
-                // The DaemonSet no longer matches the node: its pod goes.
-                *lock(&self.running) = None;
-                self.offer(0).await;
-            } else if running {
-                let text = std::fs::read_to_string(&self.events).unwrap_or_default();
-                let new = text.get(read as usize..).unwrap_or_default();
-                let complete = new.rfind('\n').map_or(0, |i| i + 1);
-                for line in new[..complete].lines() {
-                    let mut fields = line.split_whitespace().map(|f| f.parse::<u64>());
-                    if let (Some(Ok(gpu)), Some(Ok(code))) = (fields.next(), fields.next())
-                        // The plugin ignores application Xids (13, 31, 43, 45, 68, 109).
-                        && ![13, 31, 43, 45, 68, 109].contains(&code)
-                        && !unhealthy.contains(&(gpu as usize))
-                    {
-                        unhealthy.push(gpu as usize);
-                    }
-                }
-                if complete > 0 {
-                    read += complete as u64;
-                    self.offer(self.gpus - unhealthy.len()).await;
-                }
-            }
-        }
-    }
-
-    /// The kubelet's allocatable `nvidia.com/gpu`: what the plugin offers.
-    async fn offer(&self, gpus: usize) {
-        let patch = json!({"status": {"allocatable": {"nvidia.com/gpu": gpus.to_string()}}});
-        if let Err(e) = self
-            .nodes
-            .patch_status(&self.node, &PatchParams::default(), &Patch::Merge(patch))
-            .await
-        {
-            eprintln!("device plugin: allocatable: {e}");
-        }
-    }
 }
