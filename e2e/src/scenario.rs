@@ -446,9 +446,19 @@ impl Scenario {
         done: impl Fn(&GpuNodeHealthStatus) -> bool,
     ) -> Result<GpuNodeHealthStatus> {
         let api: Api<GpuNodeHealth> = Api::all(self.client.clone());
-        let g = until(api, node, WAIT, |g| g.status.as_ref().is_some_and(&done))
-            .await
-            .map_err(|e| crate::HarnessError::ClusterStart(format!("{what}: {e}")))?;
+        // The last status seen goes into a timeout's message: what the
+        // node was doing instead is most of a failure's diagnosis.
+        let last = std::sync::Mutex::new(None::<GpuNodeHealthStatus>);
+        let g = until(api, node, WAIT, |g| {
+            let status = g.status.as_ref();
+            *last.lock().unwrap_or_else(|p| p.into_inner()) = status.cloned();
+            status.is_some_and(&done)
+        })
+        .await
+        .map_err(|e| {
+            let seen = last.lock().unwrap_or_else(|p| p.into_inner()).take();
+            crate::HarnessError::ClusterStart(format!("{what}: {e}; {}", last_seen(seen)))
+        })?;
         Ok(g.status.unwrap_or_default())
     }
 
@@ -505,4 +515,17 @@ impl Scenario {
 /// Where the agent binary of `node` keeps its journal.
 fn agent_state_dir(node: &str) -> std::path::PathBuf {
     std::env::temp_dir().join(format!("gpuhealth-agent-{node}"))
+}
+
+/// A status as a timeout names it: its phase, reason and message.
+fn last_seen(status: Option<GpuNodeHealthStatus>) -> String {
+    match status {
+        None => "no status seen".to_owned(),
+        Some(s) => format!(
+            "last seen {:?} ({}): {}",
+            s.phase,
+            s.reason.map(|r| r.as_str()).unwrap_or("no reason"),
+            s.message.unwrap_or_default()
+        ),
+    }
 }

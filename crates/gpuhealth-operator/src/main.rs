@@ -266,7 +266,9 @@ async fn run(args: Args) -> Result<(), Fatal> {
         }
     }
     metrics.leader.set(1);
-    let Some(health_changed) = records.health_changes.lead() else {
+    let (Some(health_changed), Some(spec_changes)) =
+        (records.health_changes.lead(), records.spec_changes.lead())
+    else {
         unreachable!("leadership is taken once");
     };
     let leadership = elector.leadership();
@@ -339,10 +341,7 @@ async fn run(args: Args) -> Result<(), Fatal> {
     // node's decision: a pass over every node, paced behind the nodes with
     // news. A node-health change only its own node's.
     let policy_api = Api::<GpuHealthPolicy>::all(client.clone());
-    let every_node = futures::stream::select(
-        triggers::spec_changes(policy_api.clone()),
-        protection_node_changes,
-    );
+    let every_node = futures::stream::select(spec_changes, protection_node_changes);
     let nodes_stream = fleet
         .controller
         .reconcile_on(pass::paced(every_node, fleet.nodes.clone(), in_flight))

@@ -13,7 +13,7 @@ use futures::channel::mpsc::{UnboundedReceiver, UnboundedSender, unbounded};
 use gpuhealth_api::{GpuHealthPolicy, GpuNodeHealth};
 use k8s_openapi::api::core::v1::Node;
 use kube::{
-    Api, ResourceExt,
+    ResourceExt,
     runtime::{
         reflector::{ObjectRef, Store},
         watcher::{self, Event},
@@ -22,22 +22,49 @@ use kube::{
 
 type Watched<K> = Result<Event<K>, watcher::Error>;
 
-/// One item per policy created, deleted or changed in its spec: every
-/// node's decision may change. Status writes are left out: the policy's
-/// status follows its nodes, and reconciling every node on each of them
-/// made a fleet-wide change cost nodes × changes reconciles (the benchmark
-/// found it at 1,000 nodes).
-pub fn spec_changes(api: Api<GpuHealthPolicy>) -> impl futures::Stream<Item = ()> + Send + 'static {
-    use futures::StreamExt;
-    use kube::runtime::WatchStreamExt;
-    let mut generations: HashMap<String, Option<i64>> = HashMap::new();
-    watcher::watcher(api, watcher::Config::default())
-        .default_backoff()
-        .filter_map(move |event| {
+/// One item per policy created, deleted or changed in its spec, once this
+/// replica leads: every node's decision may change. Status writes are left
+/// out: the policy's status follows its nodes, and reconciling every node
+/// on each of them made a fleet-wide change cost nodes × changes
+/// reconciles (the benchmark found it at 1,000 nodes).
+///
+/// Read from the policies' store, after it has taken the event in: the
+/// reconciles a change starts read the spec there. A watch of its own
+/// could deliver the change first, and a node then decided on the old
+/// spec with nothing to make it look again (a policy acknowledged past a
+/// guardrail stayed held).
+#[derive(Clone, Default)]
+pub struct SpecChanges(Arc<OnceLock<UnboundedSender<()>>>);
+
+impl SpecChanges {
+    /// From now on, changes are sent; None if already leading.
+    pub fn lead(&self) -> Option<UnboundedReceiver<()>> {
+        let (changed, changes) = unbounded();
+        self.0.set(changed).ok()?;
+        Some(changes)
+    }
+
+    /// Looks at each event of the policies' watch once `policies` has
+    /// taken it in.
+    pub fn tap(
+        &self,
+        policies: Store<GpuHealthPolicy>,
+    ) -> impl FnMut(&Watched<GpuHealthPolicy>) + Send + 'static {
+        let target = self.0.clone();
+        let mut generations: HashMap<String, Option<i64>> = HashMap::new();
+        move |event| {
             let changed = match event {
-                Ok(Event::Apply(p) | Event::InitApply(p)) => {
-                    generations.insert(p.name_any(), p.metadata.generation)
-                        != Some(p.metadata.generation)
+                // What the store now holds: the spec a reconcile will read.
+                Ok(Event::Apply(p)) => {
+                    let stored = policies
+                        .get(&ObjectRef::from_obj(p))
+                        .and_then(|p| p.metadata.generation);
+                    stored.is_some() && generations.insert(p.name_any(), stored) != Some(stored)
+                }
+                // A list is taken in whole at its end, which says so.
+                Ok(Event::InitApply(p)) => {
+                    generations.insert(p.name_any(), p.metadata.generation);
+                    false
                 }
                 Ok(Event::Delete(p)) => {
                     generations.remove(&p.name_any());
@@ -47,8 +74,11 @@ pub fn spec_changes(api: Api<GpuHealthPolicy>) -> impl futures::Stream<Item = ()
                 Ok(Event::InitDone) => true,
                 Ok(Event::Init) | Err(_) => false,
             };
-            futures::future::ready(changed.then_some(()))
-        })
+            if let (true, Some(target)) = (changed, target.get()) {
+                let _ = target.unbounded_send(());
+            }
+        }
+    }
 }
 
 /// Looks at each node event before `nodes` takes it in, and says when the
@@ -187,6 +217,71 @@ mod tests {
         assert_eq!(sent(&mut rx), 1, "a new node");
         see(Event::Delete(node("b", &[])));
         assert_eq!(sent(&mut rx), 1);
+    }
+
+    fn policy(name: &str, generation: i64) -> GpuHealthPolicy {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "gpuhealth.io/v1alpha1",
+            "kind": "GpuHealthPolicy",
+            "metadata": {"name": name, "generation": generation},
+            "spec": {"nodeSelector": {}},
+        }))
+        .expect("policy")
+    }
+
+    #[test]
+    fn a_spec_change_is_sent_once_leading_and_once_the_store_holds_it() {
+        let (store, mut writer) = reflector::store::<GpuHealthPolicy>();
+        let changes = SpecChanges::default();
+        let mut tap = changes.tap(store);
+        // As the policies' watch runs: the store first, then the tap.
+        let mut see = |event: Event<GpuHealthPolicy>| {
+            writer.apply_watcher_event(&event);
+            tap(&Ok(event));
+        };
+        see(Event::Init);
+        see(Event::InitApply(policy("fleet", 1)));
+        see(Event::InitDone);
+        see(Event::Apply(policy("fleet", 2)));
+        let Some(mut rx) = changes.lead() else {
+            panic!("the first lead hands the receiver over");
+        };
+        assert!(changes.lead().is_none());
+        assert_eq!(sent(&mut rx), 0, "nothing from before leading");
+
+        see(Event::Apply(policy("fleet", 2)));
+        assert_eq!(sent(&mut rx), 0, "a status write: same generation");
+        see(Event::Apply(policy("fleet", 3)));
+        assert_eq!(sent(&mut rx), 1, "a spec change");
+        see(Event::Apply(policy("canary", 1)));
+        assert_eq!(sent(&mut rx), 1, "a new policy");
+        see(Event::Delete(policy("canary", 1)));
+        assert_eq!(sent(&mut rx), 1, "a deleted one");
+        see(Event::Init);
+        see(Event::InitApply(policy("fleet", 3)));
+        assert_eq!(sent(&mut rx), 0, "a list's policies are counted at its end");
+        see(Event::InitDone);
+        assert_eq!(sent(&mut rx), 1, "a relist");
+    }
+
+    #[test]
+    fn a_spec_change_the_store_has_not_taken_in_is_not_sent() {
+        // Tapped before the store: the reconciles it would start would
+        // read the old spec, so the change must not be taken as seen.
+        let (store, mut writer) = reflector::store::<GpuHealthPolicy>();
+        let changes = SpecChanges::default();
+        let mut tap = changes.tap(store);
+        let Some(mut rx) = changes.lead() else {
+            panic!("leading");
+        };
+        writer.apply_watcher_event(&Event::Apply(policy("fleet", 1)));
+        tap(&Ok(Event::Apply(policy("fleet", 1))));
+        assert_eq!(sent(&mut rx), 1);
+        tap(&Ok(Event::Apply(policy("fleet", 2))));
+        assert_eq!(sent(&mut rx), 0, "the store still holds generation 1");
+        writer.apply_watcher_event(&Event::Apply(policy("fleet", 2)));
+        tap(&Ok(Event::Apply(policy("fleet", 2))));
+        assert_eq!(sent(&mut rx), 1, "now it does");
     }
 
     #[test]

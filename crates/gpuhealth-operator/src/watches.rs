@@ -45,6 +45,8 @@ pub struct Records {
     /// The nodes' and policies' reconciles follow this one watch of the
     /// health records (`triggers`).
     pub health_changes: triggers::HealthChanges,
+    /// Every node is looked at again when a policy's spec changes.
+    pub spec_changes: triggers::SpecChanges,
 }
 
 /// Starts the policies' and health records' watches; returns once both
@@ -52,15 +54,17 @@ pub struct Records {
 pub async fn records(client: &Client) -> Result<Records, kube::Error> {
     let (policies, policy_writer) = reflector::store::<GpuHealthPolicy>();
     let (node_health, health_writer) = reflector::store::<GpuNodeHealth>();
+    // The changes are read after the stores have taken them in: the
+    // reconciles they start read those stores.
+    let spec_changes = triggers::SpecChanges::default();
     tokio::spawn(
-        reflector::reflector(
-            policy_writer,
-            watcher(
-                Api::<GpuHealthPolicy>::all(client.clone()),
-                watcher::Config::default(),
-            ),
+        watcher(
+            Api::<GpuHealthPolicy>::all(client.clone()),
+            watcher::Config::default(),
         )
         .default_backoff()
+        .reflect(policy_writer)
+        .inspect(spec_changes.tap(policies.clone()))
         .for_each(|_| futures::future::ready(())),
     );
     let health_changes = triggers::HealthChanges::default();
@@ -69,8 +73,8 @@ pub async fn records(client: &Client) -> Result<Records, kube::Error> {
         watcher(Api::<GpuNodeHealth>::all(client.clone()), fleet_watch())
             .default_backoff()
             .modify(gpu_tables.slimmer())
-            .inspect(health_changes.tap())
             .reflect(health_writer)
+            .inspect(health_changes.tap())
             .for_each(|_| futures::future::ready(())),
     );
     let listed = |e| kube::Error::Service(Box::new(e));
@@ -81,6 +85,7 @@ pub async fn records(client: &Client) -> Result<Records, kube::Error> {
         node_health,
         gpu_tables,
         health_changes,
+        spec_changes,
     })
 }
 
