@@ -341,7 +341,7 @@ async fn run(args: Args) -> Result<(), Fatal> {
     // node's decision: a pass over every node, paced behind the nodes with
     // news. A node-health change only its own node's.
     let policy_api = Api::<GpuHealthPolicy>::all(client.clone());
-    let every_node = futures::stream::select(spec_changes, protection_node_changes);
+    let every_node = futures::stream::select(spec_changes.nodes, protection_node_changes);
     let nodes_stream = fleet
         .controller
         .reconcile_on(pass::paced(every_node, fleet.nodes.clone(), in_flight))
@@ -369,6 +369,9 @@ async fn run(args: Args) -> Result<(), Fatal> {
         .reconcile_all_on(unreadable_changes)
         .reconcile_all_on(fleet.label_changes)
         .reconcile_all_on(protection_policy_changes)
+        // Its own watch may bring a policy's change before the store that
+        // counts every policy's share has it: all look again once it does.
+        .reconcile_all_on(spec_changes.policies)
         .reconcile_on(health_changed.policies)
         .shutdown_on_signal()
         .run(policy_status::reconcile, policy_status::error_policy, ctx)

@@ -6,7 +6,10 @@
 
 use std::{
     collections::HashMap,
-    sync::{Arc, OnceLock},
+    sync::{
+        Arc, OnceLock,
+        atomic::{AtomicBool, Ordering},
+    },
 };
 
 use futures::channel::mpsc::{UnboundedReceiver, UnboundedSender, unbounded};
@@ -23,10 +26,11 @@ use kube::{
 type Watched<K> = Result<Event<K>, watcher::Error>;
 
 /// One item per policy created, deleted or changed in its spec, once this
-/// replica leads: every node's decision may change. Status writes are left
-/// out: the policy's status follows its nodes, and reconciling every node
-/// on each of them made a fleet-wide change cost nodes × changes
-/// reconciles (the benchmark found it at 1,000 nodes).
+/// replica leads, for the nodes and for the policies: every node's
+/// decision may change, and every policy's share of the fleet. Status
+/// writes are left out: the policy's status follows its nodes, and
+/// reconciling every node on each of them made a fleet-wide change cost
+/// nodes × changes reconciles (the benchmark found it at 1,000 nodes).
 ///
 /// Read from the policies' store, after it has taken the event in: the
 /// reconciles a change starts read the spec there. A watch of its own
@@ -34,14 +38,24 @@ type Watched<K> = Result<Event<K>, watcher::Error>;
 /// spec with nothing to make it look again (a policy acknowledged past a
 /// guardrail stayed held).
 #[derive(Clone, Default)]
-pub struct SpecChanges(Arc<OnceLock<UnboundedSender<()>>>);
+pub struct SpecChanges(Arc<OnceLock<[UnboundedSender<()>; 2]>>);
+
+/// The changes `SpecChanges::lead` hands over.
+pub struct SpecReceivers {
+    pub nodes: UnboundedReceiver<()>,
+    pub policies: UnboundedReceiver<()>,
+}
 
 impl SpecChanges {
     /// From now on, changes are sent; None if already leading.
-    pub fn lead(&self) -> Option<UnboundedReceiver<()>> {
-        let (changed, changes) = unbounded();
-        self.0.set(changed).ok()?;
-        Some(changes)
+    pub fn lead(&self) -> Option<SpecReceivers> {
+        let (nodes, node_changes) = unbounded();
+        let (policies, policy_changes) = unbounded();
+        self.0.set([nodes, policies]).ok()?;
+        Some(SpecReceivers {
+            nodes: node_changes,
+            policies: policy_changes,
+        })
     }
 
     /// Looks at each event of the policies' watch once `policies` has
@@ -74,22 +88,32 @@ impl SpecChanges {
                 Ok(Event::InitDone) => true,
                 Ok(Event::Init) | Err(_) => false,
             };
-            if let (true, Some(target)) = (changed, target.get()) {
-                let _ = target.unbounded_send(());
+            if let (true, Some(targets)) = (changed, target.get()) {
+                for target in targets {
+                    let _ = target.unbounded_send(());
+                }
             }
         }
     }
 }
 
-/// Looks at each node event before `nodes` takes it in, and says when the
-/// fleet's labels changed: a node came, went or was relabelled, all that
-/// decides which nodes a policy selects. A heartbeat says nothing. After a
-/// relist, once: it may have missed a deletion.
+/// Says when the fleet's labels changed: a node came, went or was
+/// relabelled, all that decides which nodes a policy selects. A heartbeat
+/// says nothing. After a relist, once: it may have missed a deletion.
+///
+/// Two looks at each node event: the first, before `nodes` takes it in,
+/// compares the labels with the node's before; the second, after, sends,
+/// so that the policies' reconciles it starts count the new labels.
 pub fn label_changes(
     nodes: Store<Node>,
     changed: UnboundedSender<()>,
-) -> impl FnMut(&Watched<Node>) + Send + 'static {
-    move |event| {
+) -> (
+    impl FnMut(&Watched<Node>) + Send + 'static,
+    impl FnMut(&Watched<Node>) + Send + 'static,
+) {
+    let pending = Arc::new(AtomicBool::new(false));
+    let seen = pending.clone();
+    let before = move |event: &Watched<Node>| {
         let relabelled = match event {
             Ok(Event::Apply(node)) => nodes
                 .get(&ObjectRef::from_obj(node))
@@ -98,9 +122,15 @@ pub fn label_changes(
             Ok(Event::Init | Event::InitApply(_)) | Err(_) => false,
         };
         if relabelled {
+            seen.store(true, Ordering::Relaxed);
+        }
+    };
+    let after = move |_: &Watched<Node>| {
+        if pending.swap(false, Ordering::Relaxed) {
             let _ = changed.unbounded_send(());
         }
-    }
+    };
+    (before, after)
 }
 
 /// Says when a node was deleted, or the watch relisted (which may have
@@ -196,27 +226,34 @@ mod tests {
     fn only_a_new_node_a_relabel_a_deletion_or_a_relist_is_a_label_change() {
         let (store, mut writer) = reflector::store::<Node>();
         let (tx, mut rx) = unbounded();
-        let mut tap = label_changes(store, tx);
+        let (mut before, mut after) = label_changes(store, tx);
+        // As the nodes' watch runs: a look, the store, a look.
         let mut see = |event: Event<Node>| {
-            tap(&Ok(event.clone()));
+            before(&Ok(event.clone()));
+            assert_eq!(sent(&mut rx), 0, "nothing sent before the store has it");
             writer.apply_watcher_event(&event);
+            after(&Ok(event));
+            sent(&mut rx)
         };
-        see(Event::Init);
-        see(Event::InitApply(node("a", &[("pool", "x")])));
-        assert_eq!(sent(&mut rx), 0, "a list's nodes are counted at its end");
-        see(Event::InitDone);
-        assert_eq!(sent(&mut rx), 1);
+        assert_eq!(see(Event::Init), 0);
+        assert_eq!(
+            see(Event::InitApply(node("a", &[("pool", "x")]))),
+            0,
+            "a list's nodes are counted at its end"
+        );
+        assert_eq!(see(Event::InitDone), 1);
 
         let mut heartbeat = node("a", &[("pool", "x")]);
         heartbeat.metadata.resource_version = Some("2".into());
-        see(Event::Apply(heartbeat));
-        assert_eq!(sent(&mut rx), 0, "same labels: no change");
-        see(Event::Apply(node("a", &[("pool", "y")])));
-        assert_eq!(sent(&mut rx), 1);
-        see(Event::Apply(node("b", &[])));
-        assert_eq!(sent(&mut rx), 1, "a new node");
-        see(Event::Delete(node("b", &[])));
-        assert_eq!(sent(&mut rx), 1);
+        assert_eq!(see(Event::Apply(heartbeat)), 0, "same labels: no change");
+        assert_eq!(see(Event::Apply(node("a", &[("pool", "y")]))), 1);
+        assert_eq!(see(Event::Apply(node("b", &[]))), 1, "a new node");
+        assert_eq!(see(Event::Delete(node("b", &[]))), 1);
+    }
+
+    /// Sent to the nodes, and to the policies.
+    fn both(rx: &mut SpecReceivers) -> (usize, usize) {
+        (sent(&mut rx.nodes), sent(&mut rx.policies))
     }
 
     fn policy(name: &str, generation: i64) -> GpuHealthPolicy {
@@ -247,21 +284,25 @@ mod tests {
             panic!("the first lead hands the receiver over");
         };
         assert!(changes.lead().is_none());
-        assert_eq!(sent(&mut rx), 0, "nothing from before leading");
+        assert_eq!(both(&mut rx), (0, 0), "nothing from before leading");
 
         see(Event::Apply(policy("fleet", 2)));
-        assert_eq!(sent(&mut rx), 0, "a status write: same generation");
+        assert_eq!(both(&mut rx), (0, 0), "a status write: same generation");
         see(Event::Apply(policy("fleet", 3)));
-        assert_eq!(sent(&mut rx), 1, "a spec change");
+        assert_eq!(both(&mut rx), (1, 1), "a spec change");
         see(Event::Apply(policy("canary", 1)));
-        assert_eq!(sent(&mut rx), 1, "a new policy");
+        assert_eq!(both(&mut rx), (1, 1), "a new policy");
         see(Event::Delete(policy("canary", 1)));
-        assert_eq!(sent(&mut rx), 1, "a deleted one");
+        assert_eq!(both(&mut rx), (1, 1), "a deleted one");
         see(Event::Init);
         see(Event::InitApply(policy("fleet", 3)));
-        assert_eq!(sent(&mut rx), 0, "a list's policies are counted at its end");
+        assert_eq!(
+            both(&mut rx),
+            (0, 0),
+            "a list's policies are counted at its end"
+        );
         see(Event::InitDone);
-        assert_eq!(sent(&mut rx), 1, "a relist");
+        assert_eq!(both(&mut rx), (1, 1), "a relist");
     }
 
     #[test]
@@ -276,12 +317,12 @@ mod tests {
         };
         writer.apply_watcher_event(&Event::Apply(policy("fleet", 1)));
         tap(&Ok(Event::Apply(policy("fleet", 1))));
-        assert_eq!(sent(&mut rx), 1);
+        assert_eq!(sent(&mut rx.nodes), 1);
         tap(&Ok(Event::Apply(policy("fleet", 2))));
-        assert_eq!(sent(&mut rx), 0, "the store still holds generation 1");
+        assert_eq!(sent(&mut rx.nodes), 0, "the store still holds generation 1");
         writer.apply_watcher_event(&Event::Apply(policy("fleet", 2)));
         tap(&Ok(Event::Apply(policy("fleet", 2))));
-        assert_eq!(sent(&mut rx), 1, "now it does");
+        assert_eq!(sent(&mut rx.nodes), 1, "now it does");
     }
 
     #[test]

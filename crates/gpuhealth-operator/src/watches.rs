@@ -111,12 +111,15 @@ pub fn fleet(client: &Client, node_health: Store<GpuNodeHealth>) -> Fleet {
     let (nodes, node_writer) = reflector::store::<Node>();
     let (relabelled, label_changes) = unbounded();
     let (deleted, deletions) = unbounded();
+    let (labels_before, labels_after) = triggers::label_changes(nodes.clone(), relabelled);
     let node_changes = watcher(Api::<Node>::all(client.clone()), fleet_watch())
         .default_backoff()
         .modify(slim::node)
-        .inspect(triggers::label_changes(nodes.clone(), relabelled))
+        .inspect(labels_before)
         .reflect(node_writer)
-        // After the store has let the node go: the sweep reads it.
+        // After the store has the change: the reconciles and the sweep
+        // they start read it.
+        .inspect(labels_after)
         .inspect(triggers::deletions(deleted))
         .applied_objects()
         .predicate_filter(slim::node_inputs, Default::default());
