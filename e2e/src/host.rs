@@ -280,9 +280,9 @@ impl Host {
 
     /// A process holding GPU `gpu`'s device node open, as a monitoring
     /// daemon would; it stops when dropped.
-    pub fn hold(&self, gpu: usize) -> Result<Child> {
+    pub async fn hold(&self, gpu: usize) -> Result<Child> {
         let device = self.nvml().join(format!("dev/nvidia{gpu}"));
-        hold(&[device])
+        hold(&[device]).await
     }
 
     /// The environment that puts the agent on this host.

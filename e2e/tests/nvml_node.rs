@@ -347,7 +347,7 @@ async fn a_held_gpu_is_refused_naming_its_holder_and_a_hung_nvidia_smi_is_stoppe
     );
 
     // A process no one paused holds GPU 3: named, and nothing is tried.
-    let holder = host.hold(3).expect("a holder");
+    let holder = host.hold(3).await.expect("a holder");
     let pid = holder.id().expect("pid");
     request_reset(&client, &node, "inc-1-reset-1", &uuid(3)).await;
     let r = answered(&client, &node, "inc-1-reset-1").await;

@@ -23,7 +23,7 @@ use crate::{HarnessError, Result, wait::applied};
 /// bash: dash opens no descriptor past 9, and its shell died at an
 /// eight-GPU host's tenth, holding nothing, while the tests took it for
 /// running.
-pub(super) fn hold(devices: &[PathBuf]) -> Result<Child> {
+pub(super) async fn hold(devices: &[PathBuf]) -> Result<Child> {
     let opens: String = devices
         .iter()
         .enumerate()
@@ -52,7 +52,7 @@ pub(super) fn hold(devices: &[PathBuf]) -> Result<Child> {
                 "the process to hold {devices:?} exited ({exited:?}) or never opened them all"
             )));
         }
-        std::thread::sleep(std::time::Duration::from_millis(10));
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
     }
 }
 
@@ -85,7 +85,7 @@ impl DevicePlugin {
             let running = lock(&self.running).is_some();
             if scheduled && !running {
                 // A fresh plugin: every GPU healthy, events from now on.
-                match hold(&self.devices) {
+                match hold(&self.devices).await {
                     Ok(child) => *lock(&self.running) = Some(child),
                     Err(e) => eprintln!("device plugin: {e}"),
                 }
