@@ -177,13 +177,21 @@ async fn run_tool(
         args: args.join(" "),
         detail,
     };
+    // Discovery as the server has it now. kubectl and Helm keep it on disk
+    // for six hours, keyed by the server's host and port, which the many
+    // clusters a machine starts reuse; a category missing from that cache
+    // (`kubectl get gpuhealth`) is never looked up again, and the command
+    // failed on a server that had it. A cache of the command's own.
+    let cache = std::env::temp_dir().join(crate::unique("gpuhealth-kube-cache"));
     let out = tokio::process::Command::new(binary)
+        .env("KUBECACHEDIR", &cache)
         .arg("--kubeconfig")
         .arg(kubeconfig)
         .args(args)
         .output()
-        .await
-        .map_err(|e| failed(e.to_string()))?;
+        .await;
+    let _ = std::fs::remove_dir_all(&cache);
+    let out = out.map_err(|e| failed(e.to_string()))?;
     if !out.status.success() {
         return Err(failed(String::from_utf8_lossy(&out.stderr).into_owned()));
     }
