@@ -19,7 +19,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::{
-    contract::DiagnosticsLevel,
+    contract::{DiagnosticsLevel, GPU_HEALTHY_CONDITION},
     duration::Duration,
     gang::GangDrain,
     quarantine::Quarantine,
@@ -506,7 +506,7 @@ pub struct ConditionRule {
     #[schemars(extend("x-kubernetes-validations" = [{
         "rule": "self.matches('^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\\\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$')",
         "message": "detection.nodeConditions[].type must be a condition type such as SysLogsXIDError"
-    }]))]
+    }, reserved_type_validation()]))]
     #[serde(rename = "type")]
     pub type_: String,
 
@@ -537,6 +537,52 @@ pub struct ConditionRule {
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 #[schemars(extend("x-kubernetes-validations" = [{
+/// Node condition types no policy may act on: the node lifecycle's own
+/// (the kubelets write them; the node lifecycle controller taints and
+/// evicts by them) and the agent's `GpuHealthy`. A rule's writers are the
+/// only identities admission lets write its condition, so a rule on one of
+/// these would refuse the kubelets' or the agent's own writes.
+pub const RESERVED_CONDITION_TYPES: [&str; 6] = [
+    "Ready",
+    "MemoryPressure",
+    "DiskPressure",
+    "PIDPressure",
+    "NetworkUnavailable",
+    GPU_HEALTHY_CONDITION,
+];
+
+/// The CRD's rule refusing [`RESERVED_CONDITION_TYPES`], built from them.
+fn reserved_type_validation() -> serde_json::Value {
+    let quoted: Vec<String> = RESERVED_CONDITION_TYPES
+        .iter()
+        .map(|t| format!("'{t}'"))
+        .collect();
+    let (lifecycle, agent) = RESERVED_CONDITION_TYPES.split_at(5);
+    serde_json::json!({
+        "rule": format!("!(self in [{}])", quoted.join(", ")),
+        "message": format!(
+            "detection.nodeConditions[].type must not be {} (the node lifecycle's own conditions) \
+             nor {} (gpuhealth's agent's own): only the policy's writers could then write it",
+            lifecycle.join(", "),
+            agent.join(", "),
+        ),
+    })
+}
+
+impl ConditionRule {
+    /// Whether the operator acts on this rule: it names its writers, and
+    /// its type is not reserved (a policy stored before the CRD refused
+    /// either). `honour` names each rule that is not.
+    pub fn acted_on(&self) -> bool {
+        !self.writers.is_empty() && !self.reserved()
+    }
+
+    /// Whether its type is one of [`RESERVED_CONDITION_TYPES`].
+    pub fn reserved(&self) -> bool {
+        RESERVED_CONDITION_TYPES.contains(&self.type_.as_str())
+    }
+}
+
     "rule": "has(self.user) != has(self.group)",
     "message": "a writer is exactly one of user and group"
 }]))]
@@ -1152,5 +1198,74 @@ impl GpuHealthPolicySpec {
             maintenance_windows: Vec::new(),
             maintenance: Maintenance::default(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rule(type_: &str, writers: Vec<ConditionWriter>) -> ConditionRule {
+        ConditionRule {
+            type_: type_.into(),
+            status: ConditionStatus::True,
+            for_: default_condition_for(),
+            action: default_condition_action(),
+            writers,
+        }
+    }
+
+    /// The rules the CRD puts on `detection.nodeConditions[].type`.
+    fn type_rules() -> Vec<serde_json::Value> {
+        let crd = serde_json::to_value(crate::crds::all()[0].clone()).expect("crd");
+        let spec = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"];
+        let type_ = &spec["properties"]["detection"]["properties"]["nodeConditions"]["items"]["properties"]
+            ["type"];
+        type_["x-kubernetes-validations"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+    }
+
+    #[test]
+    fn the_crd_refuses_each_reserved_condition_type_by_its_field() {
+        let rules = type_rules();
+        let reserved = rules
+            .iter()
+            .find(|r| {
+                r["rule"]
+                    .as_str()
+                    .is_some_and(|r| r.starts_with("!(self in ["))
+            })
+            .unwrap_or_else(|| panic!("no rule refuses reserved types: {rules:?}"));
+        let (rule, message) = (
+            reserved["rule"].as_str().unwrap_or_default(),
+            reserved["message"].as_str().unwrap_or_default(),
+        );
+        assert_eq!(
+            rule,
+            "!(self in ['Ready', 'MemoryPressure', 'DiskPressure', 'PIDPressure', \
+             'NetworkUnavailable', 'GpuHealthy'])"
+        );
+        assert!(
+            message.starts_with("detection.nodeConditions[].type must not be Ready,"),
+            "{message}"
+        );
+        for t in RESERVED_CONDITION_TYPES {
+            assert!(message.contains(t), "{message} names {t}");
+        }
+    }
+
+    #[test]
+    fn a_rule_is_acted_on_only_with_writers_and_a_type_of_its_own() {
+        let npd = || vec![ConditionWriter::service_account("npd", "npd")];
+        assert!(rule("SysLogsXIDError", npd()).acted_on());
+        assert!(!rule("SysLogsXIDError", Vec::new()).acted_on());
+        for t in RESERVED_CONDITION_TYPES {
+            assert!(rule(t, npd()).reserved(), "{t}");
+            assert!(!rule(t, npd()).acted_on(), "{t}");
+        }
+        // Condition types are case-sensitive: only the lifecycle's own are.
+        assert!(!rule("ready", npd()).reserved());
     }
 }

@@ -19,26 +19,36 @@ pub const REASON: &str = "CannotHonour";
 pub fn problems(spec: &GpuHealthPolicySpec) -> Vec<Problem> {
     let mut out = windows::problems(&spec.maintenance_windows);
     out.extend(other_actors(&spec.other_actors));
-    out.extend(unwritten_conditions(spec));
+    out.extend(conditions_not_acted_on(spec));
     out
 }
 
-/// Condition rules stored before a writer was required name none: not
-/// acted on, since anyone who may patch a Node's status could write them.
-fn unwritten_conditions(spec: &GpuHealthPolicySpec) -> Vec<Problem> {
-    let rules = spec.detection.node_conditions.iter().enumerate();
-    rules
-        .filter(|(_, r)| r.writers.is_empty())
-        .map(|(i, r)| {
-            Problem::new(
-                format!("spec.detection.nodeConditions[{i}].writers"),
+/// Condition rules stored before the CRD refused them, not acted on: one
+/// naming no writer (anyone who may patch a Node's status could write it),
+/// one on a reserved type (the node lifecycle's own, or `GpuHealthy`).
+fn conditions_not_acted_on(spec: &GpuHealthPolicySpec) -> Vec<Problem> {
+    let mut out = Vec::new();
+    for (i, r) in spec.detection.node_conditions.iter().enumerate() {
+        let field = |name: &str| format!("spec.detection.nodeConditions[{i}].{name}");
+        if r.reserved() {
+            out.push(Problem::new(
+                field("type"),
+                format!(
+                    "{} is the node lifecycle's or gpuhealth's agent's own condition, so it is not acted on: remove the rule",
+                    r.type_
+                ),
+            ));
+        } else if r.writers.is_empty() {
+            out.push(Problem::new(
+                field("writers"),
                 format!(
                     "{} names no writer, so it is not acted on: name its detector's identity",
                     r.type_
                 ),
-            )
-        })
-        .collect()
+            ));
+        }
+    }
+    out
 }
 
 /// `otherActors` fields the engine cannot use for their actor's source.
@@ -171,6 +181,41 @@ mod tests {
         );
         assert!(
             found[0].to_string().contains("not acted on"),
+            "{}",
+            found[0]
+        );
+    }
+
+    #[test]
+    fn a_condition_rule_on_a_reserved_type_is_named() {
+        use gpuhealth_api::{
+            policy::{ConditionRule, ConditionStatus, ConditionWriter},
+            types::SignalAction,
+        };
+        let rule = |type_: &str| ConditionRule {
+            type_: type_.into(),
+            status: ConditionStatus::False,
+            for_: gpuhealth_api::Duration::from_secs(0),
+            action: SignalAction::NodeReboot,
+            writers: vec![ConditionWriter::group("system:nodes")],
+        };
+        let mut spec = spec();
+        spec.detection.node_conditions = vec![
+            rule("SysLogsXIDError"),
+            rule("Ready"),
+            rule("GpuHealthy"),
+        ];
+        let found = problems(&spec);
+        assert_eq!(
+            fields(&spec),
+            [
+                "spec.detection.nodeConditions[1].type",
+                "spec.detection.nodeConditions[2].type"
+            ],
+            "{found:?}"
+        );
+        assert!(
+            found[0].to_string().contains("Ready is the node lifecycle's"),
             "{}",
             found[0]
         );

@@ -109,9 +109,10 @@ pub struct Evidence<'a> {
 pub fn diagnose(now: Timestamp, detection: &Detection, evidence: &Evidence<'_>) -> Diagnosis {
     let mut d = Diagnosis::default();
     for rule in &detection.node_conditions {
-        // Anyone who may patch a Node's status could have written it
-        // (`honour` says so in the policy's Ready condition).
-        if rule.writers.is_empty() {
+        // Without writers anyone who may patch a Node's status could have
+        // written it; a reserved type is the node lifecycle's or the
+        // agent's (`honour` says so in the policy's Ready condition).
+        if !rule.acted_on() {
             continue;
         }
         let Some(action) = rule.action.recovery_action() else {
