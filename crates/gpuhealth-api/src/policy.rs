@@ -532,11 +532,6 @@ pub struct ConditionRule {
     pub writers: Vec<ConditionWriter>,
 }
 
-/// An identity that may write a node condition, as the API server
-/// authenticates it: exactly one of `user` and `group`.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-#[schemars(extend("x-kubernetes-validations" = [{
 /// Node condition types no policy may act on: the node lifecycle's own
 /// (the kubelets write them; the node lifecycle controller taints and
 /// evicts by them) and the agent's `GpuHealthy`. A rule's writers are the
@@ -583,6 +578,11 @@ impl ConditionRule {
     }
 }
 
+/// An identity that may write a node condition, as the API server
+/// authenticates it: exactly one of `user` and `group`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-validations" = [{
     "rule": "has(self.user) != has(self.group)",
     "message": "a writer is exactly one of user and group"
 }]))]

@@ -200,11 +200,8 @@ mod tests {
             writers: vec![ConditionWriter::group("system:nodes")],
         };
         let mut spec = spec();
-        spec.detection.node_conditions = vec![
-            rule("SysLogsXIDError"),
-            rule("Ready"),
-            rule("GpuHealthy"),
-        ];
+        spec.detection.node_conditions =
+            vec![rule("SysLogsXIDError"), rule("Ready"), rule("GpuHealthy")];
         let found = problems(&spec);
         assert_eq!(
             fields(&spec),
@@ -215,7 +212,9 @@ mod tests {
             "{found:?}"
         );
         assert!(
-            found[0].to_string().contains("Ready is the node lifecycle's"),
+            found[0]
+                .to_string()
+                .contains("Ready is the node lifecycle's"),
             "{}",
             found[0]
         );
