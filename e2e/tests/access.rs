@@ -663,12 +663,132 @@ patches:
     .await
     .expect("the moved operator asks for a reset");
 
+    // The renamed operator is still held to telling a pod it leaves.
+    let pod = workload_pod(&admin, &namespace, &other).await;
+    let e = image_change_refused_once_in_force(&operator, &namespace, &pod).await;
+    assert!(
+        e.contains("the gpuhealth operator may change nothing of a pod but"),
+        "{e}"
+    );
+    Api::<Pod>::namespaced(operator.clone(), &namespace)
+        .patch(
+            &pod,
+            &PatchParams::default(),
+            &Patch::Merge(annotate(
+                "gpuhealth.io/evict-at",
+                Some("2026-12-05T00:00:00Z"),
+            )),
+        )
+        .await
+        .expect("the moved operator tells a pod it leaves with its gang");
+
     kubectl(&["delete", "-k", &dir, "--wait=false"])
         .await
         .expect("remove the moved install");
     for n in [&own, &other] {
         remove_node(&admin, n).await;
     }
+}
+
+/// A pod of a workload's in `namespace` on `node`; its name.
+async fn workload_pod(admin: &Client, namespace: &str, node: &str) -> String {
+    let name = unique("workload");
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "spec": {"nodeName": node, "containers": [{"name": "server", "image": "vllm:1"}]},
+    }))
+    .expect("a pod");
+    Api::<Pod>::namespaced(admin.clone(), namespace)
+        .create(&PostParams::default(), &pod)
+        .await
+        .expect("a workload's pod");
+    name
+}
+
+/// A patch of a pod's image.
+fn image(to: &str) -> Value {
+    json!({"spec": {"containers": [{"name": "server", "image": to}]}})
+}
+
+/// Waits until `client`'s change of `pod`'s image is refused (the pods'
+/// policy loads a moment after it is applied); the refusal. Each try asks
+/// for a new image: a write that changes nothing is let through.
+async fn image_change_refused_once_in_force(client: &Client, namespace: &str, pod: &str) -> String {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
+    let deadline = Instant::now() + WAIT;
+    for attempt in 0u64.. {
+        let to = image(&format!("evil:{attempt}"));
+        match pods
+            .patch(pod, &PatchParams::default(), &Patch::Strategic(to))
+            .await
+        {
+            Err(e) => return e.to_string(),
+            Ok(_) => {
+                assert!(
+                    Instant::now() < deadline,
+                    "the pods' policy never took effect"
+                );
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+        }
+    }
+    unreachable!("a refusal or the deadline ends the loop")
+}
+
+/// The pods' policy knows the operator by its RBAC, not by its name, and
+/// holds the operator alone: an identity granted every verb on everything
+/// (cluster-admin, as a GitOps controller's ServiceAccount often is) also
+/// passes as the operator, and is not held to a gang's notice.
+#[tokio::test]
+async fn an_identity_granted_everything_is_not_held_to_the_operators_pod_rights() {
+    let admin = client().await.expect("client");
+    let node = unique("everything");
+    ready_node(&admin, &node, &[]).await;
+    for dir in ["namespace", "rbac", "admission"] {
+        apply(dir).await;
+    }
+    let operator = account_client(&admin, "gpuhealth-system", "gpuhealth-operator").await;
+    let pod = workload_pod(&admin, "default", &node).await;
+    let e = image_change_refused_once_in_force(&operator, "default", &pod).await;
+    assert!(
+        e.contains("the gpuhealth operator may change nothing of a pod but"),
+        "{e}"
+    );
+
+    let name = unique("gitops");
+    let gitops = account_with(&admin, "default", &name, vec![])
+        .await
+        .expect("a controller's identity");
+    let binding = format!("{name}-cluster-admin");
+    bind(&admin, "default", &name, "cluster-admin", &binding)
+        .await
+        .expect("cluster-admin bound");
+    let pods: Api<Pod> = Api::namespaced(gitops.clone(), "default");
+    // RBAC takes a new binding in a moment.
+    let deadline = Instant::now() + WAIT;
+    while let Err(e) = pods
+        .patch(
+            &pod,
+            &PatchParams::default(),
+            &Patch::Strategic(image("vllm:2")),
+        )
+        .await
+    {
+        assert!(
+            !e.to_string().contains("gpuhealth operator") && Instant::now() < deadline,
+            "cluster-admin's identity changing a pod's image: {e}"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    pods.delete(&pod, &DeleteParams::default())
+        .await
+        .expect("cluster-admin's identity deletes a pod nobody told");
+
+    let bindings: Api<ClusterRoleBinding> = Api::all(admin.clone());
+    for b in [&name, &binding] {
+        let _ = bindings.delete(b, &DeleteParams::default()).await;
+    }
+    remove_node(&admin, &node).await;
 }
 
 /// Break glass with the real operator: a reset request nobody answers is
