@@ -199,6 +199,8 @@ def main():
         ("agent.rebootMethod=reboot", "/agent/rebootMethod"),
         ("operator.replica=3", "'replica' not allowed"),
         ("agent.image.digest=latest", "/agent/image/digest"),
+        # Written into an admission policy's CEL string: a quote would end it.
+        ("operator.guardrails.conditionTypes={A'B}", "/operator/guardrails/conditionTypes/0"),
     ):
         done = subprocess.run(
             [helm_binary(), "template", "gpuhealth", str(CHART), "--set", value], capture_output=True, text=True

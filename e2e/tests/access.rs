@@ -4,7 +4,9 @@
 //! touch gpuhealth's cordon record, or write a node's report; the operator
 //! can write its keys and not the agent's; break glass only removes, and
 //! says so; a broad role over Nodes passes as none of gpuhealth's
-//! identities; a condition a policy acts on is its writers' alone. And all of it still holds when kustomize moves the install
+//! identities, and one granted everything is not held as the operator; a
+//! condition a policy acts on is its writers' alone, and only where the
+//! policy acts. And all of it still holds when kustomize moves the install
 //! to another namespace and renames it; gpuhealth's device fences likewise.
 //!
 //! Long because each test applies the shipped install and plays several
@@ -15,7 +17,7 @@ use std::time::{Duration, Instant};
 use gpuhealth_api::device_taint_rule::DeviceTaintRule;
 use gpuhealth_api::{
     GpuHealthPolicy,
-    policy::{ConditionRule, ConditionStatus, ConditionWriter},
+    policy::{ConditionRule, ConditionStatus, ConditionWriter, GpuHealthPolicySpec, Mode},
     types::SignalAction,
 };
 use gpuhealth_e2e::{
@@ -24,7 +26,7 @@ use gpuhealth_e2e::{
     dra,
     identities::{account_with, bind, rule, token},
     kubectl, overlay,
-    scenario::{Scenario, WAIT},
+    scenario::WAIT,
     sim::{GpuNodeSpec, gpu_node, node_is_ready, remove_node},
     unique,
     wait::{until, until_set},
@@ -34,10 +36,10 @@ use k8s_openapi::{
         core::v1::{Node, Pod},
         rbac::v1::ClusterRoleBinding,
     },
-    apimachinery::pkg::apis::meta::v1::LabelSelector,
+    apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement},
 };
 use kube::{
-    Api, Client,
+    Api, Client, ResourceExt,
     api::{DeleteParams, Patch, PatchParams, PostParams},
     runtime::watcher,
 };
@@ -378,6 +380,121 @@ async fn broad_roles_pass_as_no_identity_of_gpuhealth() {
     remove_node(&admin, &node).await;
 }
 
+/// The label a test's policies select its node by.
+const SELECTED: &str = "e2e.gpuhealth.io/selected";
+
+/// The admission policies installed again under names of their own
+/// (`nameSuffix: -GROUP`, in namespace GROUP), their guardrail letting
+/// policies act on `types`, as a user's overlay over the shipped bases
+/// sets it: the ConfigMap patched, config/default's replacements carried.
+/// The shared install's guardrail (none) stays as it is for the tests
+/// running beside. Its directory, for `kubectl delete -k`.
+async fn install_guarding(group: &str, types: &[&str]) -> String {
+    let replacements = overlay::shipped_replacements().expect("config/default's replacements");
+    let kustomization = format!(
+        r#"namespace: {group}
+nameSuffix: -{group}
+resources:
+  - ../../../config/namespace
+  - ../../../config/admission
+  - ../../../config/operator
+patches:
+  - target: {{kind: ConfigMap, name: gpuhealth-guardrails}}
+    patch: |-
+      - op: replace
+        path: /data/conditionTypes
+        value: "{types}"
+  - target: {{kind: Deployment}}
+    patch: |-
+      - op: replace
+        path: /spec/replicas
+        value: 0
+{replacements}"#,
+        types = types.join(",")
+    );
+    let dir = overlay::write(group, &kustomization).expect("the overlay");
+    kubectl(&["apply", "--server-side", "-k", &dir])
+        .await
+        .expect("the admission policies, guarding the test's types");
+    dir
+}
+
+/// A policy in `mode` on the nodes `selector` matches, acting on each of
+/// `types` as written by `detector` alone. Each must hold an hour before
+/// it counts, so that an operator another test runs beside never acts on it.
+fn acting_on(
+    mode: Mode,
+    selector: LabelSelector,
+    types: &[&str],
+    detector: &str,
+) -> GpuHealthPolicySpec {
+    let mut spec = GpuHealthPolicySpec::for_selector(selector);
+    spec.mode = mode;
+    spec.detection.gpu_report.enabled = false;
+    spec.detection.node_conditions = types
+        .iter()
+        .map(|t| ConditionRule {
+            type_: (*t).to_owned(),
+            status: ConditionStatus::True,
+            for_: gpuhealth_api::Duration::from_hours(1),
+            action: SignalAction::GpuReset,
+            writers: vec![ConditionWriter::service_account("default", detector)],
+        })
+        .collect();
+    spec
+}
+
+/// Selects the nodes labelled `SELECTED=value`.
+fn selecting(value: &str) -> LabelSelector {
+    LabelSelector {
+        match_labels: Some([(SELECTED.to_owned(), value.to_owned())].into()),
+        ..Default::default()
+    }
+}
+
+/// A status patch writing condition `type_` True, saying `message`.
+fn condition_true(type_: &str, message: &str) -> Value {
+    json!({"status": {"conditions": [{
+        "type": type_, "status": "True", "reason": "XidSeen", "message": message,
+        "lastHeartbeatTime": "2026-12-04T00:00:00Z", "lastTransitionTime": "2026-12-04T00:00:00Z",
+    }]}})
+}
+
+/// Waits until `client`'s write of condition `type_` on `node` is
+/// refused: the admission policy has the policy acting on it (and every
+/// policy created before it) as a parameter. Each try writes something new:
+/// a write that changes nothing is let through.
+async fn condition_refused_once_in_force(client: &Client, node: &str, type_: &str) -> String {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let forged = format!("forged at {:?}", Instant::now());
+        match patch_status(client, node, condition_true(type_, &forged)).await {
+            Err(e) => return e,
+            Ok(()) => {
+                assert!(
+                    Instant::now() < deadline,
+                    "the admission policy never took effect"
+                );
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+        }
+    }
+}
+
+/// The message of the node's condition `type_`, if it has one.
+async fn condition_message(admin: &Client, node: &str, type_: &str) -> Option<String> {
+    let node = Api::<Node>::all(admin.clone())
+        .get(node)
+        .await
+        .expect("node");
+    node.status
+        .and_then(|s| s.conditions)
+        .unwrap_or_default()
+        .into_iter()
+        .find(|c| c.type_ == type_)
+        .and_then(|c| c.message)
+}
+
 /// A condition a policy acts on is written only by the writers it names:
 /// another identity that may patch Nodes' status is refused it (and so
 /// changes nothing), as it is a change or removal of the writer's; a
@@ -387,13 +504,11 @@ async fn a_condition_a_policy_acts_on_is_written_only_by_its_writers() {
     let admin = client().await.expect("client");
     gpuhealth_e2e::crds::install(&admin).await.expect("CRDs");
     let node = unique("trusted");
-    ready_node(&admin, &node, &[]).await;
-    for dir in ["namespace", "rbac", "admission"] {
-        apply(dir).await;
-    }
+    ready_node(&admin, &node, &[(SELECTED, &node)]).await;
     // A type of this test's own: every policy in the cluster is a
     // parameter of the admission policy.
     let type_ = format!("E2eXid{}", unique("t").replace('-', ""));
+    let install = install_guarding(&node, &[&type_]).await;
     let status_writer = vec![rule("", &["nodes", "nodes/status"], &["get", "patch"])];
     let detector_name = unique("detector");
     let detector = account_with(&admin, "default", &detector_name, status_writer.clone())
@@ -404,46 +519,19 @@ async fn a_condition_a_policy_acts_on_is_written_only_by_its_writers() {
         .await
         .expect("another status writer");
     let policy = unique("trusted");
-    let mut spec = Scenario::quick_spec();
-    spec.node_selector = LabelSelector {
-        match_labels: Some([("e2e.gpuhealth.io/none".to_owned(), policy.clone())].into()),
-        ..Default::default()
-    };
-    spec.detection.node_conditions = vec![ConditionRule {
-        type_: type_.clone(),
-        status: ConditionStatus::True,
-        for_: gpuhealth_api::Duration::from_secs(0),
-        action: SignalAction::GpuReset,
-        writers: vec![ConditionWriter::service_account("default", &detector_name)],
-    }];
+    let spec = acting_on(Mode::Enforce, selecting(&node), &[&type_], &detector_name);
     let policies: Api<GpuHealthPolicy> = Api::all(admin.clone());
     policies
         .create(&PostParams::default(), &GpuHealthPolicy::new(&policy, spec))
         .await
         .expect("a policy acting on the condition");
     let condition = |status: &str, message: &str| {
-        json!({"status": {"conditions": [{
-            "type": type_, "status": status, "reason": "XidSeen", "message": message,
-            "lastHeartbeatTime": "2026-12-04T00:00:00Z", "lastTransitionTime": "2026-12-04T00:00:00Z",
-        }]}})
+        let mut c = condition_true(&type_, message);
+        c["status"]["conditions"][0]["status"] = json!(status);
+        c
     };
 
-    // In force once the API server has the policy as a parameter. Each try
-    // writes something new: a write that changes nothing is let through.
-    let deadline = Instant::now() + WAIT;
-    let e = loop {
-        let forged = format!("forged at {:?}", Instant::now());
-        match patch_status(&other, &node, condition("True", &forged)).await {
-            Err(e) => break e,
-            Ok(()) => {
-                assert!(
-                    Instant::now() < deadline,
-                    "the admission policy never took effect"
-                );
-                tokio::time::sleep(Duration::from_millis(250)).await;
-            }
-        }
-    };
+    let e = condition_refused_once_in_force(&other, &node, &type_).await;
     assert!(
         e.contains(&format!(
             "only the writers GpuHealthPolicy {policy} names may write the {type_} condition"
@@ -491,6 +579,120 @@ async fn a_condition_a_policy_acts_on_is_written_only_by_its_writers() {
     for b in [&detector_name, &other_name] {
         let _ = bindings.delete(b, &DeleteParams::default()).await;
     }
+    let _ = kubectl(&["delete", "-k", &install, "--wait=false"]).await;
+    remove_node(&admin, &node).await;
+}
+
+/// A policy's writers bind only where it acts, so that no policy holds a
+/// condition for the whole cluster: on a node its selector matches (before
+/// or after the write), in Enforce, for a type the cluster's guardrail lets
+/// a policy act on. A DryRun policy, a policy whose selector misses the
+/// node and a type the guardrail leaves out refuse nothing there; a write
+/// that moves the node's labels out of the selector is still refused.
+#[tokio::test]
+async fn a_policys_writers_bind_only_where_it_acts() {
+    let admin = client().await.expect("client");
+    gpuhealth_e2e::crds::install(&admin).await.expect("CRDs");
+    let node = unique("acts");
+    ready_node(&admin, &node, &[(SELECTED, &node)]).await;
+    // The shared install as this build ships it, guarding none of these.
+    for dir in ["namespace", "rbac", "admission"] {
+        apply(dir).await;
+    }
+    let prefix = format!("E2e{}", unique("t").replace('-', ""));
+    let [enforced, dry_run, missed, unlisted] =
+        ["Enforced", "Dry", "Missed", "Unlisted"].map(|t| format!("{prefix}{t}"));
+    // Every type but the last allowed by the guardrail.
+    let install = install_guarding(&node, &[&enforced, &dry_run, &missed]).await;
+    let status_writer = vec![rule("", &["nodes", "nodes/status"], &["get", "patch"])];
+    let detector_name = unique("detector");
+    account_with(&admin, "default", &detector_name, status_writer.clone())
+        .await
+        .expect("the detector");
+    let other_name = unique("status-patcher");
+    let other = account_with(&admin, "default", &other_name, status_writer)
+        .await
+        .expect("another status writer");
+
+    // The policy that binds last: once its refusal is seen, the API server
+    // has the others, created before it, as parameters too.
+    let misses = LabelSelector {
+        match_expressions: Some(vec![LabelSelectorRequirement {
+            key: SELECTED.into(),
+            operator: "In".into(),
+            values: Some(vec![format!("{node}-not")]),
+        }]),
+        ..Default::default()
+    };
+    let names = ["dry-run", "misses", "enforced"].map(|n| unique(&format!("acts-{n}")));
+    let specs = [
+        acting_on(Mode::DryRun, selecting(&node), &[&dry_run], &detector_name),
+        acting_on(Mode::Enforce, misses, &[&missed], &detector_name),
+        acting_on(
+            Mode::Enforce,
+            selecting(&node),
+            &[&enforced, &unlisted],
+            &detector_name,
+        ),
+    ];
+    let policies: Api<GpuHealthPolicy> = Api::all(admin.clone());
+    for (name, spec) in names.iter().zip(specs) {
+        policies
+            .create(&PostParams::default(), &GpuHealthPolicy::new(name, spec))
+            .await
+            .expect("a policy");
+    }
+    let e = condition_refused_once_in_force(&other, &node, &enforced).await;
+    assert!(
+        e.contains(&format!("names may write the {enforced} condition")),
+        "{e}"
+    );
+
+    for (type_, why) in [
+        (&dry_run, "a DryRun policy's"),
+        (&missed, "a policy's whose selector misses the node"),
+        (&unlisted, "a type the guardrail does not allow"),
+    ] {
+        let message = format!("written by another identity: {why}");
+        patch_status(&other, &node, condition_true(type_, &message))
+            .await
+            .unwrap_or_else(|e| panic!("{why} condition refused: {e}"));
+        assert_eq!(
+            condition_message(&admin, &node, type_).await,
+            Some(message),
+            "{why}"
+        );
+    }
+
+    // Out of the selector and the condition in one write: the labels
+    // before it count as well as after.
+    let mut moving_out = condition_true(&enforced, "written while leaving the selector");
+    moving_out["metadata"] = json!({"labels": {SELECTED: format!("{node}-moved")}});
+    let e = patch_status(&other, &node, moving_out)
+        .await
+        .expect_err("a write that moves the node out of the selector");
+    assert!(
+        e.contains(&format!("names may write the {enforced} condition")),
+        "{e}"
+    );
+    let kept = Api::<Node>::all(admin.clone())
+        .get(&node)
+        .await
+        .expect("node");
+    assert_eq!(
+        kept.labels().get(SELECTED),
+        Some(&node),
+        "the node's labels are as they were"
+    );
+
+    for name in &names {
+        let _ = policies.delete(name, &DeleteParams::default()).await;
+    }
+    let bindings: Api<ClusterRoleBinding> = Api::all(admin.clone());
+    for b in [&detector_name, &other_name] {
+        let _ = bindings.delete(b, &DeleteParams::default()).await;
+    }
+    let _ = kubectl(&["delete", "-k", &install, "--wait=false"]).await;
     remove_node(&admin, &node).await;
 }
 

@@ -363,6 +363,21 @@ fn invalid_policies() -> Vec<(&'static str, Value, &'static str)> {
             "detection.nodeConditions[0].type",
         ),
         (
+            "a condition rule on the node lifecycle's Ready",
+            with(
+                json!({"detection": {"nodeConditions": [{"type": "Ready", "status": "False",
+                "writers": [{"group": "system:nodes"}]}]}}),
+            ),
+            "spec.detection.nodeConditions[0].type: Invalid value: \"Ready\": detection.nodeConditions[].type must not be",
+        ),
+        (
+            "a condition rule on the agent's GpuHealthy",
+            with(json!({"detection": {"nodeConditions": [
+                {"type": "SysLogsXIDError", "status": "True", "writers": [{"group": "system:nodes"}]},
+                {"type": "GpuHealthy", "status": "False", "writers": [{"group": "system:nodes"}]}]}})),
+            "spec.detection.nodeConditions[1].type: Invalid value: \"GpuHealthy\": detection.nodeConditions[].type must not be",
+        ),
+        (
             "repeated condition type",
             with(json!({"detection": {"nodeConditions": [
                 {"type": "SysLogsXIDError", "status": "True"},

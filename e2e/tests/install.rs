@@ -430,7 +430,9 @@ async fn the_install_moved_to_another_namespace_still_remediates() {
         .expect("the nvidia RuntimeClass");
     let namespace = format!("{}-system", s.group);
     // The agent's DaemonSet kept to this scenario's node; the operator's
-    // Deployment scaled to none (its process runs below, as in the test above).
+    // Deployment scaled to none (its process runs below, as in the test
+    // above); the guardrail written into admission as config/default does.
+    let replacements = overlay::shipped_replacements().expect("config/default's replacements");
     let kustomization = format!(
         r#"namespace: {namespace}
 nameSuffix: -moved
@@ -451,7 +453,7 @@ patches:
       - op: replace
         path: /spec/replicas
         value: 0
-"#
+{replacements}"#
     );
     let dir = overlay::write(&s.group, &kustomization).expect("the overlay");
     kubectl(&["apply", "--server-side", "-k", &dir])

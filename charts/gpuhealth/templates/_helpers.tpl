@@ -16,11 +16,19 @@ app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 {{- $ref -}}
 {{- end }}
 
+{{/* The condition types a policy may act on, as the ConfigMap
+     gpuhealth-guardrails holds them: comma-separated. */}}
+{{- define "gpuhealth.conditionTypes" -}}
+{{- join "," .Values.operator.guardrails.conditionTypes -}}
+{{- end }}
+
 {{/* The objects of a file of the repository's config/ (files/ here), as
      kustomize would place them in this release: the install's namespace
      (gpuhealth-system there) becomes the release's, the validation
      namespace the chart's value, in metadata and in subjects alike; the
-     release's labels are added. Takes (list $root "files/path.yaml"). */}}
+     condition types of gpuhealth-guardrails go into an admission policy's
+     conditionTypes variable, as config/default's replacements put them;
+     the release's labels are added. Takes (list $root "files/path.yaml"). */}}
 {{- define "gpuhealth.config" -}}
 {{- $root := index . 0 -}}
 {{- $names := dict "gpuhealth-system" $root.Release.Namespace "gpuhealth-validation" $root.Values.validation.namespace -}}
@@ -34,6 +42,13 @@ app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 {{- end -}}
 {{- if eq $object.kind "Namespace" -}}
 {{- $_ := set $metadata "name" (get $names $metadata.name | default $metadata.name) -}}
+{{- end -}}
+{{- if eq $object.kind "ValidatingAdmissionPolicy" -}}
+{{- range $variable := $object.spec.variables | default list -}}
+{{- if eq $variable.name "conditionTypes" -}}
+{{- $_ := set $variable "expression" (printf "'%s'.split(',')" (include "gpuhealth.conditionTypes" $root)) -}}
+{{- end -}}
+{{- end -}}
 {{- end -}}
 {{- range $subject := $object.subjects | default list -}}
 {{- if hasKey $subject "namespace" -}}

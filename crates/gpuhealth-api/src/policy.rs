@@ -526,7 +526,9 @@ pub struct ConditionRule {
     /// Who may write this condition: its detector's identity. Whoever may
     /// patch a Node's status could otherwise write it and get a real reset.
     /// The install's `gpuhealth-trusted-conditions` admission policy refuses
-    /// it to anyone else; a rule that names no writer is not acted on.
+    /// it to anyone else on the nodes this policy selects, while it is in
+    /// `Enforce` and the cluster's guardrail allows the type; a rule that
+    /// names no writer is not acted on.
     #[serde(default)]
     #[schemars(length(max = 16))]
     pub writers: Vec<ConditionWriter>,

@@ -156,8 +156,10 @@ fn int_or_percent(s: &str) -> Result<IntOrString, String> {
     }
 }
 
-/// The guardrails the flags set.
-fn guardrails(args: &Args) -> Guardrails {
+/// The guardrails the flags set; an error for a condition type no
+/// condition could have (the admission policy's guardrail is written from
+/// the same value, into a CEL string).
+fn guardrails(args: &Args) -> Result<Guardrails, String> {
     let mut never_drain: Vec<String> = args
         .never_drain_namespaces
         .iter()
@@ -175,7 +177,17 @@ fn guardrails(args: &Args) -> Guardrails {
         .filter(|t| !t.is_empty())
         .cloned()
         .collect();
-    Guardrails {
+    let condition_type = |t: &str| {
+        t == "*"
+            || t.chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-' | '/'))
+    };
+    if let Some(bad) = types.iter().find(|t| !condition_type(t)) {
+        return Err(format!(
+            "--condition-types: {bad:?} is not a node condition type (comma-separated, no spaces; `*`: any)"
+        ));
+    }
+    Ok(Guardrails {
         never_drain,
         max_disrupted: args.max_disrupted_nodes.clone(),
         fleet_wide: (args.fleet_wide_nodes > 0).then_some(args.fleet_wide_nodes),
@@ -184,7 +196,7 @@ fn guardrails(args: &Args) -> Guardrails {
         } else {
             ConditionTypes::Only(types)
         },
-    }
+    })
 }
 
 fn duration(s: &str) -> Result<Duration, String> {
@@ -237,7 +249,7 @@ async fn main() -> ExitCode {
 /// fleet's watches and the other tools' locks; then the nodes' and the
 /// policies' controllers until stopped or the lease is lost.
 async fn run(args: Args) -> Result<(), Fatal> {
-    let guardrails = guardrails(&args);
+    let guardrails = guardrails(&args).map_err(Fatal::Flags)?;
     if !(args.retry_period < args.renew_deadline && args.renew_deadline < args.lease_duration) {
         return Err(Fatal::Flags(format!(
             "need --retry-period ({:?}) < --renew-deadline ({:?}) < --lease-duration ({:?})",
@@ -288,6 +300,7 @@ async fn run(args: Args) -> Result<(), Fatal> {
         protection.clone(),
         metrics.clone(),
         args.admission_check_interval,
+        guardrails.condition_types.clone(),
         vec![unprotected_nodes, unprotected_policies],
     ));
     tokio::spawn(locks::poll(
@@ -480,5 +493,29 @@ mod tests {
     #[test]
     fn flags_are_consistent() {
         super::Args::command().debug_assert();
+    }
+
+    #[test]
+    fn condition_types_are_read_as_the_configmap_writes_them() {
+        use clap::Parser;
+        use gpuhealth_engine::guardrails::ConditionTypes;
+        let types = |value: &str| {
+            let args =
+                super::Args::try_parse_from(["gpuhealth-operator", "--condition-types", value])
+                    .expect("flags");
+            super::guardrails(&args).map(|g| g.condition_types)
+        };
+        assert_eq!(types(""), Ok(ConditionTypes::Only(Vec::new())));
+        assert_eq!(
+            types("SysLogsXIDError,example.com/Gpu"),
+            Ok(ConditionTypes::Only(vec![
+                "SysLogsXIDError".into(),
+                "example.com/Gpu".into()
+            ]))
+        );
+        assert_eq!(types("*"), Ok(ConditionTypes::Any));
+        // Would end the admission policy's CEL string early.
+        assert!(types("A','B").is_err());
+        assert!(types("A, B").is_err());
     }
 }

@@ -9,7 +9,12 @@
 //! install ships (known by its `gpuhealth.io/protects` label, so that a
 //! kustomize `nameSuffix:` keeps it found) exists with a binding that
 //! denies, and a server-side dry run of a write the operator may not make
-//! (an agent's report, a maintenance notice) on a Node is refused.
+//! (an agent's report, a maintenance notice) on a Node is refused. And
+//! admission guards every node condition type the operator may act on:
+//! the install writes the guardrail into `gpuhealth-trusted-conditions`
+//! from the same value the operator reads, and an overlay that changed one
+//! and not the other would leave a type the operator acts on open to
+//! anyone who may patch a Node's status.
 
 use std::{
     sync::{Arc, RwLock},
@@ -17,7 +22,11 @@ use std::{
 };
 
 use futures::channel::mpsc::UnboundedSender;
-use gpuhealth_api::contract::{GPU_REPORT_ANNOTATION, MAINTENANCE_ANNOTATION};
+use gpuhealth_api::{
+    contract::{GPU_REPORT_ANNOTATION, MAINTENANCE_ANNOTATION},
+    policy::RESERVED_CONDITION_TYPES,
+};
+use gpuhealth_engine::guardrails::ConditionTypes;
 use k8s_openapi::{
     api::{
         admissionregistration::v1::{ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding},
@@ -85,13 +94,16 @@ impl Protection {
     }
 }
 
-/// Checks now and every `every`; on each change, says so in the log and
-/// on each of `changed` (the nodes' and the policies' reconciles).
+/// Checks now and every `every`, admission guarding each of the
+/// `condition_types` the operator may act on; on each change, says so in
+/// the log and on each of `changed` (the nodes' and the policies'
+/// reconciles).
 pub async fn watch(
     client: Client,
     protection: Arc<Protection>,
     metrics: Arc<Metrics>,
     every: Duration,
+    condition_types: ConditionTypes,
     changed: Vec<UnboundedSender<()>>,
 ) {
     if !protection.checked {
@@ -101,7 +113,7 @@ pub async fn watch(
         return;
     }
     loop {
-        let found = match check(&client).await {
+        let found = match check(&client, &condition_types).await {
             Ok(()) => Some(None),
             Err(Check::Missing(why)) => Some(Some(why)),
             Err(Check::Inconclusive(e)) => {
@@ -140,7 +152,7 @@ impl From<kube::Error> for Check {
     }
 }
 
-async fn check(client: &Client) -> Result<(), Check> {
+async fn check(client: &Client, condition_types: &ConditionTypes) -> Result<(), Check> {
     let policies = Api::<ValidatingAdmissionPolicy>::all(client.clone())
         .list(&ListParams::default().labels(PROTECTS_LABEL))
         .await?;
@@ -161,6 +173,20 @@ async fn check(client: &Client) -> Result<(), Check> {
         return Err(Check::Missing(format!(
             "no admission policy bound to deny guards {} (labelled {PROTECTS_LABEL}; config/admission and the agent's overlay ship them)",
             unguarded.join(", ")
+        )));
+    }
+    let guarded: Vec<Guarded> = policies
+        .items
+        .iter()
+        .filter(|p| p.labels().get(PROTECTS_LABEL).map(String::as_str) == Some(TRUSTED_CONDITIONS))
+        .filter(|p| denies(&p.name_any(), &bindings.items))
+        .map(guarded_types)
+        .collect();
+    let open = unguarded_types(condition_types, &guarded);
+    if !open.is_empty() {
+        return Err(Check::Missing(format!(
+            "the operator may act on the node condition types {} (GPUHEALTH_CONDITION_TYPES, --condition-types), which no bound {TRUSTED_CONDITIONS} admission policy guards: anyone who may patch a Node's status could write them; set both from one value (the ConfigMap gpuhealth-guardrails), then restart the operator",
+            open.join(", ")
         )));
     }
     // Present is not proof: a write the operator may not make must be
@@ -199,9 +225,146 @@ async fn check(client: &Client) -> Result<(), Check> {
     Ok(())
 }
 
+/// The guard of a node condition a policy acts on (`GUARDS`).
+const TRUSTED_CONDITIONS: &str = "trusted-conditions";
+/// Its variable holding the guardrail, as the install writes it:
+/// `'SysLogsXIDError,AcceleratedHardwareReady'.split(',')`.
+const GUARDRAIL_VARIABLE: &str = "conditionTypes";
+
+/// The condition types one trusted-conditions policy guards.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Guarded {
+    /// Every type a policy acts on: `*`, or a policy from before the
+    /// guardrail reached admission (it has no such variable).
+    Every,
+    /// These only (none where its variable cannot be read).
+    Only(Vec<String>),
+}
+
+fn guarded_types(policy: &ValidatingAdmissionPolicy) -> Guarded {
+    let variables = policy.spec.as_ref().and_then(|s| s.variables.as_ref());
+    let Some(variable) = variables.and_then(|v| v.iter().find(|v| v.name == GUARDRAIL_VARIABLE))
+    else {
+        return Guarded::Every;
+    };
+    let literal = variable
+        .expression
+        .trim()
+        .strip_prefix('\'')
+        .and_then(|e| e.strip_suffix("'.split(',')"));
+    let Some(literal) = literal.filter(|l| !l.contains('\'')) else {
+        return Guarded::Only(Vec::new());
+    };
+    let types: Vec<String> = literal
+        .split(',')
+        .filter(|t| !t.is_empty())
+        .map(str::to_owned)
+        .collect();
+    if types.iter().any(|t| t == "*") {
+        Guarded::Every
+    } else {
+        Guarded::Only(types)
+    }
+}
+
+/// The condition types the operator may act on that none of `guarded`
+/// guards (`*` for any, where the operator may act on any). Reserved
+/// types are left out: the operator never acts on them, and admission
+/// never guards them.
+fn unguarded_types(allowed: &ConditionTypes, guarded: &[Guarded]) -> Vec<String> {
+    if guarded.contains(&Guarded::Every) {
+        return Vec::new();
+    }
+    let guards = |t: &str| {
+        guarded
+            .iter()
+            .any(|g| matches!(g, Guarded::Only(types) if types.iter().any(|x| x == t)))
+    };
+    match allowed {
+        ConditionTypes::Any => vec!["*".to_owned()],
+        ConditionTypes::Only(types) => types
+            .iter()
+            .filter(|t| !RESERVED_CONDITION_TYPES.contains(&t.as_str()) && !guards(t))
+            .cloned()
+            .collect(),
+    }
+}
+
 /// Whether a binding of `policy` denies what it refuses.
 fn denies(policy: &str, bindings: &[ValidatingAdmissionPolicyBinding]) -> bool {
     bindings.iter().any(|b| {
         b.spec.policy_name == policy && b.spec.validation_actions.iter().any(|a| a == "Deny")
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::api::admissionregistration::v1::{ValidatingAdmissionPolicySpec, Variable};
+
+    use super::*;
+
+    fn policy(guardrail: Option<&str>) -> ValidatingAdmissionPolicy {
+        let variable = |name: &str, expression: &str| Variable {
+            name: name.into(),
+            expression: expression.into(),
+        };
+        let mut variables = vec![variable("rules", "[]")];
+        variables.extend(guardrail.map(|e| variable(GUARDRAIL_VARIABLE, e)));
+        ValidatingAdmissionPolicy {
+            spec: Some(ValidatingAdmissionPolicySpec {
+                variables: Some(variables),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    fn only(types: &[&str]) -> ConditionTypes {
+        ConditionTypes::Only(types.iter().map(|t| (*t).to_owned()).collect())
+    }
+
+    #[test]
+    fn the_guardrail_is_read_as_the_install_writes_it() {
+        let read = |e: &str| guarded_types(&policy(Some(e)));
+        assert_eq!(
+            read("'SysLogsXIDError,AcceleratedHardwareReady'.split(',')"),
+            Guarded::Only(vec![
+                "SysLogsXIDError".into(),
+                "AcceleratedHardwareReady".into()
+            ])
+        );
+        assert_eq!(read("''.split(',')"), Guarded::Only(Vec::new()));
+        assert_eq!(read("'*'.split(',')"), Guarded::Every);
+        // Not as the install writes it: nothing is taken as guarded.
+        assert_eq!(read("['SysLogsXIDError']"), Guarded::Only(Vec::new()));
+        assert_eq!(read("'a','b'.split(',')"), Guarded::Only(Vec::new()));
+        // A policy from before the guardrail reached admission guards every type.
+        assert_eq!(guarded_types(&policy(None)), Guarded::Every);
+    }
+
+    #[test]
+    fn every_type_the_operator_may_act_on_must_be_guarded() {
+        let syslog = Guarded::Only(vec!["SysLogsXIDError".into()]);
+        let none = Guarded::Only(Vec::new());
+        assert!(unguarded_types(&only(&[]), std::slice::from_ref(&none)).is_empty());
+        assert!(
+            unguarded_types(&only(&["SysLogsXIDError"]), &[none.clone(), syslog.clone()])
+                .is_empty()
+        );
+        assert_eq!(
+            unguarded_types(
+                &only(&["SysLogsXIDError", "Other"]),
+                std::slice::from_ref(&syslog)
+            ),
+            ["Other"]
+        );
+        assert_eq!(
+            unguarded_types(&only(&["SysLogsXIDError"]), &[]),
+            ["SysLogsXIDError"]
+        );
+        assert_eq!(unguarded_types(&ConditionTypes::Any, &[syslog]), ["*"]);
+        assert!(unguarded_types(&ConditionTypes::Any, &[none, Guarded::Every]).is_empty());
+        // The operator never acts on a reserved type: nothing to guard.
+        assert!(unguarded_types(&only(&["Ready", "GpuHealthy"]), &[]).is_empty());
+    }
 }
