@@ -1,7 +1,8 @@
 //! The host's system bus for the agent's reboots: a real `dbus-daemon`,
 //! and systemd-logind on it as far as the agent meets it: `Reboot`
 //! answered and counted for a caller holding `CAP_SYS_BOOT`, refused to
-//! any other, as logind does without polkit.
+//! any other, as logind does without polkit; `CanReboot` answered `yes`
+//! to such a caller and `challenge` to any other.
 
 use std::{
     path::Path,
@@ -90,10 +91,22 @@ pub async fn start(socket: &Path, dir: &Path, reboots: Arc<Mutex<u32>>) -> Resul
         let mut calls = zbus::MessageStream::from(&connection);
         while let Some(Ok(call)) = calls.next().await {
             let header = call.header();
-            let is_reboot = header.message_type() == zbus::message::Type::MethodCall
-                && header.interface().map(|i| i.as_str()) == Some("org.freedesktop.login1.Manager")
-                && header.member().map(|m| m.as_str()) == Some("Reboot");
-            if !is_reboot || call.body().deserialize::<(bool,)>().is_err() {
+            let asked = |member: &str| {
+                header.message_type() == zbus::message::Type::MethodCall
+                    && header.interface().map(|i| i.as_str())
+                        == Some("org.freedesktop.login1.Manager")
+                    && header.member().map(|m| m.as_str()) == Some(member)
+            };
+            if asked("CanReboot") {
+                // As logind answers a caller it would refuse without polkit.
+                let answer = match caller_may_boot(&connection, &header).await {
+                    Ok(()) => "yes",
+                    Err(_) => "challenge",
+                };
+                let _ = connection.reply(&header, &(answer,)).await;
+                continue;
+            }
+            if !asked("Reboot") || call.body().deserialize::<(bool,)>().is_err() {
                 continue;
             }
             match caller_may_boot(&connection, &header).await {

@@ -42,7 +42,9 @@ impl RebootMethod {
     }
 
     /// Whether this method can work here now, or why not: kured's sentinel
-    /// can be created where it is asked for, or logind answers on the bus.
+    /// can be created where it is asked for, or logind, asked over the bus
+    /// whether it would reboot for this caller (`CanReboot`, which reboots
+    /// nothing), says yes.
     pub async fn check(&self) -> Result<(), String> {
         match self {
             RebootMethod::None => Ok(()),
@@ -54,14 +56,19 @@ impl RebootMethod {
                 )),
             },
             RebootMethod::Logind(bus) => {
-                match tokio::time::timeout(BUS_DEADLINE, logind_answers(bus)).await {
-                    Ok(Ok(true)) => Ok(()),
-                    Ok(Ok(false)) => Err(format!(
-                        "nothing owns org.freedesktop.login1 on the system bus {bus}: is systemd-logind running?"
+                match tokio::time::timeout(BUS_DEADLINE, logind_can_reboot(bus)).await {
+                    Ok(Ok(answer)) if answer == "yes" => Ok(()),
+                    Ok(Ok(answer)) => Err(format!(
+                        "systemd-logind on the system bus {bus} answers CanReboot with {answer:?}, \
+                         not \"yes\": it would not reboot for this executor without asking \
+                         (CAP_SYS_BOOT, or polkit)"
                     )),
-                    Ok(Err(e)) => Err(format!("the system bus {bus}: {e}")),
+                    Ok(Err(e)) => Err(format!(
+                        "systemd-logind over the system bus {bus}: {e} (is the bus mounted, and \
+                         may this container reach it? runbook GpuHealthCapabilityWithheld)"
+                    )),
                     Err(_) => Err(format!(
-                        "the system bus {bus} did not answer within {BUS_DEADLINE:?}"
+                        "systemd-logind over the system bus {bus} did not answer within {BUS_DEADLINE:?}"
                     )),
                 }
             }
@@ -109,19 +116,22 @@ async fn connect(address: &str) -> zbus::Result<zbus::Connection> {
     zbus::connection::Builder::address(address).build().await
 }
 
-/// Whether systemd-logind holds its name on the bus.
-async fn logind_answers(address: &str) -> zbus::Result<bool> {
+/// What systemd-logind answers `CanReboot`: `yes`, `challenge` (it would
+/// ask polkit), `no` or `na`. A call to logind itself, not the bus's own
+/// name service, so that a bus policy or a security module that keeps
+/// this container from logind fails it.
+async fn logind_can_reboot(address: &str) -> zbus::Result<String> {
     let bus = connect(address).await?;
     let reply = bus
         .call_method(
-            Some("org.freedesktop.DBus"),
-            "/org/freedesktop/DBus",
-            Some("org.freedesktop.DBus"),
-            "NameHasOwner",
-            &("org.freedesktop.login1",),
+            Some("org.freedesktop.login1"),
+            "/org/freedesktop/login1",
+            Some("org.freedesktop.login1.Manager"),
+            "CanReboot",
+            &(),
         )
         .await?;
-    reply.body().deserialize::<bool>()
+    reply.body().deserialize::<String>()
 }
 
 async fn logind_reboot(address: &str) -> zbus::Result<()> {
