@@ -9,6 +9,8 @@ use std::future::Future;
 use gpuhealth_api::contract::{Capabilities, GpuEntry, Outcome};
 use k8s_openapi::api::core::v1::Node;
 
+use crate::capability_checks::CapabilityChecks;
+
 /// What a backend did with a request, and why.
 pub type Done = (Outcome, String);
 
@@ -46,6 +48,10 @@ pub trait Backend: Send {
     /// (operands still paused), and what it can carry out, offered.
     fn tidy(&mut self, _node: &Node) -> impl Future<Output = ()> + Send {
         async {}
+    }
+    /// The executor's capability checks as last made, where it makes any.
+    fn capability_checks(&self) -> Option<&CapabilityChecks> {
+        None
     }
     /// The reporter's, each pass: whether a reset of the executor's needs
     /// the GPUs let go now (nothing is read or published meanwhile).

@@ -117,6 +117,28 @@ pub fn holding(proc: &Path, device: &Path) -> std::io::Result<Scan> {
     })
 }
 
+/// Whether this process may read `pid`'s open files under `proc`, as
+/// [`holding`] must read every process's: its `fd` listed, and one entry
+/// followed. Listing alone proves nothing: a root process may list
+/// another root process's `fd` where following an entry is denied (no
+/// `CAP_SYS_PTRACE`, or a runtime's AppArmor profile or SELinux type).
+pub fn read_open_files(proc: &Path, pid: u32) -> Result<(), String> {
+    let dir = proc.join(pid.to_string()).join("fd");
+    let entries = fs::read_dir(&dir).map_err(|e| format!("cannot list {}: {e}", dir.display()))?;
+    let entry = entries
+        .flatten()
+        .find(|e| {
+            e.file_name()
+                .to_str()
+                .is_some_and(|n| n.parse::<u32>().is_ok())
+        })
+        .ok_or_else(|| format!("{} lists no open file to follow", dir.display()))?;
+    // As `holding` does: the file an entry names.
+    fs::metadata(entry.path())
+        .map(drop)
+        .map_err(|e| format!("cannot follow {}: {e}", entry.path().display()))
+}
+
 /// A process's command name (`/proc/PID/comm`), `?` if it is gone.
 pub fn command(proc: &Path, pid: u32) -> String {
     fs::read_to_string(proc.join(pid.to_string()).join("comm"))
@@ -198,6 +220,39 @@ mod tests {
         assert!(
             named.starts_with("dcgm-exporter (pid 41), whose open files cannot be read ("),
             "{named}"
+        );
+    }
+
+    /// An entry that cannot be followed fails as a denied one does; so do
+    /// an `fd` that cannot be listed and one with nothing in it.
+    #[test]
+    fn open_files_are_read_only_where_an_entry_can_be_followed() {
+        let proc = std::env::temp_dir().join(format!("gpuhealth-fds-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&proc);
+        fs::create_dir_all(proc.join("7/fd")).expect("a readable process");
+        std::os::unix::fs::symlink("/dev/null", proc.join("7/fd/0")).expect("an open file");
+        fs::create_dir_all(proc.join("8/fd")).expect("a denied process");
+        std::os::unix::fs::symlink(proc.join("gone"), proc.join("8/fd/3")).expect("fd");
+        fs::create_dir_all(proc.join("9/fd")).expect("a process with no open file");
+        fs::create_dir_all(proc.join("10")).expect("a process");
+        fs::write(proc.join("10/fd"), b"").expect("an fd that cannot be listed");
+        assert_eq!(read_open_files(&proc, 7), Ok(()));
+        let why = read_open_files(&proc, 8).expect_err("not followed");
+        assert!(
+            why.starts_with("cannot follow ") && why.contains("8/fd/3"),
+            "{why}"
+        );
+        let why = read_open_files(&proc, 9).expect_err("nothing to follow");
+        assert!(why.ends_with("9/fd lists no open file to follow"), "{why}");
+        let why = read_open_files(&proc, 10).expect_err("not listed");
+        assert!(
+            why.starts_with("cannot list ") && why.contains("10/fd"),
+            "{why}"
+        );
+        // This process's parent (the test runner, this machine's own).
+        assert_eq!(
+            read_open_files(Path::new("/proc"), std::os::unix::process::parent_id()),
+            Ok(())
         );
     }
 

@@ -25,6 +25,7 @@ pub mod reboot;
 pub mod recoveries;
 pub mod reset;
 pub mod state_file;
+pub mod withheld;
 
 use kube::api::{PatchParams, PostParams};
 

@@ -21,7 +21,7 @@ use std::{
 
 use clap::{Parser, ValueEnum};
 use gpuhealth_agent::{
-    capability_checks::CapabilityChecks,
+    capability_checks::{CapabilityChecks, ResetNeeds},
     diagnostics::Dcgm,
     driver_root::DriverRoot,
     fake::FakeBackend,
@@ -235,7 +235,8 @@ fn main() -> ExitCode {
         return match args.backend {
             Backend::Nvml => {
                 let (library, smi) = driver(&args);
-                once_nvml(&library, &smi, &reboot_method(&args), args.readings)
+                let reboot = reboot_method(&args);
+                once_nvml(&library, &smi, &args.proc_dir, &reboot, args.readings)
             }
             Backend::Kmsg | Backend::Fake => {
                 eprintln!("gpuhealth-agent: --once reads NVML");
@@ -431,13 +432,21 @@ async fn until_stopped<B: gpuhealth_agent::backend::Backend>(agent: NodeAgent<B>
 
 /// What this agent could carry out here, checked as the running agent
 /// checks it (NVML has just answered).
-fn checked_capabilities(smi: &NvidiaSmi, reboot: &RebootMethod) -> Option<Capabilities> {
+fn checked_capabilities(
+    smi: &NvidiaSmi,
+    proc: &std::path::Path,
+    reboot: &RebootMethod,
+) -> Option<Capabilities> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .ok()?;
     let mut checks = CapabilityChecks::default();
-    runtime.block_on(checks.refresh(Some(smi), reboot));
+    let reset = ResetNeeds {
+        nvidia_smi: smi,
+        proc,
+    };
+    runtime.block_on(checks.refresh(Some(reset), reboot));
     for why in checks.withheld() {
         eprintln!("gpuhealth-agent: {why}");
     }
@@ -447,6 +456,7 @@ fn checked_capabilities(smi: &NvidiaSmi, reboot: &RebootMethod) -> Option<Capabi
 fn once_nvml(
     library: &NvmlLibrary,
     smi: &NvidiaSmi,
+    proc: &std::path::Path,
     reboot: &RebootMethod,
     readings: bool,
 ) -> ExitCode {
@@ -470,7 +480,7 @@ fn once_nvml(
             version: GpuReport::VERSION,
             observed_at: Time(Timestamp::now()),
             source: Some("gpuhealth-agent/nvml".into()),
-            capabilities: checked_capabilities(smi, reboot),
+            capabilities: checked_capabilities(smi, proc, reboot),
             unreadable: None,
             gpus: observed.iter().map(nvml::entry).collect(),
         };

@@ -15,6 +15,8 @@ use prometheus_client::{
     registry::Registry,
 };
 
+use crate::capability_checks::Check;
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct CodeLabels {
     pub code: String,
@@ -42,6 +44,21 @@ pub struct RefusalLabels {
     pub reason: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct WithheldLabels {
+    pub capability: String,
+    pub check: String,
+}
+
+impl WithheldLabels {
+    pub fn of(check: Check) -> WithheldLabels {
+        WithheldLabels {
+            capability: check.capability().as_str().into(),
+            check: check.as_str().into(),
+        }
+    }
+}
+
 pub struct AgentMetrics {
     registry: Registry,
     pub xids: Family<CodeLabels, Counter>,
@@ -51,6 +68,8 @@ pub struct AgentMetrics {
     pub requests: Family<RequestLabels, Counter>,
     /// Requests on the Node that are not the operator's, refused unread.
     pub refused: Family<RefusalLabels, Counter>,
+    /// 1 while the executor's check fails and withholds its capability.
+    pub withheld: Family<WithheldLabels, Gauge>,
     /// Requests to the Kubernetes API, by verb, resource and code.
     pub api_requests: gpuhealth_http::api_requests::ApiRequests,
     /// Whether the GPUs were read at the last try, or why not.
@@ -82,6 +101,7 @@ impl Default for AgentMetrics {
             report_writes: Counter::default(),
             requests: Family::default(),
             refused: Family::default(),
+            withheld: Family::default(),
             api_requests: Default::default(),
             readiness: Mutex::new(Err("the GPUs have not been read yet".into())),
             started: Instant::now(),
@@ -98,6 +118,10 @@ impl Default for AgentMetrics {
                     reason: reason.into(),
                 }));
             }
+        }
+        // Every check at 0 from the start, for the same reason.
+        for check in Check::ALL {
+            drop(m.withheld.get_or_create(&WithheldLabels::of(check)));
         }
         let r = &mut m.registry;
         r.register(
@@ -130,6 +154,11 @@ impl Default for AgentMetrics {
             "requests_refused",
             "Requests on the Node that are not the one its GpuNodeHealth records in flight, by kind and reason",
             m.refused.clone(),
+        );
+        r.register(
+            "capability_withheld",
+            "1 while the executor's check fails and it offers no reset or reboot for it, by capability and check",
+            m.withheld.clone(),
         );
         m
     }

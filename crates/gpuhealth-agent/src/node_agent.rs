@@ -43,6 +43,7 @@ use crate::{
     diagnostics::{self, Dcgm},
     journal::{self, Journal, JournalError, Seen},
     metrics::{AgentMetrics, RefusalLabels, RequestLabels, ResultLabels},
+    withheld::Announced,
 };
 
 /// Test hook (`GPUHEALTH_TEST_CRASH_AFTER`): exit at a step of carrying out a
@@ -146,6 +147,8 @@ pub struct NodeAgent<B> {
     /// [`RECHECK_REFUSED`] in case the operator has since made the same
     /// request (an id written early by someone else must not block it).
     refused: HashMap<String, Instant>,
+    /// The executor's: what it has said of its capability checks.
+    announced: Announced,
 }
 
 /// A request on the node, of any kind.
@@ -231,6 +234,7 @@ impl<B: Backend> NodeAgent<B> {
             wake: Arc::default(),
             metrics: Arc::default(),
             refused: HashMap::new(),
+            announced: Announced::default(),
         }
     }
 
@@ -277,6 +281,11 @@ impl<B: Backend> NodeAgent<B> {
             let current = current.clone();
             if role.executes() {
                 self.backend.tidy(&current).await;
+                if let Some(checks) = self.backend.capability_checks() {
+                    self.announced
+                        .announce(&self.client, &current, checks, &self.metrics.withheld)
+                        .await;
+                }
                 if let Err(e) = self.serve_requests(&current).await {
                     // Without the journal nothing is carried out: that could repeat one.
                     error!(error = %e, "requests are not carried out");

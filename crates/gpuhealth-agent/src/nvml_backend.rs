@@ -15,7 +15,7 @@ use kube::{Api, Client, ResourceExt, api::ListParams};
 
 use crate::{
     backend::{Backend, Done},
-    capability_checks::{Offered, Offering},
+    capability_checks::{CapabilityChecks, Offered, Offering, ResetNeeds},
     handoff::Handoff,
     kmsg::{Feed, PciAddress},
     node_agent::REQUEST_MAY_TAKE,
@@ -265,10 +265,16 @@ impl<G: Gpus> Backend for NvmlBackend<G> {
         crate::backend::indices_of(&known, uuids)
     }
 
+    fn capability_checks(&self) -> Option<&CapabilityChecks> {
+        Some(self.offering.checks())
+    }
+
     async fn tidy(&mut self, node: &Node) {
-        self.offering
-            .renew(Some(&self.reset.nvidia_smi), &self.reboot)
-            .await;
+        let needs = ResetNeeds {
+            nvidia_smi: &self.reset.nvidia_smi,
+            proc: &self.reset.proc_dir,
+        };
+        self.offering.renew(Some(needs), &self.reboot).await;
         let paused = self.reset.operands.left_paused();
         if paused.is_empty() {
             return;
@@ -322,6 +328,10 @@ impl Backend for KmsgBackend {
     async fn read(&mut self, _node: &Node) -> Result<Vec<GpuEntry>, String> {
         self.offered.refresh(false);
         Ok(self.kernel_log.with(|log| log.entries()))
+    }
+
+    fn capability_checks(&self) -> Option<&CapabilityChecks> {
+        Some(self.offering.checks())
     }
 
     async fn tidy(&mut self, _node: &Node) {
