@@ -201,6 +201,7 @@ def main():
         ("agent.image.digest=latest", "/agent/image/digest"),
         # Written into an admission policy's CEL string: a quote would end it.
         ("operator.guardrails.conditionTypes={A'B}", "/operator/guardrails/conditionTypes/0"),
+        ("agent.executorAppArmorProfile.type=Bogus", "/agent/executorAppArmorProfile/type"),
     ):
         done = subprocess.run(
             [helm_binary(), "template", "gpuhealth", str(CHART), "--set", value], capture_output=True, text=True
@@ -216,6 +217,11 @@ def main():
         ["agent.rebootMethod=none", "operator.guardrails.conditionTypes={SysLogsXIDError}"],
         ["monitoring.serviceMonitor.enabled=true", "monitoring.dashboard.enabled=true"],
         ["agent.image.digest=sha256:" + "0" * 64, "operator.extraArgs={--pause-operands=x}"],
+        [
+            "agent.executorAppArmorProfile.type=Localhost",
+            "agent.executorAppArmorProfile.localhostProfile=gpuhealth-executor",
+            "agent.executorSeLinuxOptions=null",
+        ],
     ):
         helm(*values)
     return 0 if ok else 1

@@ -147,6 +147,13 @@ async fn each_overlay_has_what_a_real_gpu_node_needs() {
                         Some("/var/lib/gpuhealth-agent")
                     );
                     assert_eq!(bus, None, "{}", at("no system bus"));
+                    // The runtime's confinement: nothing of the host's to read.
+                    assert_eq!(
+                        (&security.app_armor_profile, &security.se_linux_options),
+                        (&None, &None),
+                        "{}",
+                        at("the runtime's AppArmor profile and SELinux type")
+                    );
                 }
                 // The host's processes, to name a GPU's holders; the
                 // journal that outlives the pod; reboots through logind.
@@ -177,6 +184,27 @@ async fn each_overlay_has_what_a_real_gpu_node_needs() {
                         Some("unix:path=/run/dbus/system_bus_socket"),
                         "{}",
                         at("the bus's address")
+                    );
+                    // Outside the runtime's default AppArmor profile and
+                    // SELinux type, which keep the host's processes' open
+                    // files and the bus out of reach.
+                    assert_eq!(
+                        security
+                            .app_armor_profile
+                            .as_ref()
+                            .map(|p| p.type_.as_str()),
+                        Some("Unconfined"),
+                        "{}",
+                        at("AppArmor")
+                    );
+                    assert_eq!(
+                        security
+                            .se_linux_options
+                            .as_ref()
+                            .and_then(|o| o.type_.as_deref()),
+                        Some("spc_t"),
+                        "{}",
+                        at("SELinux")
                     );
                     let sys_boot = security
                         .capabilities
