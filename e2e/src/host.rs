@@ -331,13 +331,43 @@ impl Host {
     /// reporter with a state directory of its own and the executor's to
     /// read, as their hostPaths give them.
     pub async fn start_agent(&self, name: &str, extra: &[&str]) -> Result<Agent> {
+        self.start_agent_short_of(name, extra, &[]).await
+    }
+
+    /// As [`Host::start_agent`], the executor short of the capabilities
+    /// `without` names (as `setpriv` names them): as a container without
+    /// them would run it.
+    pub async fn start_agent_short_of(
+        &self,
+        name: &str,
+        extra: &[&str],
+        without: &[&str],
+    ) -> Result<Agent> {
         Ok(Agent {
-            reporter: self.start_part(name, Part::Reporter, extra).await?,
-            executor: (self.start_part(&format!("{name}-executor"), Part::Executor, extra)).await?,
+            reporter: self.start_part(name, Part::Reporter, extra, &[]).await?,
+            executor: self
+                .start_executor(&format!("{name}-executor"), extra, without)
+                .await?,
         })
     }
 
-    async fn start_part(&self, name: &str, part: Part, extra: &[&str]) -> Result<Process> {
+    /// The executor alone, short of the capabilities `without` names.
+    pub async fn start_executor(
+        &self,
+        name: &str,
+        extra: &[&str],
+        without: &[&str],
+    ) -> Result<Process> {
+        self.start_part(name, Part::Executor, extra, without).await
+    }
+
+    async fn start_part(
+        &self,
+        name: &str,
+        part: Part,
+        extra: &[&str],
+        without: &[&str],
+    ) -> Result<Process> {
         let (mut args, _) = shipped("container-toolkit", part).await?;
         args.extend(extra.iter().map(|a| (*a).to_owned()));
         let mut env = self.environment();
@@ -350,7 +380,7 @@ impl Host {
                 self.state_dir().display().to_string(),
             ));
         }
-        Process::launch_with_flags_of_its_own("gpuhealth-agent", name, |command| {
+        Process::launch_with_flags_of_its_own("gpuhealth-agent", name, without, |command| {
             command.args(&args).envs(env);
         })
         .await

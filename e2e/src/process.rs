@@ -129,13 +129,17 @@ impl Process {
 
     /// Like [`Process::launch`], with no flag of the harness's own: the
     /// metrics address goes in `GPUHEALTH_METRICS_ADDR`, so that `configure`
-    /// gives exactly the flags a manifest ships.
+    /// gives exactly the flags a manifest ships. The agent runs short of
+    /// the capabilities `without` names (as `setpriv` names them) of those
+    /// its manifest adds: as a container that lacks them would.
     pub async fn launch_with_flags_of_its_own(
         binary: &str,
         name: &str,
+        without: &[&str],
         configure: impl FnOnce(&mut Command),
     ) -> Result<Process> {
-        Process::start(binary, name, MetricsAddress::Environment, configure).await
+        let how = MetricsAddress::Environment;
+        Process::start_at(built(binary), binary, name, how, without, configure).await
     }
 
     /// Like [`Process::launch`], from the binary at `bin` rather than this
@@ -146,7 +150,7 @@ impl Process {
         name: &str,
         configure: impl FnOnce(&mut Command),
     ) -> Result<Process> {
-        Process::start_at(bin, binary, name, OUR_FLAG, configure).await
+        Process::start_at(bin, binary, name, OUR_FLAG, &[], configure).await
     }
 
     /// A program not of this workspace (a peer controller), started from
@@ -162,7 +166,7 @@ impl Process {
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default();
         let metrics = MetricsAddress::Flag(metrics_flag);
-        Process::start_at(bin, &binary, name, metrics, configure).await
+        Process::start_at(bin, &binary, name, metrics, &[], configure).await
     }
 
     async fn start(
@@ -171,7 +175,7 @@ impl Process {
         metrics: MetricsAddress,
         configure: impl FnOnce(&mut Command),
     ) -> Result<Process> {
-        Process::start_at(built(binary), binary, name, metrics, configure).await
+        Process::start_at(built(binary), binary, name, metrics, &[], configure).await
     }
 
     async fn start_at(
@@ -179,6 +183,7 @@ impl Process {
         binary: &str,
         name: &str,
         how: MetricsAddress,
+        without: &[&str],
         configure: impl FnOnce(&mut Command),
     ) -> Result<Process> {
         let dir = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../target/e2e-logs"));
@@ -200,7 +205,7 @@ impl Process {
         };
         configure(&mut command);
         if binary == "gpuhealth-agent" {
-            command = confined(&command).await?;
+            command = confined(&command, without).await?;
         }
         command
             .stdout(Stdio::from(file))
@@ -338,9 +343,9 @@ async fn http_get(addr: SocketAddr, path: &str) -> std::io::Result<(u16, String)
 /// The agent as its shipped containers run it: root, with only the
 /// capabilities `config/agent/container-toolkit` adds to the part its
 /// `--role` names (both parts' where it runs both), the bounding set
-/// holding the rest out of reach, and no new privileges. Every e2e test of
-/// the agent runs it so.
-async fn confined(agent: &Command) -> Result<Command> {
+/// holding the rest out of reach, and no new privileges; less those
+/// `without` names. Every e2e test of the agent runs it so.
+async fn confined(agent: &Command, without: &[&str]) -> Result<Command> {
     let agent = agent.as_std();
     let args: Vec<String> = agent
         .get_args()
@@ -358,7 +363,7 @@ async fn confined(agent: &Command) -> Result<Command> {
     let mut capabilities = Vec::new();
     for part in parts {
         for c in shipped_capabilities(part).await? {
-            if !capabilities.contains(&c) {
+            if !capabilities.contains(&c) && !without.contains(&c.as_str()) {
                 capabilities.push(c);
             }
         }

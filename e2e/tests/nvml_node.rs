@@ -22,7 +22,7 @@ use gpuhealth_e2e::{
     scenario::{Scenario, WAIT},
     shipped::{Part, shipped, shipped_capabilities},
     sim::{is_cordoned, ready_gpu_node, remove_node},
-    wait::{until, within},
+    wait::{event_saying, until, within},
 };
 use k8s_openapi::{
     api::core::v1::{Node, Pod},
@@ -390,6 +390,106 @@ async fn a_held_gpu_is_refused_naming_its_holder_and_a_hung_nvidia_smi_is_stoppe
         .await
         .expect("alive");
     assert_eq!(status, 200);
+    remove_node(&client, &node).await;
+}
+
+/// An executor without the access it needs offers no reset and no
+/// reboot, and says which check failed. Here its container lacks
+/// `CAP_SYS_PTRACE` and `CAP_SYS_BOOT`: the open files of a process
+/// outside it (its parent's, a root process with every capability) cannot
+/// be followed, as under a runtime's default AppArmor profile or SELinux
+/// type, and logind answers `CanReboot` with `challenge`. The reasons reach
+/// the reporter's log, the executor's metric and Warning Events on the
+/// Node. The same executor run with its manifest's access offers both.
+#[tokio::test]
+async fn an_executor_without_the_access_it_needs_withholds_its_offer_and_says_why() {
+    let (client, node, mut host) = bare_node("nvml-withheld").await;
+    host.system_bus().await.expect("the system bus");
+    let nodes: Api<Node> = Api::all(client.clone());
+    let lacking = ["sys_ptrace", "sys_boot"];
+    let mut agent = host
+        .start_agent_short_of(&format!("{node}-agent"), &[], &lacking)
+        .await
+        .expect("agent");
+    let mut kept = shipped_capabilities("container-toolkit", Part::Executor)
+        .await
+        .expect("shipped");
+    kept.retain(|c| !lacking.contains(&c.as_str()));
+    let held = agent.executor.capabilities().expect("its capabilities");
+    assert_eq!(
+        held.effective,
+        capability_mask(&kept).expect("known capabilities"),
+        "{held:?}"
+    );
+
+    for (check, says) in [
+        (
+            "HostProcesses",
+            "the check HostProcesses fails: cannot follow /proc/",
+        ),
+        ("Logind", "answers CanReboot with \"challenge\""),
+    ] {
+        event_saying(&client, &node, "CapabilityWithheld", says)
+            .await
+            .unwrap_or_else(|e| panic!("{check} on the Node's Events: {e}"));
+    }
+    let metrics = agent.executor.scrape().await.expect("metrics");
+    for (capability, check, value) in [
+        ("reset", "HostProcesses", 1),
+        ("reset", "NvidiaSmi", 0),
+        ("reboot", "Logind", 1),
+    ] {
+        let line = format!(
+            "gpuhealth_agent_capability_withheld{{capability=\"{capability}\",check=\"{check}\"}} {value}"
+        );
+        assert!(metrics.contains(&line), "{line} in:\n{metrics}");
+    }
+    // The reporter reads the offer, and why, and its report offers neither.
+    within("the reporter saying why", WAIT, async {
+        loop {
+            let log = agent.reporter.log_text();
+            if log.contains("no resets: cannot follow /proc/")
+                && log.contains("CAP_SYS_PTRACE")
+                && log.contains("no reboots: systemd-logind")
+            {
+                return Ok(());
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    })
+    .await
+    .expect("the reporter logs the reasons");
+    let n = until(nodes.clone(), &node, WAIT, from_nvml)
+        .await
+        .expect("a report");
+    assert_eq!(
+        report(&n)
+            .and_then(|r| r.capabilities)
+            .map(|c| (c.reset, c.reboot)),
+        Some((false, RebootMethod::None))
+    );
+
+    // With its manifest's access: both offered, nothing withheld.
+    agent.executor.kill().await;
+    agent.executor = host
+        .start_executor(&format!("{node}-executor-2"), &[], &[])
+        .await
+        .expect("executor");
+    until(nodes, &node, WAIT, |n| {
+        from_nvml(n)
+            && report(n)
+                .and_then(|r| r.capabilities)
+                .is_some_and(|c| c.reset && c.reboot == RebootMethod::Logind)
+    })
+    .await
+    .expect("a report offering a reset and a reboot");
+    let metrics = agent.executor.scrape().await.expect("metrics");
+    for check in ["HostProcesses", "Logind"] {
+        assert!(
+            metrics.contains(&format!("check=\"{check}\"}} 0")),
+            "{check} passes: {metrics}"
+        );
+    }
     remove_node(&client, &node).await;
 }
 
