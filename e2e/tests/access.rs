@@ -67,10 +67,24 @@ async fn patch_status(client: &Client, node: &str, body: Value) -> Result<(), St
 }
 
 fn gpu_healthy() -> Value {
+    condition("GpuHealthy", "False", "Test")
+}
+
+/// A status patch writing one condition.
+fn condition(type_: &str, status: &str, reason: &str) -> Value {
     json!({"status": {"conditions": [{
-        "type": "GpuHealthy", "status": "False", "reason": "Test", "message": "not from an agent",
+        "type": type_, "status": status, "reason": reason, "message": "not from an agent",
         "lastHeartbeatTime": "2026-12-01T00:00:00Z", "lastTransitionTime": "2026-12-01T00:00:00Z",
     }]}})
+}
+
+/// What the operator writes of `GpuHealthy` on a node with no report.
+fn no_report() -> Value {
+    condition(
+        "GpuHealthy",
+        "Unknown",
+        gpuhealth_api::vocabulary::FindingKind::NoReport.as_str(),
+    )
 }
 
 /// Admission policies load a moment after they are applied (longer on an
@@ -224,6 +238,7 @@ async fn only_the_operator_asks_and_only_an_agent_reports_whoever_may_patch_node
         .await
         .expect_err("the operator writes a report");
     assert!(e.contains("only a node's gpuhealth agent"), "{e}");
+    operator_may_say_only_that_no_report_is_there(&admin, &patcher, &operator, &node).await;
     // Nor may the patcher take the operator's away.
     let e = patch(&patcher, &node, annotate(reset, None))
         .await
@@ -272,6 +287,77 @@ async fn only_the_operator_asks_and_only_an_agent_reports_whoever_may_patch_node
         let _ = bindings.delete(b, &DeleteParams::default()).await;
     }
     remove_node(&admin, &node).await;
+}
+
+/// Of a Node's status the operator may write its `GpuHealthy` condition
+/// `Unknown` with reason `NoReport`, on a node with no report, and nothing
+/// else: not `True` or `False`, not another reason, not where a report is,
+/// no other condition or field. Nor may anyone else write that.
+async fn operator_may_say_only_that_no_report_is_there(
+    admin: &Client,
+    patcher: &Client,
+    operator: &Client,
+    node: &str,
+) {
+    // The policy applied just now may take a moment to replace one an
+    // earlier run left, which refused the operator any of the condition.
+    let deadline = Instant::now() + WAIT;
+    while let Err(e) = patch_status(operator, node, no_report()).await {
+        assert!(Instant::now() < deadline, "never allowed: {e}");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    for (status, reason) in [
+        ("True", "GpusHealthy"),
+        ("False", "GpuUnhealthy"),
+        ("Unknown", "Test"),
+    ] {
+        let e = patch_status(operator, node, condition("GpuHealthy", status, reason))
+            .await
+            .expect_err(status);
+        assert!(
+            e.contains("may write the GpuHealthy condition"),
+            "{status} {reason}: {e}"
+        );
+        assert!(
+            e.contains("the operator only Unknown, reason NoReport"),
+            "{e}"
+        );
+    }
+    let e = patch_status(operator, node, condition("Ready", "False", "Test"))
+        .await
+        .expect_err("another condition");
+    assert!(
+        e.contains("may change nothing of a Node's status but"),
+        "{e}"
+    );
+    let capacity = json!({"status": {"capacity": {"nvidia.com/gpu": "64"}}});
+    let e = patch_status(operator, node, capacity)
+        .await
+        .expect_err("capacity");
+    assert!(
+        e.contains("may change nothing of a Node's status but"),
+        "{e}"
+    );
+    let mut theirs = no_report();
+    theirs["status"]["conditions"][0]["message"] = json!("a node patcher's");
+    let e = patch_status(patcher, node, theirs)
+        .await
+        .expect_err("anyone else");
+    assert!(e.contains("may write the GpuHealthy condition"), "{e}");
+    // Where a report is, not even that.
+    patch(admin, node, annotate("gpuhealth.io/gpus", Some("{}")))
+        .await
+        .expect("a report, as an administrator");
+    patch_status(admin, node, condition("GpuHealthy", "True", "GpusHealthy"))
+        .await
+        .expect("the agent's condition, as an administrator");
+    let e = patch_status(operator, node, no_report())
+        .await
+        .expect_err("Unknown where a report is");
+    assert!(e.contains("may write the GpuHealthy condition"), "{e}");
+    patch(admin, node, annotate("gpuhealth.io/gpus", None))
+        .await
+        .expect("the report removed");
 }
 
 /// The identities are not what a broad role grants by accident: one account
@@ -460,27 +546,24 @@ fn condition_true(type_: &str, message: &str) -> Value {
     }]}})
 }
 
-/// Waits until `client`'s write of condition `type_` on `node` is refused
-/// by the install `install_guarding(node, ..)` made for it: its admission
-/// policy has the policy acting on it (and every policy created before
-/// it) as a parameter. A refusal by another (one a failed run left) is
-/// not that. Each try writes something new: a write that changes nothing
-/// is let through.
+/// Waits until `client`'s write of condition `type_` on `node` is
+/// refused: the admission policy has the policy acting on it (and every
+/// policy created before it) as a parameter. Each try writes something new:
+/// a write that changes nothing is let through.
 async fn condition_refused_once_in_force(client: &Client, node: &str, type_: &str) -> String {
-    let own = format!("'gpuhealth-trusted-conditions-{node}'");
     let deadline = Instant::now() + WAIT;
     loop {
         let forged = format!("forged at {:?}", Instant::now());
-        let last = match patch_status(client, node, condition_true(type_, &forged)).await {
-            Err(e) if e.contains(&own) => return e,
-            Err(e) => e,
-            Ok(()) => "let through".to_owned(),
-        };
-        assert!(
-            Instant::now() < deadline,
-            "the admission policy never took effect: {last}"
-        );
-        tokio::time::sleep(Duration::from_millis(250)).await;
+        match patch_status(client, node, condition_true(type_, &forged)).await {
+            Err(e) => return e,
+            Ok(()) => {
+                assert!(
+                    Instant::now() < deadline,
+                    "the admission policy never took effect"
+                );
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+        }
     }
 }
 

@@ -422,10 +422,12 @@ fn agent_policy() -> String {
 }
 
 /// The policy keeps every field of a Node's status but its conditions as it
-/// was. CEL cannot compare a typed status less one field, so the policy
-/// names each: a field the API's NodeStatus gains (a new Kubernetes minor)
-/// fails this test until the policy names it too. The literal below names
-/// every field with no `..`, so that such a field fails its build first.
+/// was, and so does the one holding the operator to its `GpuHealthy`
+/// condition (`agent-keys.yaml`). CEL cannot compare a typed status less
+/// one field, so each policy names each: a field the API's NodeStatus
+/// gains (a new Kubernetes minor) fails this test until both name it too.
+/// The literal below names every field with no `..`, so that such a field
+/// fails its build first.
 #[test]
 fn the_agent_policy_keeps_every_status_field_but_its_condition() {
     use k8s_openapi::api::core::v1::NodeStatus;
@@ -446,18 +448,24 @@ fn the_agent_policy_keeps_every_status_field_but_its_condition() {
         volumes_in_use: Some(Vec::new()),
     };
     let fields = serde_json::to_value(&every).expect("JSON");
-    let policy = agent_policy();
-    let missing: Vec<&String> = fields
-        .as_object()
-        .expect("an object")
-        .keys()
-        .filter(|f| *f != "conditions")
-        .filter(|f| !policy.contains(&format!("object.status.{f} == oldObject.status.{f}")))
-        .collect();
-    assert!(
-        missing.is_empty(),
-        "the agent's policy lets it change status fields {missing:?}"
+    let keys = format!(
+        "{}/../config/admission/agent-keys.yaml",
+        env!("CARGO_MANIFEST_DIR")
     );
+    let keys = std::fs::read_to_string(&keys).unwrap_or_else(|e| panic!("{keys}: {e}"));
+    for (whose, policy) in [("the agent's", agent_policy()), ("the operator's", keys)] {
+        let missing: Vec<&String> = fields
+            .as_object()
+            .expect("an object")
+            .keys()
+            .filter(|f| *f != "conditions")
+            .filter(|f| !policy.contains(&format!("object.status.{f} == oldObject.status.{f}")))
+            .collect();
+        assert!(
+            missing.is_empty(),
+            "{whose} policy lets it change status fields {missing:?}"
+        );
+    }
 }
 
 /// The labels the agent may flip are exactly those it pauses by default:

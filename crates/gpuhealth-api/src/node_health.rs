@@ -164,8 +164,8 @@ pub struct GpuNodeHealthStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub plan: Option<Plan>,
     /// Why the node's GPU report cannot be trusted now, if it cannot: it is
-    /// stale, or its writer says it cannot read the GPUs. Nothing it says is
-    /// taken as a recovery while this holds.
+    /// stale, its writer says it cannot read the GPUs, or there is none.
+    /// Nothing it says is taken as a recovery while this holds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub report_problem: Option<ReportProblem>,
     /// What gpuhealth noticed that a person should know (a pod on a bad GPU,
@@ -296,11 +296,17 @@ pub enum ReportProblemKind {
     Stale,
     /// Its writer says it cannot read the GPUs (`unreadable`).
     Unreadable,
+    /// There is none: the node has been selected for longer than
+    /// `detection.gpuReport.staleAfter` and nothing has reported its GPUs.
+    Missing,
 }
 
 impl ReportProblemKind {
-    pub const ALL: [ReportProblemKind; 2] =
-        [ReportProblemKind::Stale, ReportProblemKind::Unreadable];
+    pub const ALL: [ReportProblemKind; 3] = [
+        ReportProblemKind::Stale,
+        ReportProblemKind::Unreadable,
+        ReportProblemKind::Missing,
+    ];
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]

@@ -472,7 +472,12 @@ pub struct GpuReportDetection {
     /// A report not refreshed for this long is stale: the node gets a
     /// `StaleReport` finding (and the `gpuhealth_report_problems` metric),
     /// and nothing is done because of it. gpuhealth's agent refreshes its
-    /// report every 5 minutes.
+    /// report every 5 minutes. A node selected for this long with no report
+    /// at all (counted from its creation, or from when the operator first
+    /// saw it selected without one, whichever is later) gets a `NoReport`
+    /// finding, its `GpuHealthy` condition `Unknown` under an `Enforce`
+    /// policy, and the `gpuhealth_nodes_not_reporting` metric; its phase
+    /// stays as it is.
     #[serde(default = "default_stale_after")]
     #[schemars(extend("x-kubernetes-validations" = [{
         "rule": "duration(self) >= duration('1m') && duration(self) <= duration('720h')",

@@ -1,7 +1,7 @@
 //! What this process remembers of each node between its reconciles, in
 //! one place, and forgotten in one place once the node is gone: its latest
 //! decision until the watch shows it, the pods last seen holding its GPUs,
-//! and when its report was first seen as it is.
+//! and when its report (or its lack of one) was first seen as it is.
 
 use std::{
     collections::HashMap,
@@ -22,11 +22,11 @@ pub enum HoldersSeen {
     GatesPending,
 }
 
-/// A node's report as last seen: its `observedAt`, and when this process
-/// first saw it so, by its own clock.
+/// A node's report as last seen: its `observedAt` (None: no report), and
+/// when this process first saw it so, by its own clock.
 #[derive(Clone, Copy, Debug)]
 struct ReportSeen {
-    observed_at: Timestamp,
+    observed_at: Option<Timestamp>,
     first_seen: Timestamp,
 }
 
@@ -61,8 +61,9 @@ impl NodeMemory {
 
     /// When this process first saw `node`'s report observed at
     /// `observed_at`, by its own clock: how old a report is, judged on one
-    /// clock whatever the agent's says.
-    pub fn report_refreshed_at(&self, node: &str, observed_at: Timestamp) -> Timestamp {
+    /// clock whatever the agent's says. With None, when it first saw the
+    /// node managed with no report: how long one has been awaited.
+    pub fn report_first_seen(&self, node: &str, observed_at: Option<Timestamp>) -> Timestamp {
         let mut reports = lock(&self.reports);
         let seen = reports.entry(node.to_owned()).or_insert(ReportSeen {
             observed_at,
@@ -75,6 +76,12 @@ impl NodeMemory {
             };
         }
         seen.first_seen
+    }
+
+    /// Forgets what was seen of `node`'s report, now that no policy
+    /// manages it: selected again, it awaits a report afresh.
+    pub fn forget_report(&self, node: &str) {
+        lock(&self.reports).remove(node);
     }
 
     /// Forgets every node `still_there` does not name: a deleted node's
@@ -114,7 +121,7 @@ mod tests {
                 .lock_decisions()
                 .insert(node.into(), GpuNodeHealthStatus::default());
             memory.remember_holders(node, HoldersSeen::Holders(7));
-            memory.report_refreshed_at(node, Timestamp::UNIX_EPOCH);
+            memory.report_first_seen(node, Some(Timestamp::UNIX_EPOCH));
         }
         memory.forget_gone(|n| n == "gpu-2");
         assert_eq!(memory.sizes(), (1, 1, 1));
@@ -126,9 +133,26 @@ mod tests {
     fn a_report_is_dated_when_it_is_first_seen_as_it_is() {
         let memory = NodeMemory::default();
         let observed: Timestamp = "2026-12-05T12:00:00Z".parse().expect("time");
-        let first = memory.report_refreshed_at("gpu-1", observed);
-        assert_eq!(memory.report_refreshed_at("gpu-1", observed), first);
+        let first = memory.report_first_seen("gpu-1", Some(observed));
+        assert_eq!(memory.report_first_seen("gpu-1", Some(observed)), first);
         let newer = observed + k8s_openapi::jiff::SignedDuration::from_secs(60);
-        assert!(memory.report_refreshed_at("gpu-1", newer) >= first);
+        assert!(memory.report_first_seen("gpu-1", Some(newer)) >= first);
+    }
+
+    #[test]
+    fn no_report_is_awaited_from_when_it_was_first_seen_so_until_it_is_forgotten() {
+        let memory = NodeMemory::default();
+        let first = memory.report_first_seen("gpu-1", None);
+        std::thread::sleep(std::time::Duration::from_millis(2));
+        assert_eq!(memory.report_first_seen("gpu-1", None), first);
+        // A report, then none again: awaited from then.
+        let observed: Timestamp = "2026-12-05T12:00:00Z".parse().expect("time");
+        memory.report_first_seen("gpu-1", Some(observed));
+        let again = memory.report_first_seen("gpu-1", None);
+        assert!(again > first);
+        // No longer managed: selected again, awaited afresh.
+        memory.forget_report("gpu-1");
+        std::thread::sleep(std::time::Duration::from_millis(2));
+        assert!(memory.report_first_seen("gpu-1", None) > again);
     }
 }

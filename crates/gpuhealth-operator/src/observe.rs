@@ -54,13 +54,14 @@ pub struct Beside {
 /// `actors` names that are disrupting it (`named_by`: the locks that name
 /// it, see `locks`), what is known of it `beside` the object, and
 /// `first_seen`, when this process first saw its report as observed at
-/// the time given (`NodeMemory::report_refreshed_at`).
+/// the time given, or with None, the node with no report
+/// (`NodeMemory::report_first_seen`).
 pub fn node_view(
     node: &Node,
     actors: &[OtherActor],
     named_by: &BTreeMap<String, String>,
     beside: Beside,
-    first_seen: impl FnOnce(Timestamp) -> Timestamp,
+    first_seen: impl FnOnce(Option<Timestamp>) -> Timestamp,
 ) -> NodeView {
     let annotations = node.annotations();
     let parse_id =
@@ -85,9 +86,17 @@ pub fn node_view(
     let report = annotations
         .get(GPU_REPORT_ANNOTATION)
         .map(|v| GpuReport::parse(v));
-    let report_refreshed_at = match &report {
-        Some(Ok(r)) => Some(first_seen(r.observed_at.0)),
-        _ => None,
+    let (report_refreshed_at, report_awaited_since) = match &report {
+        Some(Ok(r)) => (Some(first_seen(Some(r.observed_at.0))), None),
+        // None could have come before the Node was: awaited from the later.
+        None => {
+            let created = node.metadata.creation_timestamp.as_ref().map(|t| t.0);
+            (
+                None,
+                Some(first_seen(None).max(created.unwrap_or_default())),
+            )
+        }
+        Some(Err(_)) => (None, None),
     };
     NodeView {
         name: node.name_any(),
@@ -125,6 +134,7 @@ pub fn node_view(
             .get(MAINTENANCE_ANNOTATION)
             .map(|v| MaintenanceNotice::parse(v)),
         report_refreshed_at,
+        report_awaited_since,
         break_glass: annotations.get(BREAK_GLASS_ANNOTATION).cloned(),
         dra: beside.dra,
         gpu_resource: beside.gpu_resource,

@@ -231,7 +231,9 @@ mod tests {
         let mut n = served("2026-11-30T00:00:00Z", "1");
         node(&mut n);
         let view =
-            crate::observe::node_view(&n, &[], &Default::default(), Default::default(), |t| t);
+            crate::observe::node_view(&n, &[], &Default::default(), Default::default(), |t| {
+                t.unwrap_or_default()
+            });
         assert!(view.unschedulable);
         assert_eq!(view.boot_id, "b-1");
         assert_eq!(view.conditions.len(), 1);

@@ -18,6 +18,9 @@ words! {
         StaleReport,
         /// The report's writer says it cannot read the GPUs.
         GpusUnreadable,
+        /// The node has no GPU report at all, longer after it was selected
+        /// than the policy's `detection.gpuReport.staleAfter`.
+        NoReport,
         /// A rung was passed over: the node's agent cannot carry it out.
         RungUnavailable,
         /// The maintenance notice could not be read; it is ignored.

@@ -18,6 +18,7 @@ use crate::{
 };
 
 mod devices;
+mod silence;
 
 pub use devices::{HeldDevice, UnhealthyDevice};
 
@@ -51,10 +52,11 @@ pub struct Diagnosis {
     pub report_error: Option<ContractError>,
     /// Xids seen that the table does not know: reported, never acted on.
     pub unknown_xids: Vec<u32>,
-    /// Why the report cannot be trusted now (stale, or its writer cannot
-    /// read the GPUs), if it cannot.
+    /// Why the report cannot be trusted now (stale, its writer cannot read
+    /// the GPUs, or there is none), if it cannot.
     pub report_problem: Option<ReportProblem>,
-    /// When a report fresh now goes stale.
+    /// When a report fresh now goes stale, or a node without one is said
+    /// to have none: when to look again.
     pub stale_at: Option<Timestamp>,
 }
 
@@ -93,6 +95,13 @@ pub struct Evidence<'a> {
     /// When the report was last refreshed, by the operator's clock (else
     /// its own `observedAt` is taken).
     pub report_refreshed_at: Option<Timestamp>,
+    /// With no report: since when one has been awaited (see
+    /// `NodeView::report_awaited_since`); None, none is.
+    pub report_awaited_since: Option<Timestamp>,
+    /// With no report: the stored status already says there is none, so
+    /// its grace is over whatever `report_awaited_since` says (a restarted
+    /// operator awaits it afresh).
+    pub report_missing_before: bool,
     /// Xids before this instant are history (a reset or reboot since has
     /// answered them); so are device taints added before it.
     pub xids_since: Option<Timestamp>,
@@ -159,7 +168,7 @@ pub fn diagnose(now: Timestamp, detection: &Detection, evidence: &Evidence<'_>) 
                 report_problem(now, detection, report, refreshed, &mut d);
             }
             Some(Err(e)) => d.report_error = Some(e.clone()),
-            None => {}
+            None => silence::no_report(now, detection, evidence, &mut d),
         }
     }
     devices::device_taint_signals(detection, evidence, &mut d);
@@ -348,6 +357,8 @@ mod tests {
             conditions: &[],
             report: Some(&report),
             report_refreshed_at: None,
+            report_awaited_since: None,
+            report_missing_before: false,
             xids_since: None,
             devices: &[],
             unhealthy: &[],
@@ -370,6 +381,8 @@ mod tests {
             conditions: &[],
             report: Some(&report),
             report_refreshed_at: None,
+            report_awaited_since: None,
+            report_missing_before: false,
             xids_since: Some(ts("2026-05-29T09:00:00Z")),
             devices: &[],
             unhealthy: &[],
@@ -395,6 +408,8 @@ mod tests {
                 conditions: &[],
                 report: Some(&report),
                 report_refreshed_at: None,
+                report_awaited_since: None,
+                report_missing_before: false,
                 xids_since: None,
                 devices: &[],
                 unhealthy: &[],
@@ -424,6 +439,8 @@ mod tests {
                 conditions: &[],
                 report: Some(&report),
                 report_refreshed_at: None,
+                report_awaited_since: None,
+                report_missing_before: false,
                 xids_since: None,
                 devices: &[],
                 unhealthy: &[],
@@ -457,6 +474,8 @@ mod tests {
             conditions: &conditions,
             report: None,
             report_refreshed_at: None,
+            report_awaited_since: None,
+            report_missing_before: false,
             xids_since: None,
             devices: &[],
             unhealthy: &[],
@@ -489,6 +508,8 @@ mod tests {
                 conditions: &[],
                 report: Some(&report),
                 report_refreshed_at: None,
+                report_awaited_since: None,
+                report_missing_before: false,
                 xids_since: None,
                 devices: &[],
                 unhealthy: &[],
@@ -522,6 +543,8 @@ mod tests {
                     conditions: &[],
                     report: Some(&two),
                     report_refreshed_at: None,
+                    report_awaited_since: None,
+                    report_missing_before: false,
                     xids_since: None,
                     devices: &[],
                     unhealthy: &[],
@@ -544,6 +567,8 @@ mod tests {
                 conditions: &[],
                 report: Some(&three),
                 report_refreshed_at: None,
+                report_awaited_since: None,
+                report_missing_before: false,
                 xids_since: None,
                 devices: &[],
                 unhealthy: &[],

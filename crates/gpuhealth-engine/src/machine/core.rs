@@ -5,9 +5,9 @@ use gpuhealth_api::vocabulary::FindingSubject;
 use std::time::Duration;
 
 use gpuhealth_api::{
-    contract::RequestId,
+    contract::{GPU_HEALTHY_CONDITION, RequestId},
     node_health::{FINDINGS_LIMIT, Finding, GpuStatus, Phase, ReportProblemKind},
-    policy::GpuHealthPolicySpec,
+    policy::{GpuHealthPolicySpec, Mode},
     vocabulary::{Attempt, FindingKind, IncidentOutcome, PodKey, Reason},
 };
 use k8s_openapi::{apimachinery::pkg::apis::meta::v1::Time, jiff::Timestamp};
@@ -170,6 +170,7 @@ impl<'a> Stepper<'a> {
             FindingKind::MalformedGpuReport => report_bad,
             FindingKind::StaleReport => problem == Some(ReportProblemKind::Stale),
             FindingKind::GpusUnreadable => problem == Some(ReportProblemKind::Unreadable),
+            FindingKind::NoReport => problem == Some(ReportProblemKind::Missing),
             FindingKind::MalformedMaintenanceNotice => notice_bad,
             _ => true,
         });
@@ -181,6 +182,12 @@ impl<'a> Stepper<'a> {
             conditions: &node.conditions,
             report: node.report.as_ref(),
             report_refreshed_at: node.report_refreshed_at,
+            report_awaited_since: node.report_awaited_since,
+            report_missing_before: self
+                .status
+                .report_problem
+                .as_ref()
+                .is_some_and(|p| p.kind == ReportProblemKind::Missing),
             xids_since: self.xids_since(),
             devices: node.dra.as_ref().map_or(&[], |d| d.devices.as_slice()),
             unhealthy: &node.unhealthy_devices,
@@ -206,8 +213,12 @@ impl<'a> Stepper<'a> {
             let kind = match problem.kind {
                 ReportProblemKind::Stale => FindingKind::StaleReport,
                 ReportProblemKind::Unreadable => FindingKind::GpusUnreadable,
+                ReportProblemKind::Missing => FindingKind::NoReport,
             };
-            self.finding(kind, None, problem.message);
+            self.finding(kind, None, problem.message.clone());
+            if problem.kind == ReportProblemKind::Missing {
+                self.gpu_health_unknown(problem.message);
+            }
         }
         if let Some(at) = self.diagnosis.stale_at {
             self.wait(
@@ -251,6 +262,25 @@ impl<'a> Stepper<'a> {
                 }
             }
         }
+    }
+
+    /// A node with no report says so in its `GpuHealthy` condition too,
+    /// for the tools that read conditions: `Unknown`, written once, and
+    /// only under `Enforce` (`DryRun` and `Paused` touch nothing outside
+    /// gpuhealth's own status). The agent's first report writes its own.
+    fn gpu_health_unknown(&mut self, message: String) {
+        let said = self
+            .input
+            .node
+            .conditions
+            .iter()
+            .any(|c| c.type_ == GPU_HEALTHY_CONDITION && c.status == "Unknown");
+        if said || self.spec().mode != Mode::Enforce || self.input.not_enforced.is_some() {
+            return;
+        }
+        self.actions.push(Action::MarkGpuHealthUnknown { message });
+        // A write refused as a conflict is not seen by the watch.
+        self.wait(POLL);
     }
 
     pub(super) fn wait(&mut self, after: Duration) {

@@ -105,6 +105,12 @@ pub enum Action {
         key: String,
         value: String,
     },
+    /// Set the Node's `GpuHealthy` condition `Unknown` (reason `NoReport`,
+    /// with `message`): it has no GPU report. Only on the node as decided
+    /// on, so that a report written since is never contradicted.
+    MarkGpuHealthUnknown {
+        message: String,
+    },
 }
 
 impl Action {

@@ -42,6 +42,11 @@ pub struct NodeView {
     /// by the operator's clock: a report's age is judged on it, whatever the
     /// agent's clock says. None: the report's own time is taken.
     pub report_refreshed_at: Option<Timestamp>,
+    /// With no report: since when one has been awaited, by the operator's
+    /// clock: the later of the Node's creation and when the operator first
+    /// saw it selected without one (a restarted operator awaits afresh).
+    /// None: not said, and no report is then no finding.
+    pub report_awaited_since: Option<Timestamp>,
     /// The reason an administrator gave in `gpuhealth.io/break-glass` when
     /// clearing a request or the cordon record by hand.
     pub break_glass: Option<String>,

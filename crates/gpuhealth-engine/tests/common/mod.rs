@@ -14,8 +14,8 @@ use gpuhealth_api::{
     GpuHealth,
     contract::{
         AnnotationValue, DiagnosticTest, DiagnosticsRequest, DiagnosticsResult, DiagnosticsVerdict,
-        DisruptionTolerance, GpuReport, Outcome, RequestId, RequestResult, ResetRequest,
-        TestVerdict,
+        DisruptionTolerance, GPU_HEALTHY_CONDITION, GpuReport, Outcome, RequestId, RequestResult,
+        ResetRequest, TestVerdict,
     },
     node_health::GpuNodeHealthStatus,
     policy::GpuHealthPolicySpec,
@@ -23,6 +23,7 @@ use gpuhealth_api::{
 };
 use gpuhealth_engine::{
     budget::Budget,
+    diagnosis::ObservedCondition,
     drain::{BudgetView, GpuGate, PodView},
     fence::{DeviceView, DraView, RuleView},
     gangs::{GangView, GangWindow},
@@ -106,6 +107,8 @@ pub struct World {
     pub happenings: Vec<Happening>,
     /// Everything said since the world began, in order.
     pub said: Vec<Happening>,
+    /// When the last reconcile asked to be run again.
+    pub requeue: Option<Duration>,
     /// Request ids the agent carried out.
     pub executed: Vec<RequestId>,
     /// Labels the engine set on the node.
@@ -157,6 +160,7 @@ impl World {
                 disrupted_by: Vec::new(),
                 maintenance: None,
                 report_refreshed_at: None,
+                report_awaited_since: None,
                 break_glass: None,
                 dra: None,
                 gpu_resource: None,
@@ -179,6 +183,7 @@ impl World {
             log: Vec::new(),
             happenings: Vec::new(),
             said: Vec::new(),
+            requeue: None,
             executed: Vec::new(),
             labels: BTreeMap::new(),
             refused_uncordons: 0,
@@ -236,6 +241,7 @@ impl World {
             Err(BudgetNeeded) => self.budget_asked += 1,
         }
         let decision = counted;
+        self.requeue = decision.requeue_after;
         self.state = decision.status;
         for action in &decision.actions {
             self.apply(action);
@@ -373,6 +379,16 @@ impl World {
                 self.labels.insert(key.clone(), value.clone());
             }
             Action::ClearBreakGlass => self.node.break_glass = None,
+            Action::MarkGpuHealthUnknown { .. } => {
+                self.node
+                    .conditions
+                    .retain(|c| c.type_ != GPU_HEALTHY_CONDITION);
+                self.node.conditions.push(ObservedCondition {
+                    type_: GPU_HEALTHY_CONDITION.into(),
+                    status: "Unknown".into(),
+                    last_transition: self.now,
+                });
+            }
             Action::ForgetCordonRecord { incident } => {
                 assert!(
                     !self.node.unschedulable,

@@ -41,6 +41,7 @@ pub enum Kind {
     RequestReboot,
     RequestDiagnostics,
     LabelNode,
+    MarkGpuHealthUnknown,
     ClearBreakGlass,
     CreateValidationPod,
     DeleteValidationPod,
@@ -63,6 +64,7 @@ impl Kind {
             Action::RequestReboot { .. } => Kind::RequestReboot,
             Action::RequestDiagnostics { .. } => Kind::RequestDiagnostics,
             Action::LabelNode { .. } => Kind::LabelNode,
+            Action::MarkGpuHealthUnknown { .. } => Kind::MarkGpuHealthUnknown,
             Action::ClearBreakGlass => Kind::ClearBreakGlass,
             Action::CreateValidationPod { .. } => Kind::CreateValidationPod,
             Action::DeleteValidationPod { .. } => Kind::DeleteValidationPod,
@@ -85,6 +87,7 @@ impl Kind {
             Kind::RequestReboot => "request_reboot",
             Kind::RequestDiagnostics => "request_diagnostics",
             Kind::LabelNode => "label_node",
+            Kind::MarkGpuHealthUnknown => "mark_gpu_health_unknown",
             Kind::ClearBreakGlass => "clear_break_glass",
             Kind::CreateValidationPod => "create_validation_pod",
             Kind::DeleteValidationPod => "delete_validation_pod",
@@ -197,6 +200,9 @@ async fn carry_out(
         } => node::request_diagnostics(ctx, node, id, gpus, *level, *timeout, *requested_at).await,
         Action::ClearBreakGlass => node::clear_break_glass(ctx, node).await,
         Action::LabelNode { key, value } => node::label(ctx, node, key, value).await,
+        Action::MarkGpuHealthUnknown { message } => {
+            node::mark_gpu_health_unknown(ctx, node, message, now).await
+        }
         Action::Evict { pod } => pods::evict(ctx, node, spec, pod).await,
         Action::ForceDelete { pod } => pods::force_delete(ctx, node, pod).await,
         Action::TellGangMember { pod, at, why } => {

@@ -1,17 +1,22 @@
 //! Actions that write the node: its cordon and the record of who made it,
-//! the requests to its agent, its labels and the break-glass annotation.
+//! the requests to its agent, its labels, the break-glass annotation and,
+//! on a node with no report, its `GpuHealthy` condition.
 
-use gpuhealth_api::contract::{
-    AnnotationValue, BREAK_GLASS_ANNOTATION, CORDONED_BY_ANNOTATION, CordonRecord,
-    DIAGNOSTICS_REQUEST_ANNOTATION, DiagnosticsLevel, DiagnosticsRequest,
-    REBOOT_REQUEST_ANNOTATION, RESET_REQUEST_ANNOTATION, RebootRequest, RequestId, ResetRequest,
+use gpuhealth_api::{
+    contract::{
+        AnnotationValue, BREAK_GLASS_ANNOTATION, CORDONED_BY_ANNOTATION, CordonRecord,
+        DIAGNOSTICS_REQUEST_ANNOTATION, DiagnosticsLevel, DiagnosticsRequest,
+        GPU_HEALTHY_CONDITION, REBOOT_REQUEST_ANNOTATION, RESET_REQUEST_ANNOTATION, RebootRequest,
+        RequestId, ResetRequest,
+    },
+    vocabulary::FindingKind,
 };
 use k8s_openapi::{api::core::v1::Node, apimachinery::pkg::apis::meta::v1::Time, jiff::Timestamp};
 use kube::{Api, ResourceExt, api::Patch};
 use serde_json::{Value, json};
 use tracing::{info, warn};
 
-use super::{Carried, Failure, Outcome, patch_params};
+use super::{Carried, Failure, Outcome, gone_if_missing, patch_params};
 use crate::context::Context;
 
 /// Sets `spec.unschedulable` and the record of whose cordon it is in one
@@ -145,6 +150,36 @@ pub(super) async fn label(ctx: &Context, node: &Node, key: &str, value: &str) ->
     merge(ctx, node, json!({"metadata": {"labels": {key: value}}})).await?;
     warn!(node = %node.name_any(), %key, %value, "labelled for replacement");
     Ok(Outcome::Done)
+}
+
+/// `GpuHealthy=Unknown`, reason `NoReport`: all the operator may write of
+/// that condition (admission holds it to that, on a node with no report).
+/// Guarded by the resourceVersion decided on, so that a report written
+/// since (and the agent's own condition with it) is never contradicted: a
+/// conflict fails the write and the next reconcile decides again.
+pub(super) async fn mark_gpu_health_unknown(
+    ctx: &Context,
+    node: &Node,
+    message: &str,
+    now: Time,
+) -> Carried {
+    let patch = json!({
+        "metadata": {"resourceVersion": node.resource_version()},
+        "status": {"conditions": [{
+            "type": GPU_HEALTHY_CONDITION,
+            "status": "Unknown",
+            "reason": FindingKind::NoReport.as_str(),
+            "message": message,
+            "lastHeartbeatTime": now,
+            "lastTransitionTime": now,
+        }]},
+    });
+    let result = Api::<Node>::all(ctx.client.clone())
+        .patch_status(&node.name_any(), &patch_params(), &Patch::Strategic(patch))
+        .await;
+    let outcome = gone_if_missing(result)?;
+    info!(node = %node.name_any(), "no GPU report: its GpuHealthy condition set Unknown");
+    Ok(outcome)
 }
 
 async fn annotate(ctx: &Context, node: &Node, key: &str, value: &str) -> Result<(), kube::Error> {

@@ -4,10 +4,10 @@
 use std::time::Duration;
 
 use gpuhealth_api::{
-    contract::{CORDONED_BY_ANNOTATION, RequestId},
+    contract::{CORDONED_BY_ANNOTATION, GPU_HEALTHY_CONDITION, RequestId},
     gang::EVICT_AT_ANNOTATION,
     policy::GpuHealthPolicySpec,
-    vocabulary::PodKey,
+    vocabulary::{FindingKind, PodKey},
 };
 use gpuhealth_engine::machine::Action;
 use k8s_openapi::{api::core::v1::Node, jiff::Timestamp};
@@ -138,6 +138,48 @@ async fn an_uncordon_is_guarded_by_the_version_decided_on() {
     assert_eq!(
         body["metadata"]["annotations"][CORDONED_BY_ANNOTATION],
         json!(null)
+    );
+}
+
+#[tokio::test]
+async fn a_node_with_no_report_gets_gpu_healthy_unknown_only_as_decided_on() {
+    let w = world();
+    let mark = || Action::MarkGpuHealthUnknown {
+        message: "no GPU report".into(),
+    };
+    let outcome = carry(&w, &spec(), mark()).await.expect("written");
+    assert_eq!(outcome, Outcome::Done);
+    assert_eq!(
+        w.api.lines(),
+        [format!("PATCH /api/v1/nodes/{NODE}/status")]
+    );
+    let seen = &w.api.seen()[0];
+    assert_eq!(seen.body["metadata"]["resourceVersion"], json!("41"));
+    let conditions = seen.body["status"]["conditions"]
+        .as_array()
+        .expect("conditions");
+    assert_eq!(conditions.len(), 1, "{conditions:?}");
+    assert_eq!(conditions[0]["type"], json!(GPU_HEALTHY_CONDITION));
+    assert_eq!(conditions[0]["status"], json!("Unknown"));
+    assert_eq!(
+        conditions[0]["reason"],
+        json!(FindingKind::NoReport.as_str())
+    );
+    assert_eq!(conditions[0]["message"], json!("no GPU report"));
+    assert!(
+        seen.uri.contains("fieldManager=gpuhealth-operator"),
+        "{}",
+        seen.uri
+    );
+    // A report written since: decided again at once.
+    w.api.on("PATCH", "/status", 409);
+    let error = carry(&w, &spec(), mark()).await.expect_err("a conflict");
+    assert_eq!(error.retry(), Retry::Soon);
+    // The node gone: nothing left to say.
+    w.api.on("PATCH", "/status", 404);
+    assert_eq!(
+        carry(&w, &spec(), mark()).await.expect("gone"),
+        Outcome::Gone
     );
 }
 

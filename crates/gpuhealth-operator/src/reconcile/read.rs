@@ -60,17 +60,18 @@ pub struct Read {
 /// Reads what `node`'s step needs; None when no policy manages it.
 pub async fn read(ctx: &Context, node: &Node) -> Result<Option<Read>, Error> {
     let policies = ctx.policies.state();
+    let name = node.name_any();
     let Some(policy) = winner(&policies, node) else {
+        ctx.memory.forget_report(&name);
         return Ok(None);
     };
-    let name = node.name_any();
     let policy_name = policy.name_any();
     let view = node_view(
         node,
         &policy.spec.other_actors,
         &ctx.locks.of(&name),
         beside(ctx, node, &name, &policy.spec.quarantine),
-        |observed| ctx.memory.report_refreshed_at(&name, observed),
+        |observed| ctx.memory.report_first_seen(&name, observed),
     );
     if let Some(Err(e)) = &view.report {
         warn!(node = %name, error = %e, "malformed GPU report; ignoring it");

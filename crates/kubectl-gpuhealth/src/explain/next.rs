@@ -147,6 +147,7 @@ pub fn steps(input: &ExplainInput, now: Timestamp) -> Vec<String> {
             // Each says in its message what to do about it.
             other @ (FindingKind::StaleReport
             | FindingKind::GpusUnreadable
+            | FindingKind::NoReport
             | FindingKind::RungUnavailable
             | FindingKind::MalformedMaintenanceNotice
             | FindingKind::MaintenanceDeadlinePassed
