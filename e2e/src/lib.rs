@@ -5,6 +5,7 @@
 //! Everything here talks to a real kube-apiserver; nothing is mocked.
 
 pub mod agent;
+pub mod alerts;
 pub mod audit;
 pub mod chaos;
 pub mod cluster;

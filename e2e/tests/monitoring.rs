@@ -1,21 +1,28 @@
 //! The metrics after the incident, with their values, and the alerts and
 //! the dashboard in config/monitoring naming only metrics the binaries
 //! serve: every `gpuhealth_*` series their expressions use is checked
-//! against the `/metrics` of a running operator and agent.
+//! against the `/metrics` of a running operator and agent. A node that
+//! never reports raises its alert, whose expression is evaluated on a
+//! scrape.
 
 use std::{collections::BTreeMap, time::Duration};
 
+use gpuhealth_agent::fake::{SimHardware, SimOutcome};
 use gpuhealth_api::{
-    contract::GPU_REPORT_ANNOTATION,
+    contract::{GPU_HEALTHY_CONDITION, GPU_REPORT_ANNOTATION},
+    node_health::{GpuNodeHealthStatus, Phase, ReportProblemKind},
     vocabulary::{AttemptAction, AttemptOutcome, FindingKind, IncidentOutcome},
 };
 use gpuhealth_e2e::{
+    alerts::{alert_expr, firing},
+    node_agent,
     operator::{self, Options},
     process::Process,
+    reports,
     scenario::{Scenario, WAIT},
-    sim::{GpuNodeSpec, gpu_node},
+    sim::{GpuNodeSpec, gpu_node, remove_node},
     unique,
-    wait::within,
+    wait::{until, within},
 };
 use k8s_openapi::api::{core::v1::Node, policy::v1::PodDisruptionBudget};
 use kube::{
@@ -284,6 +291,145 @@ async fn metrics_tell_the_incident_and_alerts_use_only_served_ones() {
         }
     }
     let _ = nodes.delete(&garbled, &Default::default()).await;
+}
+
+/// Scrapes until `name{labels}` reads `want`, then returns that scrape.
+async fn until_reads(process: &Process, name: &str, labels: &[(&str, &str)], want: f64) -> String {
+    within(&format!("{name} {labels:?} = {want}"), WAIT, async {
+        loop {
+            let text = process.scrape().await?;
+            if value(&text, name, labels) == Some(want) {
+                return Ok(text);
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    })
+    .await
+    .expect("read")
+}
+
+/// A node the policy selects and no agent ever reports on: once its grace
+/// (`staleAfter`, here a minute) is over it has a `NoReport` finding and
+/// Event, its `GpuHealthy` condition is `Unknown`, its phase and its
+/// cordon stay as they were, `gpuhealth_nodes_not_reporting` counts it and
+/// `GpuHealthNodeNotReporting`'s expression holds for its policy. The
+/// agent's first report clears all of it.
+#[tokio::test]
+async fn a_node_that_never_reports_raises_its_alert_until_it_reports() {
+    let mut spec = Scenario::quick_spec();
+    spec.detection.gpu_report.stale_after = gpuhealth_api::Duration::from_secs(60);
+    let mut s = Scenario::new("silence", 1, spec).await.expect("scenario");
+    s.start_operator().await.expect("operator");
+    let nodes: Api<Node> = Api::all(s.client.clone());
+    let silent = format!("{}-silent", s.group);
+    let created = nodes
+        .create(
+            &PostParams::default(),
+            &gpu_node(&silent, &s.group, &GpuNodeSpec::default()),
+        )
+        .await
+        .expect("node");
+    let created = created.metadata.creation_timestamp.expect("created").0;
+    let no_report =
+        |st: &GpuNodeHealthStatus| st.findings.iter().any(|f| f.type_ == FindingKind::NoReport);
+    let first = s
+        .wait_status(&silent, "taken in", |st| st.policy.is_some())
+        .await
+        .expect("taken in");
+    assert!(!no_report(&first), "within its grace: {:?}", first.findings);
+    assert_eq!(first.report_problem, None);
+
+    let said = s
+        .wait_status(&silent, "said to have no report", no_report)
+        .await
+        .expect("said to have none");
+    assert_eq!(said.phase, Phase::Healthy);
+    assert_eq!(
+        said.report_problem.as_ref().map(|p| p.kind),
+        Some(ReportProblemKind::Missing)
+    );
+    let at = said
+        .findings
+        .iter()
+        .find(|f| f.type_ == FindingKind::NoReport)
+        .map(|f| f.observed_at.0)
+        .expect("the finding");
+    // Statuses are written to the second.
+    assert!(
+        at.duration_since(created) >= k8s_openapi::jiff::SignedDuration::from_secs(59),
+        "said at {at}, the node created at {created}: before its grace was over"
+    );
+    s.wait_event(&silent, FindingKind::NoReport.as_str())
+        .await
+        .expect("the Event");
+    let gpu_healthy = |n: &Node| {
+        n.status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .and_then(|cs| cs.iter().find(|c| c.type_ == GPU_HEALTHY_CONDITION))
+            .map(|c| (c.status.clone(), c.reason.clone().unwrap_or_default()))
+    };
+    let node = until(nodes.clone(), &silent, WAIT, |n| {
+        gpu_healthy(n) == Some(("Unknown".into(), FindingKind::NoReport.as_str().into()))
+    })
+    .await
+    .expect("GpuHealthy Unknown");
+    assert_ne!(
+        node.spec.as_ref().and_then(|s| s.unschedulable),
+        Some(true),
+        "not cordoned"
+    );
+
+    let operator = s.operator.as_ref().expect("the operator");
+    let policy = [("policy", s.policy.as_str())];
+    let gauge = "gpuhealth_nodes_not_reporting";
+    let text = until_reads(operator, gauge, &policy, 1.0).await;
+    let expr = alert_expr("GpuHealthNodeNotReporting");
+    let fires_for_it = |text: &str| {
+        firing(&expr, text)
+            .iter()
+            .any(|g| g.get("policy").map(String::as_str) == Some(s.policy.as_str()))
+    };
+    assert!(
+        fires_for_it(&text),
+        "{expr} holds for {}:\n{text}",
+        s.policy
+    );
+
+    // An agent starts there and reports.
+    let hardware = SimHardware {
+        gpus: reports::healthy(&s.namespace, &[]).gpus,
+        reset: SimOutcome::Succeed,
+        reboot: SimOutcome::Succeed,
+        reset_takes: None,
+        executed: Vec::new(),
+        capabilities: None,
+    };
+    node_agent::set_hardware(&s.client, &silent, &hardware)
+        .await
+        .expect("hardware");
+    let state = std::env::temp_dir().join(format!("gpuhealth-agent-{silent}"));
+    let _ = std::fs::remove_dir_all(&state);
+    let mut agent = node_agent::start(&format!("{silent}-agent"), &silent, &state, None)
+        .await
+        .expect("the agent");
+    let cleared = s
+        .wait_status(&silent, "cleared by the first report", |st| {
+            !no_report(st) && st.report_problem.is_none()
+        })
+        .await
+        .expect("cleared");
+    assert_eq!(cleared.phase, Phase::Healthy);
+    until(nodes.clone(), &silent, WAIT, |n| {
+        gpu_healthy(n).is_some_and(|(status, _)| status == "True")
+    })
+    .await
+    .expect("the agent's own GpuHealthy");
+    let text = until_reads(operator, gauge, &policy, 0.0).await;
+    assert!(!fires_for_it(&text), "{expr} no longer holds:\n{text}");
+
+    agent.kill().await;
+    remove_node(&s.client, &silent).await;
 }
 
 #[test]

@@ -96,6 +96,8 @@ pub struct Metrics {
     pub actions: Family<ActionLabels, Counter>,
     pub nodes: Family<PhaseLabels, Gauge>,
     pub report_problems: Family<ReportProblemLabels, Gauge>,
+    /// Managed nodes with no GPU report at all past their grace, by policy.
+    pub nodes_not_reporting: Family<PolicyLabels, Gauge>,
     pub circuit_open: Family<PolicyLabels, Gauge>,
     pub unhonoured_fields: Family<PolicyLabels, Gauge>,
     pub past_guardrails: Family<PolicyLabels, Gauge>,
@@ -133,6 +135,7 @@ impl Default for Metrics {
             actions: Family::default(),
             nodes: Family::default(),
             report_problems: Family::default(),
+            nodes_not_reporting: Family::default(),
             circuit_open: Family::default(),
             unhonoured_fields: Family::default(),
             past_guardrails: Family::default(),
@@ -210,6 +213,11 @@ impl Metrics {
             "report_problems",
             "Managed nodes whose GPU report cannot be trusted now, by policy and problem: Stale (not refreshed within detection.gpuReport.staleAfter) or Unreadable (its writer cannot read the GPUs)",
             m.report_problems.clone(),
+        );
+        r.register(
+            "nodes_not_reporting",
+            "Managed nodes with no GPU report at all, longer after they were selected than detection.gpuReport.staleAfter, by policy: their agent never reported (not scheduled there, crash-looping, no runtime class, no image for the node's architecture)",
+            m.nodes_not_reporting.clone(),
         );
         r.register(
             "circuit_open",

@@ -95,8 +95,8 @@ fn count(ctx: &Context, policy: &GpuHealthPolicy, name: &str) -> Counted {
     }
 }
 
-/// The policy's gauges: its nodes by phase, report problems and fenced
-/// GPUs, and whether its circuit is open.
+/// The policy's gauges: its nodes by phase, report problems, nodes not
+/// reporting and fenced GPUs, and whether its circuit is open.
 fn gauges(ctx: &Context, name: &str, statuses: &[&GpuNodeHealthStatus], budget: &budget::Budget) {
     let m = &ctx.metrics;
     for phase in Phase::ALL {
@@ -112,13 +112,22 @@ fn gauges(ctx: &Context, name: &str, statuses: &[&GpuNodeHealthStatus], budget: 
         let n = statuses
             .iter()
             .filter(|s| s.report_problem.as_ref().is_some_and(|p| p.kind == problem))
-            .count();
+            .count() as i64;
+        let policy = name.to_owned();
+        // A node with no report is a gauge of its own: there is no report
+        // to have a problem, and its alert's causes are the agent's install.
+        if problem == ReportProblemKind::Missing {
+            m.nodes_not_reporting
+                .get_or_create(&PolicyLabels { policy })
+                .set(n);
+            continue;
+        }
         m.report_problems
             .get_or_create(&ReportProblemLabels {
-                policy: name.to_owned(),
+                policy,
                 problem: format!("{problem:?}"),
             })
-            .set(n as i64);
+            .set(n);
     }
     for fence in [GpuFence::DeviceTaintRule, GpuFence::DevicePlugin] {
         let n: usize = statuses
@@ -397,6 +406,49 @@ mod tests {
             reason(guardrail_event(Some(&managing), &managing, true)),
             None
         );
+    }
+
+    #[tokio::test]
+    async fn a_node_with_no_report_is_counted_apart_from_report_problems() {
+        let w = crate::testing::World::new(std::time::Duration::from_secs(600));
+        let status = |kind: Option<ReportProblemKind>| GpuNodeHealthStatus {
+            report_problem: kind.map(|kind| gpuhealth_api::node_health::ReportProblem {
+                kind,
+                message: String::new(),
+            }),
+            ..Default::default()
+        };
+        let (missing, also_missing, stale, fine) = (
+            status(Some(ReportProblemKind::Missing)),
+            status(Some(ReportProblemKind::Missing)),
+            status(Some(ReportProblemKind::Stale)),
+            status(None),
+        );
+        let spec = gpuhealth_api::GpuHealthPolicySpec::for_selector(Default::default());
+        let budget = budget::Budget::new(&spec, 4, 0, 0);
+        gauges(
+            &w.ctx,
+            "fleet",
+            &[&missing, &also_missing, &stale, &fine],
+            &budget,
+        );
+        let m = &w.ctx.metrics;
+        let policy = PolicyLabels {
+            policy: "fleet".into(),
+        };
+        assert_eq!(m.nodes_not_reporting.get_or_create(&policy).get(), 2);
+        let problems = |problem: &str| {
+            m.report_problems
+                .get_or_create(&ReportProblemLabels {
+                    policy: "fleet".into(),
+                    problem: problem.into(),
+                })
+                .get()
+        };
+        assert_eq!((problems("Stale"), problems("Unreadable")), (1, 0));
+        // Reported again: the gauge drops.
+        gauges(&w.ctx, "fleet", &[&fine, &stale], &budget);
+        assert_eq!(m.nodes_not_reporting.get_or_create(&policy).get(), 0);
     }
 
     #[test]
