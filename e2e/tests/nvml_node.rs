@@ -216,10 +216,10 @@ async fn the_shipped_agent_takes_a_gpu_from_its_xid_back_to_serving_beside_the_g
         r.gpus[7].xids
     );
 
-    // The next fault, on another GPU, in the kernel log alone and right
-    // after the recovery, is reported and answered the same way (an Xid in
-    // the second the incident closed was once taken as answered by it).
-    host.kernel_log_xid(
+    // The next fault, on another GPU, right after the recovery, is reported
+    // and answered the same way (an Xid in the second the incident closed
+    // was once taken as answered by it).
+    host.xid(
         3,
         119,
         "Timeout after 45s of waiting for RPC response from GPU GSP",
@@ -234,13 +234,17 @@ async fn the_shipped_agent_takes_a_gpu_from_its_xid_back_to_serving_beside_the_g
     until(nodes, &node, WAIT, is_cordoned)
         .await
         .expect("cordoned for GPU 3");
+    // The cordon is written before the record that opens its incident:
+    // the record is waited for.
     let records: Api<GpuNodeHealth> = Api::all(s.client.clone());
-    let status = records.get(&node).await.expect("record").status;
-    let newest = status.and_then(|s| s.history.first().cloned());
-    assert!(
-        newest.is_some_and(|i| i.id != incident.id && i.gpus == [uuid(3)]),
-        "a new incident, about GPU 3"
-    );
+    until(records, &node, WAIT, |g| {
+        g.status
+            .as_ref()
+            .and_then(|s| s.history.first())
+            .is_some_and(|i| i.id != incident.id && i.gpus == [uuid(3)])
+    })
+    .await
+    .expect("a new incident, about GPU 3");
 }
 
 /// The GPU Operator's driver container runs nvidia-persistenced, which
@@ -490,6 +494,54 @@ async fn an_executor_without_the_access_it_needs_withholds_its_offer_and_says_wh
             "{check} passes: {metrics}"
         );
     }
+    remove_node(&client, &node).await;
+}
+
+/// While NVML's Xid events are up, the kernel log alone is not believed
+/// (a tenant's process can print into it): an Xid only the log shows is
+/// reported `uncorroborated` (never acted on), where the same Xid from
+/// the driver, in the log and through NVML, is reported as it is.
+#[tokio::test]
+async fn an_xid_only_the_kernel_log_shows_is_reported_uncorroborated() {
+    let (client, node, host) = bare_node("nvml-doubt").await;
+    let nodes: Api<Node> = Api::all(client.clone());
+    let _agent = agent(&host, &format!("{node}-agent"), &[]).await;
+    // An event NVML alone reports shows its events are up.
+    host.nvml_xid(2, 13).expect("an NVML event");
+    until(nodes.clone(), &node, WAIT, |n| {
+        from_nvml(n) && report(n).is_some_and(|r| r.gpus[2].xids.iter().any(|x| x.code == 13))
+    })
+    .await
+    .expect("NVML's events up");
+
+    host.kernel_log_xid(5, 79, "GPU has fallen off the bus.", Duration::ZERO)
+        .expect("a line in the kernel log alone");
+    host.xid(6, 48, "DBE (Double Bit Error) ECC Error", Duration::ZERO)
+        .expect("an Xid from the driver, both ways");
+    let n = until(nodes, &node, WAIT, |n| {
+        report(n).is_some_and(|r| {
+            r.gpus[5].xids.iter().any(|x| x.code == 79)
+                && r.gpus[6].xids.iter().any(|x| x.code == 48)
+        })
+    })
+    .await
+    .expect("both reported");
+    let r = report(&n).expect("report");
+    let xid = |gpu: usize, code: u32| {
+        r.gpus[gpu]
+            .xids
+            .iter()
+            .find(|x| x.code == code)
+            .cloned()
+            .expect("reported")
+    };
+    assert!(xid(5, 79).uncorroborated, "{:?}", r.gpus[5]);
+    assert!(!xid(6, 48).uncorroborated, "{:?}", r.gpus[6]);
+    assert_eq!(
+        xid(6, 48).text,
+        "DBE (Double Bit Error) ECC Error",
+        "the line's words"
+    );
     remove_node(&client, &node).await;
 }
 

@@ -418,6 +418,20 @@ spec:
         .map(|g| g.pods[0].name.clone())
         .collect();
 
+    // A tenant forges the driver's words about GPU 3 by crashing: the real
+    // kernel logs it, and the reporter, following that log through
+    // syslog(2) as shipped, reads no Xid in it; the node is not cordoned.
+    let bus3 = before.gpus[3].pci_bus_id[4..14].to_lowercase();
+    forge_xids_by_crashing(&client, &images.workload, &bus3).await;
+    let n = nodes.get(&node.name).await.expect("node");
+    assert!(!is_cordoned(&n), "cordoned for a tenant's crash");
+    let r = report(&n).expect("report");
+    assert!(
+        r.gpus.iter().all(|g| g.xids.is_empty()),
+        "an Xid read from a tenant's crash: {:?}",
+        r.gpus
+    );
+
     // GPU 7 as in the incident: Xid 119, then 154 asking for a reset.
     host.set(7, "recovery_action", "1")
         .expect("recovery action");
@@ -436,6 +450,14 @@ spec:
     .expect("back to Healthy");
     let incident = record.status.expect("status").history[0].clone();
     assert_eq!(incident.gpus, [uuid(7)]);
+    // The reporter read what came after the forgery: GPU 3, whose words
+    // it was, still has no Xid.
+    let n = nodes.get(&node.name).await.expect("node");
+    assert!(
+        report(&n).is_some_and(|r| r.gpus[3].xids.is_empty()),
+        "{:?}",
+        report(&n)
+    );
 
     // The pod on GPU 7 moved; the others stayed.
     let pods: Api<Pod> = Api::namespaced(client.clone(), SERVING);
@@ -600,4 +622,74 @@ spec:
         "{:?}",
         host.resets()
     );
+}
+
+/// A tenant's pod on the node forging Xids about the GPU at `bus`
+/// (`0000:3b:00`) by crashing: a process named like the start of the
+/// driver's line crashes in a file named like the rest of it (as the
+/// issue that found it did), and one crashes in a file whose name holds a
+/// newline and then a whole line of the driver's (which `syslog(2)` prints
+/// as a line of its own). Returns once the real kernel has logged both and
+/// the reporter has had time to read them: it reads the buffer each second
+/// and publishes at once on a new Xid.
+async fn forge_xids_by_crashing(client: &Client, image: &str, bus: &str) {
+    let same_line = format!("x {bus}): 79, y");
+    let next_line = format!("NVRM: Xid (PCI:{bus}): 79, GPU has fallen off the bus.");
+    let pod: Pod = serde_json::from_value(serde_json::json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "tenant-forger", "namespace": SERVING},
+        "spec": {
+            "restartPolicy": "Never",
+            "terminationGracePeriodSeconds": 1,
+            "containers": [
+                {"name": "same-line", "image": image,
+                 "args": ["--crash-in", format!("/work/{same_line}"), "NVRM: Xid ("],
+                 "volumeMounts": [{"name": "work", "mountPath": "/work"}]},
+                {"name": "next-line", "image": image,
+                 "args": ["--crash-in", format!("/work/z\n{next_line}"), "NVRM: Xid (PCI:"],
+                 "volumeMounts": [{"name": "work", "mountPath": "/work"}]},
+            ],
+            "volumes": [{"name": "work", "emptyDir": {}}],
+        },
+    }))
+    .expect("the forger's pod");
+    let pods: Api<Pod> = Api::namespaced(client.clone(), SERVING);
+    pods.create(&Default::default(), &pod)
+        .await
+        .expect("the forger's pod created");
+    until(pods, "tenant-forger", WAIT, |p| {
+        let crashed = p
+            .status
+            .as_ref()
+            .and_then(|s| s.container_statuses.as_ref())
+            .map_or(0, |cs| {
+                cs.iter()
+                    .filter(|c| {
+                        c.state
+                            .as_ref()
+                            .and_then(|s| s.terminated.as_ref())
+                            .is_some_and(|t| t.exit_code != 0)
+                    })
+                    .count()
+            });
+        crashed == 2
+    })
+    .await
+    .expect("both its processes crashed");
+    // As syslog(2) gives the kernel's buffer to the reporter.
+    let mut buffer = Vec::new();
+    let log = gpuhealth_klog::read_all(&mut buffer).expect("the kernel's log");
+    assert!(
+        log.lines().any(|l| l.contains("NVRM: Xid ([")
+            && l.contains("segfault at 0")
+            && l.contains(&same_line)),
+        "the kernel logged the first crash"
+    );
+    assert!(
+        log.lines().any(|l| l
+            .split_once("] ")
+            .is_some_and(|(_, message)| message.starts_with(&next_line))),
+        "the kernel logged the second crash's file name as a line of its own"
+    );
+    tokio::time::sleep(Duration::from_secs(5)).await;
 }

@@ -2,7 +2,11 @@
 //! contract accepts serialises to one it accepts again, unchanged; the
 //! kernel log stays within its bounds whatever it is fed.
 
-use gpuhealth_agent::kmsg::{GPUS_TRACKED, KernelLog, XIDS_PER_GPU};
+use gpuhealth_agent::kmsg::{
+    GPUS_TRACKED, KernelLog, XIDS_PER_GPU,
+    crash::{crash_messages, kmsg_record, syslog_buffer},
+    parse_line, syslog_records,
+};
 use gpuhealth_api::contract::{
     AnnotationValue, CordonRecord, GpuReport, MaintenanceNotice, RebootRequest, RequestResult,
     ResetRequest,
@@ -49,15 +53,29 @@ pub fn maintenance(data: &[u8]) {
 }
 
 /// Each line of `data` into one kernel log, a second apart; what it
-/// reports stays within the report's bounds.
+/// reports stays within the report's bounds. And `data` cut into a
+/// process's name (its first 15 bytes) and a file's (the rest): no crash
+/// message of the kernel's that names them is a GPU line, read from
+/// `/dev/kmsg` or through `syslog(2)`.
 pub fn kernel_log(data: &[u8]) {
+    let (comm, file) = data.split_at(data.len().min(15));
+    let comm: Vec<u8> = comm.iter().copied().filter(|b| *b != 0).collect();
+    let file: Vec<u8> = file.iter().copied().filter(|b| ![0, b'/'].contains(b)).collect();
+    for message in crash_messages(&comm, &file) {
+        let record = kmsg_record(&message);
+        assert_eq!(parse_line(&record), None, "{record:?}");
+        for (_, record) in syslog_records(&syslog_buffer(&message)) {
+            assert_eq!(parse_line(&record), None, "{record:?}");
+        }
+    }
+
     let text = String::from_utf8_lossy(data);
     let mut log = KernelLog::default();
     for (i, line) in text.lines().enumerate() {
         let at = Timestamp::from_second(i as i64).unwrap_or(Timestamp::UNIX_EPOCH);
         log.take(line, at);
     }
-    let entries = log.entries();
+    let entries = log.entries(Timestamp::UNIX_EPOCH);
     assert!(entries.len() <= GPUS_TRACKED);
     for gpu in &entries {
         assert!(gpu.xids.len() <= XIDS_PER_GPU, "{gpu:?}");

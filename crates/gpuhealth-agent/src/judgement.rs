@@ -36,9 +36,11 @@ pub fn of_recovery_action(value: u32) -> GpuHealth {
 /// The health logged Xids call for: the strongest action any of them asks
 /// for, the newest recovery action standing for Xid 154. App faults and
 /// unknown codes are the operator's to judge (they count repeats over
-/// time), so alone they leave the GPU healthy.
+/// time), so alone they leave the GPU healthy; so does an Xid NVML did not
+/// confirm.
 pub fn of_xids(xids: &[XidEvent], recovery_action: Option<u32>) -> GpuHealth {
-    let by_code = xids.iter().filter_map(|x| match default_class(x.code) {
+    let believed = xids.iter().filter(|x| !x.uncorroborated);
+    let by_code = believed.filter_map(|x| match default_class(x.code) {
         XidClass::Needs(action) => Some(of_action(action)),
         _ => None,
     });
@@ -93,11 +95,7 @@ mod tests {
 
     #[test]
     fn xids_and_the_recovery_action_are_one_judgement() {
-        let xid = |code| XidEvent {
-            code,
-            at: Time(Timestamp::UNIX_EPOCH),
-            text: String::new(),
-        };
+        let xid = |code| XidEvent::new(code, Time(Timestamp::UNIX_EPOCH), "");
         // An app fault and an unknown code alone: the operator's to judge.
         assert_eq!(of_xids(&[xid(13), xid(4242)], None), GpuHealth::Healthy);
         assert_eq!(of_xids(&[xid(48)], None), GpuHealth::ResetRequired);

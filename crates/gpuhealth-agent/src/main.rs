@@ -33,7 +33,7 @@ use gpuhealth_agent::{
     nvidia_smi::NvidiaSmi,
     nvml::{self, NVML_LIBRARY},
     nvml_backend::{KmsgBackend, NvmlBackend},
-    nvml_thread::{NvmlLibrary, NvmlThread},
+    nvml_thread::{NvmlLibrary, NvmlThread, XidNews},
     operands::{DEFAULT_OPERANDS, Operands},
     reboot::{RebootMethod, SYSTEM_BUS},
     recoveries::Recoveries,
@@ -339,7 +339,7 @@ async fn serve(args: Args) -> Result<(), String> {
                 .await;
         }
         Backend::Kmsg => {
-            let feed = Feed::new(metrics.xids.clone());
+            let feed = Feed::new(metrics.xids.clone(), metrics.not_the_drivers.clone());
             if role.reports() {
                 let how = feed
                     .follow(args.kmsg_path.clone())
@@ -357,7 +357,7 @@ async fn serve(args: Args) -> Result<(), String> {
         }
         Backend::Nvml => {
             let (nvml_library, nvidia_smi) = driver(&args);
-            let feed = Feed::new(metrics.xids.clone());
+            let feed = Feed::new(metrics.xids.clone(), metrics.not_the_drivers.clone());
             if role.reports() {
                 match feed.follow(args.kmsg_path.clone()) {
                     Ok(how) => info!(through = how, "following the kernel log"),
@@ -381,9 +381,12 @@ async fn serve(args: Args) -> Result<(), String> {
             }
             let wake = feed.wake.clone();
             let events = feed.clone();
-            let gpus = NvmlThread::start(nvml_library, args.nvml_deadline, move |pci, code| {
-                events.nvml_xid(pci, code)
-            });
+            let gpus =
+                NvmlThread::start(nvml_library, args.nvml_deadline, move |news| match news {
+                    XidNews::Listening => events.nvml_listening(true),
+                    XidNews::Deaf => events.nvml_listening(false),
+                    XidNews::Xid { pci_bus_id, code } => events.nvml_xid(pci_bus_id, code),
+                });
             // The reporter's record starts from the one-process agent's,
             // kept where the executor's state now is.
             let seed = (executor_dir != args.state_dir).then_some(executor_dir.as_path());

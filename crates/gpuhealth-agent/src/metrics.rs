@@ -62,6 +62,9 @@ impl WithheldLabels {
 pub struct AgentMetrics {
     registry: Registry,
     pub xids: Family<CodeLabels, Counter>,
+    /// Kernel log lines that name a GPU as the driver's do but are not
+    /// its own: a process may be forging them.
+    pub not_the_drivers: Counter,
     pub gpus: Family<HealthLabels, Gauge>,
     pub reads: Family<ResultLabels, Counter>,
     pub report_writes: Counter,
@@ -96,6 +99,7 @@ impl Default for AgentMetrics {
         let mut m = AgentMetrics {
             registry: Registry::with_prefix("gpuhealth_agent"),
             xids: Family::default(),
+            not_the_drivers: Counter::default(),
             gpus: Family::default(),
             reads: Family::default(),
             report_writes: Counter::default(),
@@ -128,6 +132,11 @@ impl Default for AgentMetrics {
             "xids",
             "Xids seen in the kernel log, by code",
             m.xids.clone(),
+        );
+        r.register(
+            "kernel_lines_not_the_drivers",
+            "Kernel log lines that read like the driver's Xid or GPU lines but are not its own (another facility than the kernel's, or the words elsewhere than where a message starts): not read; a process on the node may be forging them",
+            m.not_the_drivers.clone(),
         );
         r.register(
             "gpus",

@@ -85,13 +85,21 @@ impl<G: Gpus> NvmlBackend<G> {
     }
 
     /// Each GPU's Xids from the kernel log and NVML's events, matched by PCI
-    /// address, less those its last recovery answered.
+    /// address, less those its last recovery answered; each new one named
+    /// the pod's that alone held the GPU (`gpu.pods`, read first).
     fn add_xids(&self, gpus: &mut [GpuEntry]) {
         let Some(feed) = &self.kernel_log else { return };
+        let now = Timestamp::now();
         feed.with(|log| {
             for gpu in gpus.iter_mut() {
                 if let Some(pci) = PciAddress::parse(&gpu.pci_bus_id) {
-                    gpu.xids = self.recoveries.fresh(&gpu.uuid, log.xids(&pci));
+                    let holders = if gpu.pods_unknown.is_some() {
+                        &[][..]
+                    } else {
+                        &gpu.pods[..]
+                    };
+                    log.attribute(&pci, holders, now);
+                    gpu.xids = self.recoveries.fresh(&gpu.uuid, &log.xids(&pci, now));
                 }
             }
         });
@@ -209,8 +217,8 @@ impl<G: Gpus> Backend for NvmlBackend<G> {
         let readings = read.map_err(|e| e.to_string())?;
         self.observe_recoveries(&readings);
         let mut gpus: Vec<GpuEntry> = readings.iter().map(nvml::entry).collect();
-        self.add_xids(&mut gpus);
         self.add_pods(node, &readings, &mut gpus).await;
+        self.add_xids(&mut gpus);
         Ok(gpus)
     }
 
@@ -327,7 +335,7 @@ impl Backend for KmsgBackend {
 
     async fn read(&mut self, _node: &Node) -> Result<Vec<GpuEntry>, String> {
         self.offered.refresh(false);
-        Ok(self.kernel_log.with(|log| log.entries()))
+        Ok(self.kernel_log.with(|log| log.entries(Timestamp::now())))
     }
 
     fn capability_checks(&self) -> Option<&CapabilityChecks> {

@@ -58,6 +58,17 @@ pub trait Gpus: Send + Sync {
     fn retake(&self) -> impl Future<Output = Result<(), NvmlUnavailable>> + Send;
 }
 
+/// What NVML's event set tells the agent.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum XidNews<'a> {
+    /// Registered on every GPU: each Xid from now on is told.
+    Listening,
+    /// No longer (let go for a reset, or NVML went away).
+    Deaf,
+    /// An Xid on the GPU at this PCI address.
+    Xid { pci_bus_id: &'a str, code: u32 },
+}
+
 enum Job {
     Read(oneshot::Sender<Result<Vec<DeviceReading>, NvmlUnavailable>>),
     Release(oneshot::Sender<()>),
@@ -72,13 +83,13 @@ pub struct NvmlThread {
 
 impl NvmlThread {
     /// Starts the thread: it loads NVML from `library` (retrying while it
-    /// cannot), registers for critical-XID events on every GPU and calls
-    /// `on_xid(pci_bus_id, code)` for each. Each call waits `deadline` at
-    /// most for an answer.
+    /// cannot), registers for critical-XID events on every GPU and tells
+    /// `on_xid` of each, and of when it starts and stops listening. Each
+    /// call waits `deadline` at most for an answer.
     pub fn start(
         library: NvmlLibrary,
         deadline: Duration,
-        on_xid: impl Fn(&str, u32) + Send + 'static,
+        on_xid: impl Fn(XidNews<'_>) + Send + 'static,
     ) -> NvmlThread {
         // One call waits in the queue at most: while NVML hangs, later
         // calls fail at once rather than pile up.
@@ -144,7 +155,7 @@ impl Gpus for Recorded {
 
 /// The thread's life: hold NVML and answer calls, let go of it when asked,
 /// take it again when asked.
-fn serve(library: &NvmlLibrary, jobs: &Receiver<Job>, on_xid: &dyn Fn(&str, u32)) {
+fn serve(library: &NvmlLibrary, jobs: &Receiver<Job>, on_xid: &dyn Fn(XidNews<'_>)) {
     let mut retaking: Option<oneshot::Sender<Result<(), NvmlUnavailable>>> = None;
     loop {
         let nvml = match library.open() {
@@ -164,7 +175,12 @@ fn serve(library: &NvmlLibrary, jobs: &Receiver<Job>, on_xid: &dyn Fn(&str, u32)
         }
         let released = {
             let events = register(&nvml);
-            match hold(&nvml, events.as_ref(), jobs, on_xid) {
+            if events.is_some() {
+                on_xid(XidNews::Listening);
+            }
+            let held = hold(&nvml, events.as_ref(), jobs, on_xid);
+            on_xid(XidNews::Deaf);
+            match held {
                 Some(tx) => tx,
                 None => return,
             }
@@ -245,7 +261,7 @@ fn hold(
     nvml: &Nvml,
     events: Option<&EventSet<'_>>,
     jobs: &Receiver<Job>,
-    on_xid: &dyn Fn(&str, u32),
+    on_xid: &dyn Fn(XidNews<'_>),
 ) -> Option<oneshot::Sender<()>> {
     loop {
         let job = match events {
@@ -278,7 +294,10 @@ fn hold(
                         _ => None,
                     };
                     if let (Some(code), Ok(pci)) = (code, event.device.pci_info()) {
-                        on_xid(&pci.bus_id, code);
+                        on_xid(XidNews::Xid {
+                            pci_bus_id: &pci.bus_id,
+                            code,
+                        });
                     }
                 }
                 Err(nvml_wrapper::error::NvmlError::Timeout) => {}
@@ -318,7 +337,7 @@ mod tests {
         let nvml = NvmlThread::start(
             NvmlLibrary::Named(library.into()),
             Duration::from_secs(30),
-            |_, _| {},
+            |_| {},
         );
         for _ in 0..2 {
             let e = nvml.read().await.expect_err("no NVML");
@@ -336,7 +355,7 @@ mod tests {
         let nvml = NvmlThread::start(
             NvmlLibrary::InDriverRoot(DriverRoot::new(root.clone())),
             Duration::from_secs(30),
-            |_, _| {},
+            |_| {},
         );
         let e = nvml.read().await.expect_err("an empty root");
         assert!(
@@ -356,11 +375,7 @@ mod tests {
     #[ignore = "needs NVIDIA's NVML and a GPU: cargo test -p gpuhealth-agent -- --ignored on one"]
     async fn the_thread_reads_lets_go_of_every_gpu_and_takes_them_again() {
         let library = std::env::var_os("GPUHEALTH_NVML_LIBRARY").unwrap_or(NVML_LIBRARY.into());
-        let nvml = NvmlThread::start(
-            NvmlLibrary::Named(library),
-            Duration::from_secs(30),
-            |_, _| {},
-        );
+        let nvml = NvmlThread::start(NvmlLibrary::Named(library), Duration::from_secs(30), |_| {});
         let first = nvml.read().await.expect("NVML answers on a GPU node");
         assert!(!first.is_empty(), "NVML lists no GPU");
         assert!(!devices_held().is_empty(), "NVML holds no device node");

@@ -104,11 +104,11 @@ mod tests {
     use super::*;
 
     fn xid(code: u32, second: i64) -> XidEvent {
-        XidEvent {
+        XidEvent::new(
             code,
-            at: Time(Timestamp::from_second(second).expect("time")),
-            text: String::new(),
-        }
+            Time(Timestamp::from_second(second).expect("time")),
+            "",
+        )
     }
 
     fn dir(name: &str) -> PathBuf {

@@ -12,7 +12,7 @@ use prometheus_client::metrics::{counter::Counter, family::Family};
 
 use super::{
     follow::{follow, follow_syslog},
-    parse::PciAddress,
+    parse::{PciAddress, parse_line},
     store::KernelLog,
 };
 use crate::metrics::CodeLabels;
@@ -28,15 +28,21 @@ pub struct Feed {
     pub log: Arc<Mutex<KernelLog>>,
     pub wake: Arc<tokio::sync::Notify>,
     xids: Family<CodeLabels, Counter>,
+    not_the_drivers: Counter,
 }
 
+/// Where a line names a GPU as the driver's own lines do.
+const DRIVER_WORDS: [&str; 2] = ["NVRM: Xid (", "NVRM: GPU at "];
+
 impl Feed {
-    /// Counts each Xid in `xids` by code.
-    pub fn new(xids: Family<CodeLabels, Counter>) -> Feed {
+    /// Counts each Xid in `xids` by code, and in `not_the_drivers` each
+    /// line that reads like one of the driver's but is not.
+    pub fn new(xids: Family<CodeLabels, Counter>, not_the_drivers: Counter) -> Feed {
         Feed {
             log: Default::default(),
             wake: Default::default(),
             xids,
+            not_the_drivers,
         }
     }
 
@@ -64,10 +70,16 @@ impl Feed {
         let feed = self.clone();
         std::thread::spawn(move || {
             for (line, at) in rx {
-                if line.contains("NVRM: ") {
-                    let code = feed.with(|l| l.take(&line, at));
-                    feed.arrived(code);
+                if !line.contains("NVRM: ") {
+                    continue;
                 }
+                if DRIVER_WORDS.iter().any(|w| line.contains(w)) && parse_line(&line).is_none() {
+                    feed.not_the_drivers.inc();
+                    tracing::warn!(line = %line, "a kernel log line that reads like the driver's but is not its own: not read");
+                    continue;
+                }
+                let code = feed.with(|l| l.take(&line, at));
+                feed.arrived(code);
             }
         });
         Ok(how)
@@ -78,8 +90,14 @@ impl Feed {
         let Some(pci) = PciAddress::parse(pci_bus_id) else {
             return;
         };
-        let new = self.with(|l| l.add_xid(pci, code, Timestamp::now(), "reported by NVML"));
+        let new = self.with(|l| l.nvml_xid(pci, code, Timestamp::now()));
         self.arrived(new.then_some(code));
+    }
+
+    /// NVML's Xid events are up (`true`) or no longer: while they are, an
+    /// Xid the kernel log alone tells is not believed without them.
+    pub fn nvml_listening(&self, up: bool) {
+        self.with(|l| l.nvml_listening(up.then(Timestamp::now)));
     }
 
     fn arrived(&self, code: Option<u32>) {
@@ -106,7 +124,7 @@ mod tests {
     #[test]
     fn an_xid_seen_in_the_log_and_through_nvml_counts_once() {
         let xids: Family<CodeLabels, Counter> = Family::default();
-        let feed = Feed::new(xids.clone());
+        let feed = Feed::new(xids.clone(), Counter::default());
         let now = Timestamp::now();
         let code = feed.with(|l| {
             l.take(
@@ -119,7 +137,12 @@ mod tests {
         feed.nvml_xid("00000000:E1:00.0", 119);
         feed.nvml_xid("00000000:E1:00.0", 48);
         let e1 = PciAddress::parse("0000:e1:00").expect("pci");
-        let codes: Vec<u32> = feed.with(|l| l.xids(&e1).iter().map(|x| x.code).collect());
+        let codes: Vec<u32> = feed.with(|l| {
+            l.xids(&e1, Timestamp::now())
+                .iter()
+                .map(|x| x.code)
+                .collect()
+        });
         assert_eq!(codes, [119, 48]);
         let count = |c: &str| xids.get_or_create(&CodeLabels { code: c.into() }).get();
         assert_eq!((count("119"), count("48")), (1, 1));

@@ -114,17 +114,38 @@ struct Cursor {
     at_last: usize,
 }
 
-/// One `syslog(2)` line, `<PRIORITY>[SECONDS.MICROS] MESSAGE`, as the
-/// `/dev/kmsg` record the rest of this module reads; `None` without a
-/// timestamp (`printk.time=0`), which could not be told from a repeat.
-fn syslog_record(line: &str) -> Option<(u64, String)> {
+/// One `syslog(2)` line, `<PRIORITY>[SECONDS.MICROS] MESSAGE`: its
+/// priority, its time and its message; `None` without a timestamp
+/// (`printk.time=0`), which could not be told from a repeat.
+fn syslog_line(line: &str) -> Option<(u32, u64, &str)> {
     let (priority, rest) = line.strip_prefix('<')?.split_once('>')?;
     let (stamp, message) = rest.strip_prefix('[')?.split_once(']')?;
     let (secs, micros) = stamp.trim().split_once('.')?;
     let us = secs.parse::<u64>().ok()?.checked_mul(1_000_000)? + micros.parse::<u64>().ok()?;
     let priority: u32 = priority.parse().ok()?;
-    let message = message.strip_prefix(' ').unwrap_or(message);
-    Some((us, format!("{priority},0,{us},-;{message}")))
+    Some((priority, us, message.strip_prefix(' ').unwrap_or(message)))
+}
+
+/// The first line of each record in a read of the whole buffer, as the
+/// `/dev/kmsg` record the rest of this module reads, with its time.
+///
+/// `syslog(2)` writes each line of a record that holds a newline as a line
+/// of its own, under the record's own priority and time, where
+/// `/dev/kmsg` escapes the newline (`\x0a`). A tenant's process names its
+/// own files, and the kernel prints the name of the one a crash was in:
+/// a file named `x` + newline + `NVRM: Xid (PCI:…): 79, …` makes a line
+/// that reads as the driver's own. So a line with the same priority and
+/// time as the one before continues that record, and is passed over (as
+/// is, with it, a second record logged in the same microsecond at the
+/// same priority: NVML's events still carry its Xid).
+pub fn syslog_records(buffer: &str) -> impl Iterator<Item = (u64, String)> + '_ {
+    let mut before = None;
+    buffer.lines().filter_map(move |line| {
+        let (priority, us, message) = syslog_line(line)?;
+        let continues = before == Some((priority, us));
+        before = Some((priority, us));
+        (!continues).then(|| (us, format!("{priority},0,{us},-;{message}")))
+    })
 }
 
 /// The records in a read of the whole buffer that `cursor` has not taken
@@ -133,7 +154,7 @@ fn unread(buffer: &str, cursor: &mut Cursor) -> Vec<(u64, String)> {
     let mut out = Vec::new();
     let mut same = 0;
     let mut last = cursor.last;
-    for (us, record) in buffer.lines().filter_map(syslog_record) {
+    for (us, record) in syslog_records(buffer) {
         same = if Some(us) == last { same + 1 } else { 1 };
         last = Some(us);
         let new = match cursor.last {
@@ -227,7 +248,7 @@ mod tests {
         // Read again with one more line: only that one, though it shares
         // the last one's time.
         let second = format!(
-            "{first}<6>[  100.250000] third at that time\n<6>[  101.000000] later\nno time\n"
+            "{first}<5>[  100.250000] third at that time\n<6>[  101.000000] later\nno time\n"
         );
         let read = unread(&second, &mut cursor);
         let said: Vec<&str> = read
@@ -241,6 +262,37 @@ mod tests {
         let read = unread(wrapped, &mut cursor);
         assert_eq!(read.len(), 1);
         assert!(read[0].1.ends_with(";newest"));
+    }
+
+    /// `syslog(2)` writes a record holding a newline as lines under the
+    /// same priority and time (seen on this project's build machine, a
+    /// 6.18 kernel, with `dmesg -S -r`): the lines after the first are not
+    /// records of their own.
+    #[test]
+    fn the_lines_after_a_records_first_continue_it() {
+        let buffer = concat!(
+            "<4>[  100.000000] NVRM: Xid (PCI:0000:e1:00): 48, DBE\n",
+            "<6>[  457.349948] NVRM: Xid (PCI:[13329]: segfault at 0 ip 000055902073a177 sp 00007ffca6e1cb80 error 6 in z\n",
+            "<6>[  457.349948] NVRM: Xid (PCI:0000:3b:00): 79, w[1177,55902073a000+1000] likely on CPU 1 (core 1, socket 0)\n",
+            "<6>[  457.349972] Code: 1d 48 8b 45\n",
+        );
+        let mut cursor = Cursor::default();
+        let read = unread(buffer, &mut cursor);
+        let said: Vec<&str> = read
+            .iter()
+            .map(|(_, r)| r.split_once(';').map_or("", |(_, m)| m))
+            .collect();
+        assert_eq!(said.len(), 3, "{said:?}");
+        assert!(said[1].contains("segfault"), "{said:?}");
+        let xids: Vec<u32> = read
+            .iter()
+            .filter_map(|(_, r)| match parse_line(r) {
+                Some(KernelEvent::Xid(x)) => Some(x.code),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(xids, [48], "only the driver's own line");
+        assert!(unread(buffer, &mut cursor).is_empty(), "nothing twice");
     }
 
     /// Found for issue 9: a kernel log line was read whole, however long; a

@@ -9,15 +9,22 @@
 //! - `feed`: the lines read and NVML's Xid events into the
 //!   store, and a wake-up for each new Xid.
 //!
+//! `crash` says what the kernel prints of a crashing process, which a
+//! tenant shapes: the tests (`forgery`) and the fuzz target hold the
+//! parser to never reading an Xid there.
+//!
 //! What a GPU's health is, given its Xids, is judged in [`crate::judgement`],
 //! with NVML's readings.
 
+pub mod crash;
 mod feed;
 mod follow;
+#[cfg(test)]
+mod forgery;
 mod parse;
 mod store;
 
 pub use feed::Feed;
-pub use follow::{MAX_LINE, follow, follow_syslog};
+pub use follow::{MAX_LINE, follow, follow_syslog, syslog_records};
 pub use parse::{KernelEvent, PciAddress, XidLine, parse_line};
 pub use store::{GPUS_TRACKED, KernelLog, XIDS_PER_GPU};

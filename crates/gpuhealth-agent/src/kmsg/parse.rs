@@ -80,57 +80,150 @@ impl std::fmt::Display for PciAddress {
     }
 }
 
-/// Parses one line; `None` for anything that is not a GPU line we know.
+/// Parses one line; `None` for anything that is not one of the driver's own
+/// GPU lines. The driver's grammar is anchored at the start of the message:
+/// a tenant's process chooses its own name and the names of its files, and
+/// the kernel prints both at the start and in the middle of its crash
+/// messages (`NAME[PID]: segfault at ... in FILE[...]`), so a line that
+/// merely contains `NVRM: Xid (` says nothing about a GPU.
 pub fn parse_line(line: &str) -> Option<KernelEvent> {
-    let since_boot_us = kmsg_timestamp(line);
-    let (_, message) = line.split_once("NVRM: ")?;
-    if let Some(rest) = message.strip_prefix("Xid (") {
-        return parse_xid(rest, since_boot_us).map(KernelEvent::Xid);
+    let record = Record::read(line)?;
+    if let Some(rest) = record.message.strip_prefix("NVRM: Xid (PCI:") {
+        return parse_xid(rest, record.since_boot_us).map(KernelEvent::Xid);
     }
-    let rest = message.strip_prefix("GPU at ")?;
-    let (pci, uuid) = rest.split_once(": ")?;
-    let uuid = uuid.trim();
+    let rest = record.message.strip_prefix("NVRM: GPU at PCI:")?;
+    let (pci, uuid) = kernel_pci(rest)?;
+    let uuid = uuid.strip_prefix(": ")?.trim_end();
     // The same shape the report contract accepts: GPU- and 8 to 64 of hex and dashes.
     let valid = uuid.strip_prefix("GPU-").is_some_and(|body| {
         (8..=64).contains(&body.len())
             && body.chars().all(|c| c.is_ascii_hexdigit() || c == '-')
             && body.chars().any(|c| c.is_ascii_hexdigit())
     });
-    if !valid {
-        return None;
-    }
-    Some(KernelEvent::GpuAt {
-        pci: PciAddress::parse(pci)?,
+    valid.then(|| KernelEvent::GpuAt {
+        pci,
         uuid: uuid.to_owned(),
     })
 }
 
-/// `/dev/kmsg` records start `PRIORITY,SEQ,MICROSECONDS,FLAGS;`.
-pub(super) fn kmsg_timestamp(line: &str) -> Option<u64> {
-    let (header, _) = line.split_once(';')?;
-    let mut fields = header.split(',');
-    let (_priority, _seq, micros) = (fields.next()?, fields.next()?, fields.next()?);
-    micros.parse().ok()
+/// Where a line's message starts, and what its header says.
+struct Record<'a> {
+    message: &'a str,
+    since_boot_us: Option<u64>,
 }
 
+/// The kernel's own facility (`LOG_KERN`): a `/dev/kmsg` record's priority
+/// is `facility << 3 | level`. Whatever a process writes into `/dev/kmsg`
+/// gets another facility (`LOG_USER` unless it says otherwise, and never
+/// the kernel's).
+const KERNEL_FACILITY: u32 = 0;
+
+impl<'a> Record<'a> {
+    /// A `/dev/kmsg` record (`PRIORITY,SEQ,MICROSECONDS,FLAGS;MESSAGE`,
+    /// which the `syslog(2)` reader writes too), a `dmesg` line
+    /// (`[STAMP] MESSAGE`) or a bare message; `None` for a record a process
+    /// wrote rather than the kernel.
+    fn read(line: &'a str) -> Option<Record<'a>> {
+        if let Some((header, message)) = kmsg_header(line) {
+            return (header.priority >> 3 == KERNEL_FACILITY).then_some(Record {
+                message,
+                since_boot_us: Some(header.since_boot_us),
+            });
+        }
+        let message = match line.strip_prefix('[') {
+            Some(stamped) => stamped.split_once("] ")?.1,
+            None => line,
+        };
+        Some(Record {
+            message,
+            since_boot_us: None,
+        })
+    }
+}
+
+/// What a `/dev/kmsg` record's header says.
+struct KmsgHeader {
+    priority: u32,
+    since_boot_us: u64,
+}
+
+/// `/dev/kmsg` records start `PRIORITY,SEQ,MICROSECONDS,FLAGS[,...];`:
+/// the header and the message after it.
+fn kmsg_header(line: &str) -> Option<(KmsgHeader, &str)> {
+    let (header, message) = line.split_once(';')?;
+    let mut fields = header.split(',');
+    let (priority, seq, micros, _flags) = (
+        fields.next()?,
+        fields.next()?,
+        fields.next()?,
+        fields.next()?,
+    );
+    seq.parse::<u64>().ok()?;
+    Some((
+        KmsgHeader {
+            priority: priority.parse().ok()?,
+            since_boot_us: micros.parse().ok()?,
+        },
+        message,
+    ))
+}
+
+/// When a `/dev/kmsg` record was logged, in microseconds since boot.
+pub(super) fn kmsg_timestamp(line: &str) -> Option<u64> {
+    kmsg_header(line).map(|(h, _)| h.since_boot_us)
+}
+
+/// The address as the driver prints it after `PCI:`, `%04x:%02x:%02x`
+/// (a domain past 0xffff takes more digits), and what follows it.
+fn kernel_pci(s: &str) -> Option<(PciAddress, &str)> {
+    let hex_run = |s: &str| s.find(|c: char| !c.is_ascii_hexdigit()).unwrap_or(s.len());
+    let domain_len = hex_run(s);
+    if !(4..=8).contains(&domain_len) {
+        return None;
+    }
+    let (domain, rest) = s.split_at(domain_len);
+    let rest = rest.strip_prefix(':')?;
+    let (bus, rest) = (rest.get(..2)?, rest.get(2..)?);
+    let rest = rest.strip_prefix(':')?;
+    let (device, rest) = (rest.get(..2)?, rest.get(2..)?);
+    if hex_run(bus) != 2
+        || hex_run(device) != 2
+        || rest.starts_with(|c: char| c.is_ascii_hexdigit())
+    {
+        return None;
+    }
+    Some((
+        PciAddress {
+            domain: u32::from_str_radix(domain, 16).ok()?,
+            bus: u8::from_str_radix(bus, 16).ok()?,
+            device: u8::from_str_radix(device, 16).ok()?,
+        },
+        rest,
+    ))
+}
+
+/// The decimal number `s` starts with, and what follows it.
+fn leading_number(s: &str) -> Option<(u32, &str)> {
+    let end = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (digits, rest) = s.split_at(end);
+    Some((digits.parse().ok()?, rest))
+}
+
+/// The rest of `NVRM: Xid (PCI:DDDD:BB:DD[ GPU-I:NN][ GPU-CI:NN]): CODE, TEXT`.
 fn parse_xid(rest: &str, since_boot_us: Option<u64>) -> Option<XidLine> {
-    let (inside, after) = rest.split_once("):")?;
-    let mut pci = None;
+    let (pci, mut rest) = kernel_pci(rest)?;
     let mut gpu_instance = None;
     let mut compute_instance = None;
-    for token in inside.split_whitespace() {
-        if let Some(v) = token.strip_prefix("GPU-I:") {
-            gpu_instance = v.parse().ok();
-        } else if let Some(v) = token.strip_prefix("GPU-CI:") {
-            compute_instance = v.parse().ok();
-        } else if pci.is_none() {
-            pci = PciAddress::parse(token);
-        }
+    if let Some(after) = rest.strip_prefix(" GPU-I:") {
+        let (n, after) = leading_number(after)?;
+        (gpu_instance, rest) = (Some(n), after);
     }
-    let after = after.trim_start();
-    let digits: String = after.chars().take_while(char::is_ascii_digit).collect();
-    let code: u32 = digits.parse().ok()?;
-    let mut text = after[digits.len()..].trim_start_matches(',').trim_start();
+    if let Some(after) = rest.strip_prefix(" GPU-CI:") {
+        let (n, after) = leading_number(after)?;
+        (compute_instance, rest) = (Some(n), after);
+    }
+    let (code, after) = leading_number(rest.strip_prefix("): ")?)?;
+    let mut text = after.strip_prefix(',')?.trim_start();
     let mut pid = None;
     let mut process = None;
     if let Some(v) = text.strip_prefix("pid=") {
@@ -145,7 +238,7 @@ fn parse_xid(rest: &str, since_boot_us: Option<u64>) -> Option<XidLine> {
     }
     let text = text.trim().to_owned();
     Some(XidLine {
-        pci: pci?,
+        pci,
         code,
         pid,
         process,
@@ -232,7 +325,7 @@ mod tests {
         assert_eq!((x.pid, x.process), (None, None));
         assert!(x.text.starts_with("Ch 00000010"), "{}", x.text);
 
-        let x = xid("kernel: NVRM: Xid (PCI:0000:01:00): 79, GPU has fallen off the bus.");
+        let x = xid("[  457.337975] NVRM: Xid (PCI:0000:01:00): 79, GPU has fallen off the bus.");
         assert_eq!(
             (x.code, x.text.as_str()),
             (79, "GPU has fallen off the bus.")
@@ -260,11 +353,53 @@ mod tests {
         ] {
             assert_eq!(parse_line(cut), None, "{cut:?}");
         }
-        // Binary garbage around a good record.
-        let x = xid(
-            "\u{0}\u{7f}\u{fffd}4,9,9,-;NVRM: Xid (PCI:0000:e1:00): 79, GPU has fallen off the bus.",
+        // Garbage before a record's header: where its message starts cannot
+        // be known, so nothing in it is read.
+        assert_eq!(
+            parse_line(
+                "\u{0}\u{7f}\u{fffd}4,9,9,-;NVRM: Xid (PCI:0000:e1:00): 79, GPU has fallen off the bus."
+            ),
+            None
         );
+        // Garbage after a good record is its text.
+        let x = xid("4,9,9,-;NVRM: Xid (PCI:0000:e1:00): 79, \u{0}\u{7f}\u{fffd}");
         assert_eq!(x.code, 79);
+    }
+
+    /// A process may write into `/dev/kmsg` (a privileged container, a
+    /// root one with the device), but never with the kernel's facility.
+    #[test]
+    fn a_record_a_process_wrote_into_kmsg_is_not_read() {
+        let driver =
+            "4,1523,98765432,-;NVRM: Xid (PCI:0000:e1:00): 79, GPU has fallen off the bus.";
+        assert_eq!(xid(driver).code, 79);
+        // LOG_USER (1 << 3 | 4), and any other facility but the kernel's.
+        for priority in [12, 14, 30, 191] {
+            let written = driver.replacen('4', &priority.to_string(), 1);
+            assert_eq!(parse_line(&written), None, "{written:?}");
+        }
+        let named =
+            "12,7,9,-;NVRM: GPU at PCI:0000:e1:00: GPU-0a1b2c3d-0000-4000-8000-000000000007";
+        assert_eq!(parse_line(named), None);
+    }
+
+    /// Only at the start of the message: after the record's header, a
+    /// dmesg stamp, or nothing.
+    #[test]
+    fn the_drivers_words_count_only_where_a_message_starts() {
+        for line in [
+            "kernel: NVRM: Xid (PCI:0000:01:00): 79, GPU has fallen off the bus.",
+            "4,1,2,-;x NVRM: Xid (PCI:0000:01:00): 79, y",
+            "[  457.337975] comm[1]: NVRM: Xid (PCI:0000:01:00): 79, y",
+            " NVRM: Xid (PCI:0000:01:00): 79, y",
+            "NVRM: Xid (PCI:0000:01:00 ): 79, y",
+            "NVRM: Xid (PCI:0000:01:000): 79, y",
+            "NVRM: Xid (PCI:00:01:00): 79, y",
+            "NVRM: Xid (PCI:0000:01:00): 79 y",
+            "NVRM: Xid (PCI:0000:01:00 GPU-I:x): 13, y",
+        ] {
+            assert_eq!(parse_line(line), None, "{line:?}");
+        }
     }
 
     #[test]

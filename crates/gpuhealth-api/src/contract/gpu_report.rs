@@ -115,6 +115,38 @@ pub struct XidEvent {
     pub at: Time,
     #[serde(default)]
     pub text: String,
+    /// The process the driver named in the Xid's line (`pid=`), if it did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pid: Option<u32>,
+    /// Its name (`name=`), as the process chose it: for people, never
+    /// for deciding.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub process: Option<String>,
+    /// The pod that held the GPU when the Xid was logged, where the
+    /// producer could tell (one pod held it): whose fault an application
+    /// Xid is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod: Option<PodRef>,
+    /// Seen only in the kernel log while NVML's own Xid events were up,
+    /// and not confirmed by NVML in time: reported, never acted on.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub uncorroborated: bool,
+}
+
+impl XidEvent {
+    /// An Xid as a line or an event first tells it: no process, no pod,
+    /// not in doubt.
+    pub fn new(code: u32, at: Time, text: impl Into<String>) -> XidEvent {
+        XidEvent {
+            code,
+            at,
+            text: text.into(),
+            pid: None,
+            process: None,
+            pod: None,
+            uncorroborated: false,
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -124,7 +156,7 @@ pub struct RemappedRows {
     pub failure: bool,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct PodRef {
     pub namespace: String,
@@ -205,8 +237,18 @@ impl AnnotationValue for GpuReport {
                 ));
             }
             for (j, xid) in gpu.xids.iter().enumerate() {
-                bounded_text(&xid.text, MAX_TEXT)
-                    .map_err(|r| bad(format!("gpus[{i}].xids[{j}].text"), r))?;
+                let xf = |f: &str| format!("gpus[{i}].xids[{j}].{f}");
+                bounded_text(&xid.text, MAX_TEXT).map_err(|r| bad(xf("text"), r))?;
+                if let Some(process) = &xid.process {
+                    bounded_text(process, 64).map_err(|r| bad(xf("process"), r))?;
+                }
+                if let Some(pod) = &xid.pod {
+                    dns_label(&pod.namespace).map_err(|r| bad(xf("pod.namespace"), r))?;
+                    dns_subdomain(&pod.name).map_err(|r| bad(xf("pod.name"), r))?;
+                    if let Some(c) = &pod.container {
+                        dns_label(c).map_err(|r| bad(xf("pod.container"), r))?;
+                    }
+                }
             }
             if let Some(why) = &gpu.pods_unknown {
                 bounded_text(why, MAX_TEXT).map_err(|r| bad(at("podsUnknown"), r))?;
