@@ -42,17 +42,33 @@ pub fn xid_119_and_154(report: &mut GpuReport, index: usize) {
         gpu.health = GpuHealth::ResetRequired;
         gpu.recovery_action = Some(1);
         gpu.xids = vec![
-            XidEvent {
-                code: 119,
-                at: now.clone(),
-                text: "Timeout after 45s of waiting for RPC response from GPU GSP".into(),
-            },
-            XidEvent {
-                code: 154,
-                at: now,
-                text: "GPU recovery action changed from 0x0 (None) to 0x1 (GPU Reset Required)"
-                    .into(),
-            },
+            XidEvent::new(
+                119,
+                now.clone(),
+                "Timeout after 45s of waiting for RPC response from GPU GSP",
+            ),
+            XidEvent::new(
+                154,
+                now,
+                "GPU recovery action changed from 0x0 (None) to 0x1 (GPU Reset Required)",
+            ),
         ];
+    }
+}
+
+/// An application Xid (13) on GPU `index`, now, blamed on pod
+/// `namespace/pod`: as the agent names the pod that alone held the GPU.
+pub fn app_fault(report: &mut GpuReport, index: usize, namespace: &str, pod: &str) {
+    if let Some(gpu) = report.gpus.get_mut(index) {
+        gpu.xids.push(XidEvent {
+            pid: Some(4242),
+            process: Some("python3".into()),
+            pod: Some(PodRef {
+                namespace: namespace.into(),
+                name: pod.into(),
+                container: Some("server".into()),
+            }),
+            ..XidEvent::new(13, Time(Timestamp::now()), "Graphics Exception")
+        });
     }
 }

@@ -297,11 +297,11 @@ async fn xid_79_starts_at_the_reboot_rung_and_drains_every_pod() {
     let pods_before = s.pods_on(&node).await.expect("pods");
     let mut report: GpuReport = reports::healthy(&s.namespace, &pods_before);
     report.gpus[3].health = GpuHealth::Lost;
-    report.gpus[3].xids = vec![XidEvent {
-        code: 79,
-        at: Time(Timestamp::now()),
-        text: "GPU has fallen off the bus.".into(),
-    }];
+    report.gpus[3].xids = vec![XidEvent::new(
+        79,
+        Time(Timestamp::now()),
+        "GPU has fallen off the bus.",
+    )];
     s.write_report(&node, report).await.expect("Xid 79");
     let status = s
         .wait_status(&node, "recovered by reboot", |st| {

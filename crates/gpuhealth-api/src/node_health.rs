@@ -464,6 +464,20 @@ struct IncidentRecord {
     gangs: Vec<GangRecord>,
 }
 
+impl Incident {
+    /// Whether application Xids alone opened it (repeats across
+    /// workloads): a tenant's code may be behind those, so such an
+    /// incident never hands the node over for replacement and is not
+    /// counted toward the remediation limits.
+    pub fn opened_by_app_faults_alone(&self) -> bool {
+        !self.signals.is_empty()
+            && self
+                .signals
+                .iter()
+                .all(|s| s.reason == crate::vocabulary::Reason::RepeatedAppXids)
+    }
+}
+
 impl From<IncidentRecord> for Incident {
     fn from(r: IncidentRecord) -> Self {
         let mut attempts = Vec::new();

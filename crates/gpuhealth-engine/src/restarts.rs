@@ -117,11 +117,7 @@ mod tests {
     fn a_startup_probe_kill_after_a_reset_is_a_probe_problem() {
         let (last, events) = killed_at_330();
         // The Xid that led to the reset came before this run began.
-        let old = [XidEvent {
-            code: 119,
-            at: Time(t("2026-05-29T08:24:51Z")),
-            text: String::new(),
-        }];
+        let old = [XidEvent::new(119, Time(t("2026-05-29T08:24:51Z")), "")];
         assert_eq!(
             classify("vllm", &last, &events, &old),
             RestartCause::StartupProbe
@@ -131,11 +127,7 @@ mod tests {
     #[test]
     fn an_xid_during_the_run_is_the_gpu() {
         let (last, events) = killed_at_330();
-        let during = [XidEvent {
-            code: 79,
-            at: Time(t("2026-05-29T09:03:00Z")),
-            text: String::new(),
-        }];
+        let during = [XidEvent::new(79, Time(t("2026-05-29T09:03:00Z")), "")];
         assert_eq!(
             classify("vllm", &last, &events, &during),
             RestartCause::GpuError { code: 79 }

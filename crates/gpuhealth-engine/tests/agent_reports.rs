@@ -221,11 +221,11 @@ fn say_xid(w: &mut World, index: usize, at: Time) -> String {
     say(w, |r| {
         r.observed_at = at.clone();
         let gpu = &mut r.gpus[index];
-        gpu.xids.push(XidEvent {
-            code: 119,
+        gpu.xids.push(XidEvent::new(
+            119,
             at,
-            text: "Timeout after 45s of waiting for RPC response from GPU GSP".into(),
-        });
+            "Timeout after 45s of waiting for RPC response from GPU GSP",
+        ));
         uuid.clone_from(&gpu.uuid);
     });
     uuid

@@ -137,11 +137,9 @@ fn apply(w: &mut World, e: &Event) -> Vec<(Rule, String)> {
                 } else {
                     ""
                 };
-                r.gpus[*g].xids.push(XidEvent {
-                    code: *code,
-                    at: Time(w.now),
-                    text: text.into(),
-                });
+                r.gpus[*g]
+                    .xids
+                    .push(XidEvent::new(*code, Time(w.now), text));
                 r.gpus[*g].xids.truncate(32);
             }
         }

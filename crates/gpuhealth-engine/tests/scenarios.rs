@@ -297,11 +297,11 @@ fn xid_79_starts_at_the_reboot_rung_and_drains_everything() {
     let mut w = World::incident();
     if let Some(Ok(report)) = &mut w.node.report {
         let gpu = &mut report.gpus[3];
-        gpu.xids.push(XidEvent {
-            code: 79,
-            at: Time(w.now),
-            text: "GPU has fallen off the bus.".into(),
-        });
+        gpu.xids.push(XidEvent::new(
+            79,
+            Time(w.now),
+            "GPU has fallen off the bus.",
+        ));
         gpu.health = GpuHealth::Lost;
     }
     w.run_until(|w| w.state.phase == Phase::Healthy, HOUR);

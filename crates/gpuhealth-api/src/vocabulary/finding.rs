@@ -36,6 +36,13 @@ words! {
         /// The policy asked for per-GPU quarantine and the node was cordoned
         /// instead (`status.quarantine.why` says why).
         NodeQuarantinedInstead,
+        /// An Xid the kernel log alone showed, which NVML's own events did
+        /// not confirm: not acted on (a tenant's process can print lines
+        /// into the kernel log).
+        UncorroboratedXid,
+        /// A pod's own code faulted a GPU again and again (application
+        /// Xids): the workload's problem; nothing is done to the GPU.
+        AppFaultLoop,
     }
 }
 

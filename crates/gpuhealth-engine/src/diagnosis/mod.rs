@@ -17,9 +17,11 @@ use crate::{
     xid::{self, XidClass},
 };
 
+mod app_faults;
 mod devices;
 mod silence;
 
+pub use app_faults::AppFaultLoop;
 pub use devices::{HeldDevice, UnhealthyDevice};
 
 /// A node condition as observed.
@@ -52,6 +54,12 @@ pub struct Diagnosis {
     pub report_error: Option<ContractError>,
     /// Xids seen that the table does not know: reported, never acted on.
     pub unknown_xids: Vec<u32>,
+    /// Xids NVML did not confirm (`XidEvent::uncorroborated`): the GPU in
+    /// words and the Xid; findings, never acted on.
+    pub uncorroborated: Vec<(String, XidEvent)>,
+    /// Pods whose own code faulted a GPU again and again: findings on the
+    /// pods, nothing done to the GPU.
+    pub app_fault_loops: Vec<AppFaultLoop>,
     /// Why the report cannot be trusted now (stale, its writer cannot read
     /// the GPUs, or there is none), if it cannot.
     pub report_problem: Option<ReportProblem>,
@@ -280,8 +288,12 @@ fn gpu_signals(
         );
     }
     let recent = gpu.xids.iter().filter(|x| since.is_none_or(|s| x.at.0 > s));
-    let mut app_faults = 0;
+    let mut app_faults = Vec::new();
     for x in recent {
+        if x.uncorroborated {
+            d.uncorroborated.push((name(), x.clone()));
+            continue;
+        }
         match xid::class(x.code, &detection.xid_overrides) {
             XidClass::Needs(action) => push(
                 action,
@@ -303,21 +315,23 @@ fn gpu_signals(
                 if now.duration_since(x.at.0)
                     <= SignedDuration::from_secs(xid::APP_FAULT_WINDOW_SECS)
                 {
-                    app_faults += 1;
+                    app_faults.push(x);
                 }
             }
             XidClass::Informational => {}
             XidClass::Unknown => d.unknown_xids.push(x.code),
         }
     }
-    if app_faults >= xid::APP_FAULT_REPEATS {
+    let verdict = app_faults::judge(gpu, &name(), &app_faults);
+    if let Some(message) = verdict.reset {
         push(
             SignalAction::GpuReset,
             Reason::RepeatedAppXids,
-            format!("{app_faults} application Xids within an hour on {}", name()),
+            message,
             None,
         );
     }
+    d.app_fault_loops.extend(verdict.loops);
 }
 
 /// `t + d`, saturating rather than overflowing.
@@ -331,6 +345,7 @@ mod tests {
         Duration,
         contract::{AnnotationValue, XidEvent},
         policy::{ConditionRule, ConditionWriter, GpuHealthPolicySpec},
+        vocabulary::PodKey,
     };
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
@@ -395,11 +410,11 @@ mod tests {
     #[test]
     fn xid_79_asks_for_a_reboot() {
         let mut report = incident_report().expect("valid");
-        report.gpus[3].xids.push(XidEvent {
-            code: 79,
-            at: Time(ts("2026-05-29T08:20:00Z")),
-            text: "GPU has fallen off the bus.".into(),
-        });
+        report.gpus[3].xids.push(XidEvent::new(
+            79,
+            Time(ts("2026-05-29T08:20:00Z")),
+            "GPU has fallen off the bus.",
+        ));
         let report = Ok(report);
         let d = diagnose(
             ts("2026-05-29T08:25:00Z"),
@@ -426,11 +441,9 @@ mod tests {
         report.gpus[7] = report.gpus[6].clone();
         report.gpus[7].index = 7;
         report.gpus[7].uuid = "GPU-0a1b2c3d-0000-4000-8000-000000000007".into();
-        report.gpus[0].xids.push(XidEvent {
-            code: 4242,
-            at: Time(ts("2026-05-29T08:20:00Z")),
-            text: String::new(),
-        });
+        report.gpus[0]
+            .xids
+            .push(XidEvent::new(4242, Time(ts("2026-05-29T08:20:00Z")), ""));
         let report = Ok(report);
         let d = diagnose(
             ts("2026-05-29T08:25:00Z"),
@@ -521,51 +534,79 @@ mod tests {
     }
 
     #[test]
-    fn repeated_app_faults_escalate_to_a_reset() {
+    fn repeated_app_faults_escalate_to_a_reset_only_across_workloads() {
+        let evidence = |report| Evidence {
+            conditions: &[],
+            report: Some(report),
+            report_refreshed_at: None,
+            report_awaited_since: None,
+            report_missing_before: false,
+            xids_since: None,
+            devices: &[],
+            unhealthy: &[],
+            gang_window: None,
+        };
+        let fault = |code, minute: u32, pod: &str| XidEvent {
+            pod: Some(gpuhealth_api::contract::PodRef {
+                namespace: "tenant".into(),
+                name: pod.into(),
+                container: None,
+            }),
+            ..XidEvent::new(code, Time(ts(&format!("2026-05-29T08:0{minute}:00Z"))), "")
+        };
         let mut report = incident_report().expect("valid");
         report.gpus[7] = report.gpus[6].clone();
         report.gpus[7].index = 7;
         report.gpus[7].uuid = "GPU-0a1b2c3d-0000-4000-8000-000000000007".into();
-        for m in [1, 2] {
-            report.gpus[2].xids.push(XidEvent {
-                code: 13,
-                at: Time(ts(&format!("2026-05-29T08:0{m}:00Z"))),
-                text: String::new(),
-            });
-        }
-        let two = Ok(report.clone());
+        report.gpus[2].xids = vec![fault(13, 1, "a"), fault(13, 2, "a")];
         let now = ts("2026-05-29T08:30:00Z");
+        let two = Ok(report.clone());
+        let d = diagnose(now, &detection(), &evidence(&two));
         assert!(
-            diagnose(
-                now,
-                &detection(),
-                &Evidence {
-                    conditions: &[],
-                    report: Some(&two),
-                    report_refreshed_at: None,
-                    report_awaited_since: None,
-                    report_missing_before: false,
-                    xids_since: None,
-                    devices: &[],
-                    unhealthy: &[],
-                    gang_window: None,
-                }
-            )
-            .signals
-            .is_empty()
+            d.signals.is_empty() && d.app_fault_loops.is_empty(),
+            "{d:?}"
         );
-        report.gpus[2].xids.push(XidEvent {
-            code: 31,
-            at: Time(ts("2026-05-29T08:03:00Z")),
-            text: String::new(),
+
+        // A third from the same pod: the pod's problem, not the GPU's.
+        report.gpus[2].xids.push(fault(31, 3, "a"));
+        let looping = Ok(report.clone());
+        let d = diagnose(now, &detection(), &evidence(&looping));
+        assert!(d.signals.is_empty(), "{d:?}");
+        assert_eq!(d.app_fault_loops.len(), 1);
+        assert_eq!(d.app_fault_loops[0].pod, PodKey::new("tenant", "a"));
+
+        // From a second workload too: the GPU is reset.
+        report.gpus[2].xids[2] = fault(31, 3, "b");
+        let across = Ok(report);
+        let d = diagnose(now, &detection(), &evidence(&across));
+        assert_eq!(d.required(), Some(RecoveryAction::GpuReset));
+        assert_eq!(
+            d.headline().map(|s| s.reason),
+            Some(Reason::RepeatedAppXids)
+        );
+    }
+
+    #[test]
+    fn an_xid_nvml_did_not_confirm_is_said_never_acted_on() {
+        let mut report = incident_report().expect("valid");
+        report.gpus[7] = report.gpus[6].clone();
+        report.gpus[7].index = 7;
+        report.gpus[7].uuid = "GPU-0a1b2c3d-0000-4000-8000-000000000007".into();
+        report.gpus[3].xids.push(XidEvent {
+            uncorroborated: true,
+            ..XidEvent::new(
+                79,
+                Time(ts("2026-05-29T08:20:00Z")),
+                "GPU has fallen off the bus.",
+            )
         });
-        let three = Ok(report);
+        let report = Ok(report);
         let d = diagnose(
-            now,
+            ts("2026-05-29T08:25:00Z"),
             &detection(),
             &Evidence {
                 conditions: &[],
-                report: Some(&three),
+                report: Some(&report),
                 report_refreshed_at: None,
                 report_awaited_since: None,
                 report_missing_before: false,
@@ -575,10 +616,8 @@ mod tests {
                 gang_window: None,
             },
         );
-        assert_eq!(d.required(), Some(RecoveryAction::GpuReset));
-        assert_eq!(
-            d.headline().map(|s| s.reason),
-            Some(Reason::RepeatedAppXids)
-        );
+        assert!(d.signals.is_empty(), "{d:?}");
+        assert_eq!(d.uncorroborated.len(), 1);
+        assert_eq!(d.uncorroborated[0].1.code, 79);
     }
 }

@@ -220,6 +220,7 @@ impl<'a> Stepper<'a> {
                 self.gpu_health_unknown(problem.message);
             }
         }
+        self.tenant_findings();
         if let Some(at) = self.diagnosis.stale_at {
             self.wait(
                 at.duration_since(self.now())

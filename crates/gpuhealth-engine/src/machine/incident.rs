@@ -235,13 +235,16 @@ impl Stepper<'_> {
             .now()
             .checked_sub(k8s_openapi::jiff::SignedDuration::try_from(limits.window.as_std()).ok()?)
             .ok()?;
-        // Remediations that acted: not maintenance, not a hand-over.
+        // Remediations that acted: not maintenance, not a hand-over, not
+        // one application Xids alone opened (a tenant's code may be behind
+        // those, and must not cost the fleet a node).
         let recent: Vec<&Incident> = self
             .status
             .history
             .iter()
             .filter(|i| i.started_at.0 >= since && !i.attempts.is_empty())
             .filter(|i| i.maintenance_deadline.is_none())
+            .filter(|i| !i.opened_by_app_faults_alone())
             .collect();
         if limits.per_node > 0 && recent.len() >= limits.per_node as usize {
             return Some(format!(

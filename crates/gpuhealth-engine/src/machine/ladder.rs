@@ -43,11 +43,27 @@ impl Stepper<'_> {
         })
     }
 
+    /// Whether the open incident is one application Xids alone opened.
+    fn opened_by_app_faults_alone(&self) -> bool {
+        self.status
+            .history
+            .first()
+            .filter(|i| self.status.incident.as_deref() == Some(i.id.as_str()))
+            .is_some_and(|i| i.opened_by_app_faults_alone())
+    }
+
     /// Records the next attempt (intent first) and moves to draining for it.
     pub(super) fn start_attempt(&mut self, rung: usize, attempt: u32) -> Then {
         let Some(step) = self.spec().escalation.get(rung).cloned() else {
             return self.exhausted();
         };
+        if step.action == RecoveryAction::ReplaceNode && self.opened_by_app_faults_alone() {
+            self.fail(
+                Reason::EscalationExhausted,
+                "every rung below replacement failed for an incident that application Xids alone opened: a tenant's code may be behind them, so the node is not handed over for replacement; it stays cordoned: look at what ran on the GPU, then uncordon".into(),
+            );
+            return Then::Done;
+        }
         let incident = self.status.incident.clone().unwrap_or_default();
         let gpus = if step.action == RecoveryAction::GpuReset {
             self.gpus_to_reset()

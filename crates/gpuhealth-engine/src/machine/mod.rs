@@ -26,6 +26,7 @@ mod notice;
 mod phases;
 mod plan;
 mod quarantine;
+mod tenants;
 
 use std::time::Duration;
 

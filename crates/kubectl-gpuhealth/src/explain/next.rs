@@ -152,7 +152,9 @@ pub fn steps(input: &ExplainInput, now: Timestamp) -> Vec<String> {
             | FindingKind::MalformedMaintenanceNotice
             | FindingKind::MaintenanceDeadlinePassed
             | FindingKind::MaintenanceOverdue
-            | FindingKind::BreakGlass) => {
+            | FindingKind::BreakGlass
+            | FindingKind::UncorroboratedXid
+            | FindingKind::AppFaultLoop) => {
                 let subject = f
                     .subject
                     .as_ref()

@@ -239,7 +239,10 @@ impl Stepper<'_> {
             return;
         }
         let gpus = self.diagnosis.gpus();
-        if let Some(why) = self.repeat_offender(&gpus) {
+        let signals = &self.diagnosis.signals;
+        let app_faults_alone =
+            !signals.is_empty() && signals.iter().all(|s| s.reason == Reason::RepeatedAppXids);
+        if let Some(why) = self.repeat_offender(&gpus).filter(|_| !app_faults_alone) {
             self.open_incident(
                 headline.clone(),
                 gpus,
