@@ -180,6 +180,13 @@ pub struct GpuNodeHealthStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Vec<Condition>,
+    /// The operator's seal over what is under way (the phase, the
+    /// incident, the action in flight, the quarantine, the boot awaited,
+    /// the maintenance): a keyed hash only it can make, so that it never
+    /// carries out a record someone else wrote. Unset while nothing is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 128))]
+    pub seal: Option<String>,
 }
 
 impl GpuNodeHealthStatus {

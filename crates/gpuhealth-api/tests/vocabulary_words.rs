@@ -13,6 +13,11 @@ use gpuhealth_api::vocabulary::{
 /// (file, word, why the word there is not the status's).
 const ELSEWHERE: &[(&str, &str, &str)] = &[
     (
+        "e2e/tests/records.rs",
+        "*",
+        "a record and a policy written as JSON, as someone other than the operator writes them",
+    ),
+    (
         "e2e/tests/contract.rs",
         "GpuReset",
         "the executor written from docs/annotations.md reads the record as JSON, as a third party would",

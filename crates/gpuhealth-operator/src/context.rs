@@ -67,6 +67,8 @@ pub struct Context {
     pub crash_after: crate::failpoint::CrashAfter,
     /// Where validation pods run, and as whom.
     pub validation: crate::validation::Target,
+    /// What the operator seals its records with, and checks them by.
+    pub seal: crate::seal::Seal,
 }
 
 impl Context {

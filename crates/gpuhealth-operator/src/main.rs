@@ -25,6 +25,7 @@ mod policy_status;
 mod protection;
 mod reconcile;
 mod retry;
+mod seal;
 mod selection;
 mod slim;
 mod takeover;
@@ -75,9 +76,18 @@ struct Args {
     /// Where to serve /metrics, /livez and /readyz.
     #[arg(long, env = "GPUHEALTH_METRICS_ADDR", default_value = "0.0.0.0:8080")]
     metrics_addr: SocketAddr,
-    /// The operator's namespace (from the downward API): its leader Lease.
+    /// The operator's namespace (from the downward API): its leader Lease,
+    /// and the Secret of its seal's key.
     #[arg(long, env = "POD_NAMESPACE", default_value = "default")]
     namespace: String,
+    /// The Secret, in the operator's namespace, holding the key it seals
+    /// its records with (made by the first replica that finds none).
+    #[arg(
+        long,
+        env = "GPUHEALTH_SEAL_SECRET",
+        default_value = "gpuhealth-operator-seal"
+    )]
+    seal_secret: String,
     /// Where validation pods run: a namespace of their own that enforces
     /// `restricted` Pod Security (config/validation).
     #[arg(
@@ -264,6 +274,13 @@ async fn run(args: Args) -> Result<(), Fatal> {
         "gpuhealth-operator starting"
     );
     serve_metrics(args.metrics_addr, metrics.clone()).await?;
+    let seal = tokio::select! {
+        seal = seal::Seal::load(&client, &args.namespace, &args.seal_secret) => seal,
+        () = shutdown_signal() => {
+            info!("stopped before the seal's key was read");
+            return Ok(());
+        }
+    };
     let records = watches::records(&client).await?;
     metrics
         .ready
@@ -349,6 +366,7 @@ async fn run(args: Args) -> Result<(), Fatal> {
             service_account: args.validation_service_account,
         },
         events: events::Events::new(client.clone(), "gpuhealth-operator", &args.pod_name),
+        seal,
     });
     // A policy's spec, or the protection coming or going, may change any
     // node's decision: a pass over every node, paced behind the nodes with

@@ -48,9 +48,10 @@ pub const PROTECTS_LABEL: &str = "gpuhealth.io/protects";
 
 /// What the install's policies guard, by their `gpuhealth.io/protects`
 /// label: each must exist and be bound to deny.
-pub const GUARDS: [&str; 8] = [
+pub const GUARDS: [&str; 9] = [
     "operator-keys",
     "operator-pods",
+    "operator-records",
     "agent-keys",
     "maintenance-notice",
     "device-taint-rules",

@@ -243,6 +243,7 @@ impl World {
                 namespace: "gpuhealth-validation".into(),
                 service_account: "gpuhealth-validation".into(),
             },
+            seal: crate::seal::Seal::from_key(&[7; 32]),
         };
         World {
             api,

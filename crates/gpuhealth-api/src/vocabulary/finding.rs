@@ -43,6 +43,9 @@ words! {
         /// A pod's own code faulted a GPU again and again (application
         /// Xids): the workload's problem; nothing is done to the GPU.
         AppFaultLoop,
+        /// The node's record says something is under way, and gpuhealth's
+        /// operator did not write it: nothing it records is carried out.
+        ForgedRecord,
     }
 }
 

@@ -10,7 +10,7 @@ use gpuhealth_api::{
 };
 use k8s_openapi::jiff::Timestamp;
 
-use super::{Decision, Input, NodeView, core::Stepper, is_disruptive};
+use super::{Decision, Input, NodeView, RecordSeal, core::Stepper, is_disruptive};
 use crate::{
     fence::{DraView, RuleView},
     guardrails::Guardrails,
@@ -70,6 +70,9 @@ pub fn node_deleted(
         state,
         not_enforced: None,
         guardrails: &Guardrails::none(),
+        // With the node gone nothing is asked of it: its record only says
+        // which of gpuhealth's own fences to take down.
+        seal: RecordSeal::Verified,
     };
     let mut s = Stepper::new(&input);
     if !deleted_before {

@@ -9,6 +9,7 @@ use gpuhealth_api::{
 };
 use k8s_openapi::jiff::Timestamp;
 
+use super::RecordSeal;
 use crate::{
     budget::Budget,
     diagnosis::{ObservedCondition, UnhealthyDevice},
@@ -117,6 +118,9 @@ pub struct Input<'a> {
     pub not_enforced: Option<NotEnforced<'a>>,
     /// Bounds the cluster's administrator set on every policy.
     pub guardrails: &'a Guardrails,
+    /// What the operator found of `state`'s seal: a record in flight that
+    /// is not the operator's is carried out in nothing.
+    pub seal: RecordSeal,
 }
 
 /// Why a policy enforces nothing now.

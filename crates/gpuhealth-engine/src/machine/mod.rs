@@ -26,6 +26,7 @@ mod notice;
 mod phases;
 mod plan;
 mod quarantine;
+mod record_trust;
 mod tenants;
 
 use std::time::Duration;
@@ -44,6 +45,7 @@ pub use self::{
     gone::{Gone, node_deleted},
     input::{BudgetNeeded, Input, NodeView, NotEnforced, ValidationView, validation_pod_name},
     needs::{HoldersSince, Needs, needs},
+    record_trust::{RecordSeal, in_flight, record_not_ours},
 };
 pub use crate::budget::is_disruptive;
 
@@ -105,6 +107,10 @@ pub fn step(input: &Input<'_>) -> Result<Decision, BudgetNeeded> {
     let mut s = Stepper::new(input);
     s.observe();
     s.readiness_gates();
+    if let Some(why) = record_not_ours(input) {
+        s.hold_record_not_ours(why);
+        return Ok(s.decision());
+    }
     if let Some(reason) = &input.node.break_glass {
         // Nothing else this round: the next starts from what it left.
         s.break_glass(reason);

@@ -30,7 +30,9 @@ use gpuhealth_engine::{
     guardrails::Guardrails,
     happening::Happening,
     machine::ValidationView,
-    machine::{Action, BudgetNeeded, Gone, Input, NodeView, NotEnforced, node_deleted, step},
+    machine::{
+        Action, BudgetNeeded, Gone, Input, NodeView, NotEnforced, RecordSeal, node_deleted, step,
+    },
     workload::WorkloadView,
 };
 use k8s_openapi::{
@@ -126,6 +128,9 @@ pub struct World {
     pub unprotected: Option<String>,
     /// The cluster's bounds on every policy (none, unless a test sets some).
     pub guardrails: Guardrails,
+    /// What the operator finds of the stored record's seal: its own, as
+    /// every record the world keeps was written by the step.
+    pub seal: RecordSeal,
     /// The report's `observedAt` as last seen, and when (by the operator's
     /// clock), as the operator keeps it.
     report_seen: Option<(Timestamp, Timestamp)>,
@@ -192,6 +197,7 @@ impl World {
             diagnostics_asked: None,
             unprotected: None,
             guardrails: Guardrails::none(),
+            seal: RecordSeal::Verified,
             report_seen: None,
         }
     }
@@ -231,6 +237,7 @@ impl World {
                 why,
             }),
             guardrails: &self.guardrails,
+            seal: self.seal,
         };
         let counted = step(&input(Some(self.budget))).expect("a counted budget is never asked for");
         match step(&input(None)) {

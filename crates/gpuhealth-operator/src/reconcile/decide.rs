@@ -16,10 +16,11 @@ use gpuhealth_api::{
 use gpuhealth_engine::{
     budget::{self, Budget},
     honour,
-    machine::{BudgetNeeded, Decision, Input, NotEnforced, is_disruptive, step},
+    machine::{BudgetNeeded, Decision, Input, NotEnforced, is_disruptive, record_not_ours, step},
 };
 use k8s_openapi::jiff::Timestamp;
 use kube::runtime::reflector::ObjectRef;
+use tracing::warn;
 
 use super::{pending::Pending, read::Read};
 use crate::{
@@ -57,6 +58,7 @@ pub fn decide<'a>(ctx: &'a Context, read: &Read, waiting: Instant) -> Decided<'a
         state: &read.stored,
         not_enforced,
         guardrails: &ctx.guardrails,
+        seal: ctx.seal.check(&read.name, &read.stored),
     };
     let mut written = ctx.lock_decisions();
     let mut deciding = ctx.metrics.stage("wait", waiting);
@@ -65,7 +67,14 @@ pub fn decide<'a>(ctx: &'a Context, read: &Read, waiting: Instant) -> Decided<'a
     // held new faults back for half a minute (bench/FINDINGS.md). It is
     // counted only when the step asks, outside the lock, then under it
     // with this process's latest records.
-    let decision = match step(&input(None, not_enforced(&unprotected, &past))) {
+    // A record this operator did not write is carried out in nothing (the
+    // engine holds it), and the decision about it is not sealed.
+    let not_ours = record_not_ours(&input(None, None));
+    if let Some(why) = not_ours {
+        warn!(node = %read.name, phase = ?read.stored.phase, %why, "the node's record was not written by this operator: nothing it records is carried out");
+    }
+    let ours = not_ours.is_none();
+    let mut decision = match step(&input(None, not_enforced(&unprotected, &past))) {
         Ok(decision) => decision,
         Err(BudgetNeeded) => {
             drop(written);
@@ -86,6 +95,9 @@ pub fn decide<'a>(ctx: &'a Context, read: &Read, waiting: Instant) -> Decided<'a
             }
         }
     };
+    if ours {
+        decision.status.seal = ctx.seal.of(&read.name, &decision.status);
+    }
     // A record bridges the time until the watch shows this process's last
     // write. None is kept once the cluster shows it and nothing new is to
     // be written, so that the records follow the work in flight, not the
@@ -96,7 +108,10 @@ pub fn decide<'a>(ctx: &'a Context, read: &Read, waiting: Instant) -> Decided<'a
             .is_some_and(|cached| cached.shows(status))
     };
     let caught_up = read.recorded.as_ref().is_none_or(shown);
-    if caught_up && shown(&decision.status) {
+    // A record held as not the operator's is not one of its decisions:
+    // kept in memory, it would outlive its deletion, which is how a person
+    // clears it.
+    if !ours || (caught_up && shown(&decision.status)) {
         written.remove(&read.name);
     } else {
         written.insert(read.name.clone(), decision.status.clone());

@@ -154,7 +154,8 @@ pub fn steps(input: &ExplainInput, now: Timestamp) -> Vec<String> {
             | FindingKind::MaintenanceOverdue
             | FindingKind::BreakGlass
             | FindingKind::UncorroboratedXid
-            | FindingKind::AppFaultLoop) => {
+            | FindingKind::AppFaultLoop
+            | FindingKind::ForgedRecord) => {
                 let subject = f
                     .subject
                     .as_ref()
