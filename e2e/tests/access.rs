@@ -1314,3 +1314,151 @@ async fn only_the_operator_writes_or_lifts_its_device_fences() {
         let _ = bindings.delete(b, &DeleteParams::default()).await;
     }
 }
+
+/// Each write that would forge a trigger gpuhealth acts on is refused and
+/// seen: the API server's own audit log holds the refusal, annotated
+/// `validation.policy.admission.k8s.io/validation_failure` with the policy
+/// that refused it. The lanes this file runs in start their cluster with
+/// the audit log (`GPUHEALTH_CLUSTER_AUDIT=1`, e2e/lanes.sh).
+#[tokio::test]
+async fn each_refused_forgery_is_in_the_audit_log_naming_its_policy() {
+    let admin = client().await.expect("client");
+    let kubeconfig = gpuhealth_e2e::cluster::kubeconfig_path()
+        .await
+        .expect("the cluster's kubeconfig");
+    let log = gpuhealth_e2e::audit::log_beside(&kubeconfig);
+    assert!(
+        log.exists(),
+        "no audit log at {}: this test needs the cluster started with GPUHEALTH_CLUSTER_AUDIT=1, as e2e/lanes.sh starts it",
+        log.display()
+    );
+    gpuhealth_e2e::crds::install(&admin).await.expect("CRDs");
+    for dir in ["namespace", "rbac", "admission"] {
+        apply(dir).await;
+    }
+    let node = unique("audited");
+    ready_node(&admin, &node, &[(SELECTED, &node)]).await;
+    // A condition a policy acts on: guarded by an install of its own.
+    let type_ = format!("E2eXid{}", unique("t").replace('-', ""));
+    let install = install_guarding(&node, &[&type_]).await;
+    let policy = unique("audited");
+    Api::<GpuHealthPolicy>::all(admin.clone())
+        .create(
+            &PostParams::default(),
+            &GpuHealthPolicy::new(
+                &policy,
+                acting_on(Mode::Enforce, selecting(&node), &[&type_], "a-detector"),
+            ),
+        )
+        .await
+        .expect("a policy acting on the condition");
+
+    // Whoever may patch Nodes, their status, and everything of gpuhealth.io.
+    let forger_name = unique("forger");
+    let forger = account_with(
+        &admin,
+        "default",
+        &forger_name,
+        vec![
+            rule("", &["nodes", "nodes/status"], &["get", "patch"]),
+            rule("gpuhealth.io", &["*"], &["*"]),
+        ],
+    )
+    .await
+    .expect("the forger");
+    let username = format!("system:serviceaccount:default:{forger_name}");
+
+    // Each forgery, refused: (the resource and subresource written, the
+    // policy that refuses it).
+    let mut refused: Vec<(&str, &str, String)> = Vec::new();
+    for key in [
+        "gpuhealth.io/reset-request",
+        "gpuhealth.io/cordoned-by",
+        "gpuhealth.io/gpus",
+        "gpuhealth.io/request-result",
+        "gpuhealth.io/maintenance",
+    ] {
+        let e = refused_once_in_force(&forger, &node, key).await;
+        let by = if key.contains("request-result") || key.contains("gpus") {
+            "gpuhealth-agent-keys"
+        } else if key.contains("maintenance") {
+            "gpuhealth-maintenance-notice"
+        } else {
+            "gpuhealth-operator-keys"
+        };
+        assert!(e.contains(by), "{key}: {e}");
+        refused.push(("nodes", "", by.to_owned()));
+    }
+    let e = patch_status(&forger, &node, gpu_healthy())
+        .await
+        .expect_err("GpuHealthy");
+    assert!(e.contains("gpuhealth-agent-keys"), "{e}");
+    refused.push(("nodes", "status", "gpuhealth-agent-keys".into()));
+    let e = condition_refused_once_in_force(&forger, &node, &type_).await;
+    let trusted = format!("gpuhealth-trusted-conditions-{node}");
+    assert!(e.contains(&trusted), "{e}");
+    refused.push(("nodes", "status", trusted));
+    let record: gpuhealth_api::GpuNodeHealth = serde_json::from_value(json!({
+        "apiVersion": "gpuhealth.io/v1alpha1", "kind": "GpuNodeHealth",
+        "metadata": {"name": node}, "spec": {},
+    }))
+    .expect("a record");
+    let e = Api::<gpuhealth_api::GpuNodeHealth>::all(forger.clone())
+        .create(&PostParams::default(), &record)
+        .await
+        .expect_err("a GpuNodeHealth")
+        .to_string();
+    assert!(e.contains("gpuhealth-operator-records"), "{e}");
+    refused.push(("gpunodehealths", "", "gpuhealth-operator-records".into()));
+
+    // The log is written as each request ends; read until all are there.
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        let refusals: Vec<Value> = text
+            .lines()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .filter(|e| {
+                // A create names its object in its body, not its path: the
+                // log leaves its name out.
+                let name = &e["objectRef"]["name"];
+                e["user"]["username"] == json!(username)
+                    && (*name == json!(node) || name.is_null())
+                    && e["responseStatus"]["code"]
+                        .as_u64()
+                        .is_some_and(|c| c >= 400)
+            })
+            .collect();
+        let missing: Vec<&(&str, &str, String)> = refused
+            .iter()
+            .filter(|(resource, sub, by)| {
+                !refusals.iter().any(|e| {
+                    e["objectRef"]["resource"] == json!(resource)
+                        && e["objectRef"]["subresource"].as_str().unwrap_or("") == *sub
+                        && e["annotations"]["validation.policy.admission.k8s.io/validation_failure"]
+                            .as_str()
+                            // The shared install's policy, or its copy in
+                            // the test's own install (`install_guarding`).
+                            .is_some_and(|f| f.contains(&format!("\"policy\":\"{by}")))
+                })
+            })
+            .collect();
+        if missing.is_empty() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "refusals not in the audit log, annotated with their policy: {missing:?}; the forger's refusals there: {refusals:#?}"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+
+    let _ = Api::<GpuHealthPolicy>::all(admin.clone())
+        .delete(&policy, &DeleteParams::default())
+        .await;
+    let _ = Api::<ClusterRoleBinding>::all(admin.clone())
+        .delete(&forger_name, &DeleteParams::default())
+        .await;
+    let _ = kubectl(&["delete", "-k", &install, "--wait=false"]).await;
+    remove_node(&admin, &node).await;
+}
