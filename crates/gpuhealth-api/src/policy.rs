@@ -528,12 +528,14 @@ pub struct ConditionRule {
     #[serde(default = "default_condition_action")]
     pub action: SignalAction,
 
-    /// Who may write this condition: its detector's identity. Whoever may
-    /// patch a Node's status could otherwise write it and get a real reset.
-    /// The install's `gpuhealth-trusted-conditions` admission policy refuses
-    /// it to anyone else on the nodes this policy selects, while it is in
-    /// `Enforce` and the cluster's guardrail allows the type; a rule that
-    /// names no writer is not acted on.
+    /// Who may write this condition: its detector's identity; at least one
+    /// (a rule without is refused). Whoever may patch a Node's status could
+    /// otherwise write it and get a real reset. The install's
+    /// `gpuhealth-trusted-conditions` admission policy refuses it to anyone
+    /// else on the nodes this policy selects, while it is in `Enforce` and
+    /// the cluster's guardrail allows the type. The empty default only
+    /// reads a rule stored before writers were required, which is not
+    /// acted on.
     #[serde(default)]
     #[schemars(length(max = 16))]
     pub writers: Vec<ConditionWriter>,
