@@ -3,6 +3,9 @@
 //! NVML library and nvidia-smi, the kernel log, the kubelet's PodResources,
 //! the GPU Operator's device plugin and the system bus. Every line of the
 //! agent runs as it would on a real node.
+//!
+//! Long because each test stands up a host of its own and drives the
+//! agent through one story on it, and they share its helpers.
 
 use std::time::Duration;
 
