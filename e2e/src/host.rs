@@ -466,6 +466,11 @@ impl Host {
     }
 
     async fn start_persistenced(&mut self, mut command: Command) -> Result<()> {
+        // Its directory first: the daemon binds its socket as it starts.
+        let socket = self.persistenced_socket();
+        if let Some(dir) = socket.parent() {
+            std::fs::create_dir_all(dir).map_err(io("nvidia-persistenced's directory"))?;
+        }
         let child = command
             .env(
                 "NVML_STANDIN_PERSISTENCED_SOCKET",
@@ -476,10 +481,6 @@ impl Host {
             .spawn()
             .map_err(io("starting the nvidia-persistenced stand-in"))?;
         self.persistenced = Some(child);
-        let socket = self.persistenced_socket();
-        if let Some(dir) = socket.parent() {
-            std::fs::create_dir_all(dir).map_err(io("nvidia-persistenced's directory"))?;
-        }
         let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(20);
         while !socket.exists() {
             if tokio::time::Instant::now() > deadline {
