@@ -99,7 +99,10 @@ impl<G: Gpus> NvmlBackend<G> {
                         &gpu.pods[..]
                     };
                     log.attribute(&pci, holders, now);
-                    gpu.xids = self.recoveries.fresh(&gpu.uuid, &log.xids(&pci, now));
+                    let asks_recovery = gpu.recovery_action.is_some_and(|a| a != 0);
+                    gpu.xids = self
+                        .recoveries
+                        .fresh(&gpu.uuid, &log.xids(&pci, now, asks_recovery));
                 }
             }
         });

@@ -138,7 +138,7 @@ mod tests {
         feed.nvml_xid("00000000:E1:00.0", 48);
         let e1 = PciAddress::parse("0000:e1:00").expect("pci");
         let codes: Vec<u32> = feed.with(|l| {
-            l.xids(&e1, Timestamp::now())
+            l.xids(&e1, Timestamp::now(), false)
                 .iter()
                 .map(|x| x.code)
                 .collect()

@@ -196,14 +196,21 @@ impl KernelLog {
 
     /// The Xids of the GPU at `pci` as they stand `now`, oldest first: one
     /// that awaits NVML's word is left out until it comes, and reported
-    /// `uncorroborated` once [`CORROBORATION_WINDOW`] has passed without it.
-    pub fn xids(&self, pci: &PciAddress, now: Timestamp) -> Vec<XidEvent> {
+    /// `uncorroborated` once [`CORROBORATION_WINDOW`] has passed without it;
+    /// NVML's recovery-action field asking for a recovery of the GPU
+    /// (`nvml_asks_recovery`) is its word too.
+    pub fn xids(
+        &self,
+        pci: &PciAddress,
+        now: Timestamp,
+        nvml_asks_recovery: bool,
+    ) -> Vec<XidEvent> {
         let Some(list) = self.xids.get(pci) else {
             return Vec::new();
         };
         list.iter()
             .filter_map(|t| {
-                if !t.awaits_nvml || t.by_nvml {
+                if !t.awaits_nvml || t.by_nvml || nvml_asks_recovery {
                     return Some(t.xid.clone());
                 }
                 let late = now.duration_since(t.xid.at.0) >= CORROBORATION_WINDOW;
@@ -224,7 +231,7 @@ impl KernelLog {
             .iter()
             .enumerate()
             .map(|(index, (pci, uuid))| {
-                let xids = self.xids(pci, now);
+                let xids = self.xids(pci, now, false);
                 let recovery_action = self.recovery.get(pci).copied();
                 GpuEntry {
                     index: index as u32,
@@ -306,7 +313,7 @@ mod tests {
     }
 
     fn codes(log: &KernelLog, now: i64) -> Vec<(u32, bool)> {
-        log.xids(&e1(), at(now))
+        log.xids(&e1(), at(now), false)
             .iter()
             .map(|x| (x.code, x.uncorroborated))
             .collect()
@@ -330,7 +337,7 @@ mod tests {
         assert_eq!(codes(&log, 301), [(48, false)], "awaiting NVML");
         assert!(!log.nvml_xid(e1(), 119, at(302)), "the same Xid");
         assert_eq!(codes(&log, 302), [(48, false), (119, false)]);
-        let x = log.xids(&e1(), at(302)).pop().expect("xid");
+        let x = log.xids(&e1(), at(302), false).pop().expect("xid");
         assert_eq!(
             (x.at.0, x.pid, x.process.as_deref()),
             (at(300), Some(4242), Some("python3"))
@@ -355,6 +362,12 @@ mod tests {
             Some(79)
         );
         assert_eq!(codes(&log, 505).len(), 3);
+        // NVML's recovery-action field asking for a recovery is its word.
+        let asked = log.xids(&e1(), at(505), true);
+        assert_eq!(
+            asked.last().map(|x| (x.code, x.uncorroborated)),
+            Some((79, false))
+        );
         assert_eq!(codes(&log, 510).last(), Some(&(79, true)));
         // NVML's event after the window is an Xid of its own.
         assert!(log.nvml_xid(e1(), 79, at(520)));
@@ -394,7 +407,7 @@ mod tests {
         // Two pods share the GPU: whose it is cannot be told.
         log.attribute(&e1(), &[pod("a"), pod("b")], at(121));
         let pods: Vec<Option<String>> = log
-            .xids(&e1(), at(130))
+            .xids(&e1(), at(130), false)
             .into_iter()
             .map(|x| x.pod.map(|p| p.name))
             .collect();
@@ -426,7 +439,7 @@ mod tests {
         // The GPUs it knows still take new lines.
         let first = log.entries(now)[0].clone();
         assert_eq!(
-            log.xids(&PciAddress::parse("0000:00:00").expect("pci"), now)
+            log.xids(&PciAddress::parse("0000:00:00").expect("pci"), now, false)
                 .len(),
             1
         );
