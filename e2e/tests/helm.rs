@@ -272,8 +272,8 @@ async fn helm_install_upgrade_mid_remediation_and_uninstall() {
     let guarded = admission_objects(&admin).await;
     assert_eq!(
         guarded.len(),
-        16,
-        "eight policies, eight bindings: {guarded:?}"
+        18,
+        "nine policies, nine bindings: {guarded:?}"
     );
     helm(&[
         "upgrade",
