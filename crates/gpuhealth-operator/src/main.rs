@@ -256,8 +256,8 @@ async fn main() -> ExitCode {
 
 /// The operator, in order: its client and metrics endpoint; the records
 /// every replica reads before it leads; the lease; once leading, the
-/// fleet's watches and the other tools' locks; then the nodes' and the
-/// policies' controllers until stopped or the lease is lost.
+/// seal's key, the fleet's watches and the other tools' locks; then the
+/// nodes' and the policies' controllers until stopped or the lease is lost.
 async fn run(args: Args) -> Result<(), Fatal> {
     let guardrails = guardrails(&args).map_err(Fatal::Flags)?;
     if !(args.retry_period < args.renew_deadline && args.renew_deadline < args.lease_duration) {
@@ -274,13 +274,6 @@ async fn run(args: Args) -> Result<(), Fatal> {
         "gpuhealth-operator starting"
     );
     serve_metrics(args.metrics_addr, metrics.clone()).await?;
-    let seal = tokio::select! {
-        seal = seal::Seal::load(&client, &args.namespace, &args.seal_secret) => seal,
-        () = shutdown_signal() => {
-            info!("stopped before the seal's key was read");
-            return Ok(());
-        }
-    };
     let records = watches::records(&client).await?;
     metrics
         .ready
@@ -302,6 +295,15 @@ async fn run(args: Args) -> Result<(), Fatal> {
     };
     let leadership = elector.leadership();
     let mut renewing = elector.renew_in_background();
+    // The seal's key is read (or made, a write) only by the leader: no
+    // replica writes without the lease.
+    let seal = tokio::select! {
+        seal = seal::Seal::load(&client, &args.namespace, &args.seal_secret) => seal,
+        () = renewing.lost() => {
+            metrics.leader.set(0);
+            return Err(Fatal::LostLeadership);
+        }
+    };
 
     let locks = Arc::new(locks::Locks::default());
     // When a lock becomes unreadable or readable again, every policy's

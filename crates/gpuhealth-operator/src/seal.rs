@@ -7,7 +7,7 @@
 //! never laundered into a request.
 //!
 //! The key is 32 random bytes in a Secret of the operator's namespace,
-//! made by the first operator that finds none, read by every replica.
+//! made by the first leader that finds none, read by every leader after.
 
 use std::time::Duration;
 
