@@ -3,7 +3,7 @@
 
 use std::{collections::HashMap, sync::Mutex, time::Duration};
 
-use crate::actions::Kind as ActionKind;
+use gpuhealth_engine::machine::ActionKind;
 
 /// A failed reconcile, with the stage that failed and what it failed on.
 #[derive(Debug, thiserror::Error)]

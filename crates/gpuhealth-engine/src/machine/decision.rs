@@ -1,7 +1,7 @@
 //! What one step decides: the next status, the side effects that get
 //! there, and what to say about it.
 
-use std::time::Duration;
+use std::{fmt, time::Duration};
 
 use gpuhealth_api::{
     contract::{DiagnosticsLevel, RequestId},
@@ -116,7 +116,90 @@ pub enum Action {
 impl Action {
     /// Whether it keeps new work off a bad GPU: such actions go first.
     pub fn fences(&self) -> bool {
-        matches!(self, Action::Cordon { .. } | Action::TaintDevice { .. })
+        self.kind().fences()
+    }
+
+    pub fn kind(&self) -> ActionKind {
+        match self {
+            Action::Cordon { .. } => ActionKind::Cordon,
+            Action::Uncordon { .. } => ActionKind::Uncordon,
+            Action::ForgetCordonRecord { .. } => ActionKind::ForgetCordonRecord,
+            Action::Evict { .. } => ActionKind::Evict,
+            Action::ForceDelete { .. } => ActionKind::ForceDelete,
+            Action::TellGangMember { .. } => ActionKind::TellGangMember,
+            Action::EvictGangMember { .. } => ActionKind::EvictGangMember,
+            Action::RequestReset { .. } => ActionKind::RequestReset,
+            Action::RequestReboot { .. } => ActionKind::RequestReboot,
+            Action::RequestDiagnostics { .. } => ActionKind::RequestDiagnostics,
+            Action::LabelNode { .. } => ActionKind::LabelNode,
+            Action::MarkGpuHealthUnknown { .. } => ActionKind::MarkGpuHealthUnknown,
+            Action::ClearBreakGlass => ActionKind::ClearBreakGlass,
+            Action::CreateValidationPod { .. } => ActionKind::CreateValidationPod,
+            Action::DeleteValidationPod { .. } => ActionKind::DeleteValidationPod,
+            Action::SetGpuHealthy { .. } => ActionKind::SetGpuHealthy,
+            Action::TaintDevice { .. } => ActionKind::TaintDevice,
+            Action::UntaintDevice { .. } => ActionKind::UntaintDevice,
+        }
+    }
+}
+
+/// Which action, without what it carries: the `action` label of its
+/// metric and the subject of its errors.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ActionKind {
+    Cordon,
+    Uncordon,
+    ForgetCordonRecord,
+    Evict,
+    ForceDelete,
+    TellGangMember,
+    EvictGangMember,
+    RequestReset,
+    RequestReboot,
+    RequestDiagnostics,
+    LabelNode,
+    MarkGpuHealthUnknown,
+    ClearBreakGlass,
+    CreateValidationPod,
+    DeleteValidationPod,
+    SetGpuHealthy,
+    TaintDevice,
+    UntaintDevice,
+}
+
+impl ActionKind {
+    /// Whether actions of this kind keep new work off a bad GPU.
+    pub fn fences(self) -> bool {
+        matches!(self, ActionKind::Cordon | ActionKind::TaintDevice)
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ActionKind::Cordon => "cordon",
+            ActionKind::Uncordon => "uncordon",
+            ActionKind::ForgetCordonRecord => "forget_cordon_record",
+            ActionKind::Evict => "evict",
+            ActionKind::ForceDelete => "force_delete",
+            ActionKind::TellGangMember => "tell_gang_member",
+            ActionKind::EvictGangMember => "evict_gang_member",
+            ActionKind::RequestReset => "request_reset",
+            ActionKind::RequestReboot => "request_reboot",
+            ActionKind::RequestDiagnostics => "request_diagnostics",
+            ActionKind::LabelNode => "label_node",
+            ActionKind::MarkGpuHealthUnknown => "mark_gpu_health_unknown",
+            ActionKind::ClearBreakGlass => "clear_break_glass",
+            ActionKind::CreateValidationPod => "create_validation_pod",
+            ActionKind::DeleteValidationPod => "delete_validation_pod",
+            ActionKind::SetGpuHealthy => "set_gpu_healthy",
+            ActionKind::TaintDevice => "taint_device",
+            ActionKind::UntaintDevice => "untaint_device",
+        }
+    }
+}
+
+impl fmt::Display for ActionKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
     }
 }
 

@@ -41,7 +41,7 @@ use k8s_openapi::jiff::Timestamp;
 
 use self::core::{Stage, Stepper, Then};
 pub use self::{
-    decision::{Action, Decision},
+    decision::{Action, ActionKind, Decision},
     gone::{Gone, node_deleted},
     input::{BudgetNeeded, Input, NodeView, NotEnforced, ValidationView, validation_pod_name},
     needs::{HoldersSince, Needs, needs},

@@ -8,8 +8,6 @@ mod node;
 mod pods;
 mod validation_pod;
 
-use std::fmt;
-
 use gpuhealth_api::policy::GpuHealthPolicySpec;
 use gpuhealth_engine::machine::Action;
 use k8s_openapi::{
@@ -25,84 +23,6 @@ use kube::{
 use tracing::warn;
 
 use crate::context::{Context, Error, MANAGER};
-
-/// Which action: the `action` label of its metric and the subject of its
-/// errors.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Kind {
-    Cordon,
-    Uncordon,
-    ForgetCordonRecord,
-    Evict,
-    ForceDelete,
-    TellGangMember,
-    EvictGangMember,
-    RequestReset,
-    RequestReboot,
-    RequestDiagnostics,
-    LabelNode,
-    MarkGpuHealthUnknown,
-    ClearBreakGlass,
-    CreateValidationPod,
-    DeleteValidationPod,
-    SetGpuHealthy,
-    TaintDevice,
-    UntaintDevice,
-}
-
-impl Kind {
-    pub fn of(action: &Action) -> Kind {
-        match action {
-            Action::Cordon { .. } => Kind::Cordon,
-            Action::Uncordon { .. } => Kind::Uncordon,
-            Action::ForgetCordonRecord { .. } => Kind::ForgetCordonRecord,
-            Action::Evict { .. } => Kind::Evict,
-            Action::ForceDelete { .. } => Kind::ForceDelete,
-            Action::TellGangMember { .. } => Kind::TellGangMember,
-            Action::EvictGangMember { .. } => Kind::EvictGangMember,
-            Action::RequestReset { .. } => Kind::RequestReset,
-            Action::RequestReboot { .. } => Kind::RequestReboot,
-            Action::RequestDiagnostics { .. } => Kind::RequestDiagnostics,
-            Action::LabelNode { .. } => Kind::LabelNode,
-            Action::MarkGpuHealthUnknown { .. } => Kind::MarkGpuHealthUnknown,
-            Action::ClearBreakGlass => Kind::ClearBreakGlass,
-            Action::CreateValidationPod { .. } => Kind::CreateValidationPod,
-            Action::DeleteValidationPod { .. } => Kind::DeleteValidationPod,
-            Action::SetGpuHealthy { .. } => Kind::SetGpuHealthy,
-            Action::TaintDevice { .. } => Kind::TaintDevice,
-            Action::UntaintDevice { .. } => Kind::UntaintDevice,
-        }
-    }
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Kind::Cordon => "cordon",
-            Kind::Uncordon => "uncordon",
-            Kind::ForgetCordonRecord => "forget_cordon_record",
-            Kind::Evict => "evict",
-            Kind::ForceDelete => "force_delete",
-            Kind::TellGangMember => "tell_gang_member",
-            Kind::EvictGangMember => "evict_gang_member",
-            Kind::RequestReset => "request_reset",
-            Kind::RequestReboot => "request_reboot",
-            Kind::RequestDiagnostics => "request_diagnostics",
-            Kind::LabelNode => "label_node",
-            Kind::MarkGpuHealthUnknown => "mark_gpu_health_unknown",
-            Kind::ClearBreakGlass => "clear_break_glass",
-            Kind::CreateValidationPod => "create_validation_pod",
-            Kind::DeleteValidationPod => "delete_validation_pod",
-            Kind::SetGpuHealthy => "set_gpu_healthy",
-            Kind::TaintDevice => "taint_device",
-            Kind::UntaintDevice => "untaint_device",
-        }
-    }
-}
-
-impl fmt::Display for Kind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
 
 /// How an action ended, when it did not fail: the `outcome` label of its
 /// metric (a failure's is `error`).
@@ -149,7 +69,7 @@ pub async fn run(
     spec: &GpuHealthPolicySpec,
     action: &Action,
 ) -> Result<Outcome, Error> {
-    let kind = Kind::of(action);
+    let kind = action.kind();
     let result = carry_out(ctx, node, spec, action).await;
     ctx.metrics.action(
         kind.as_str(),

@@ -9,11 +9,11 @@ use gpuhealth_api::{
     policy::GpuHealthPolicySpec,
     vocabulary::{FindingKind, PodKey},
 };
-use gpuhealth_engine::machine::Action;
+use gpuhealth_engine::machine::{Action, ActionKind};
 use k8s_openapi::{api::core::v1::Node, jiff::Timestamp};
 use serde_json::json;
 
-use super::{Kind, Outcome, run};
+use super::{Outcome, run};
 use crate::{context::Error, error::Retry, testing::World};
 
 const NODE: &str = "gpu-node-1";
@@ -56,7 +56,7 @@ async fn carry(
 
 /// Carries `action` out against an API server that fails it, and checks
 /// the error names the action.
-async fn fails_as(world: &World, spec: &GpuHealthPolicySpec, action: Action, kind: Kind) {
+async fn fails_as(world: &World, spec: &GpuHealthPolicySpec, action: Action, kind: ActionKind) {
     let error = carry(world, spec, action).await.expect_err("failed");
     assert!(
         matches!(&error, Error::Act { action, .. } if *action == kind),
@@ -112,7 +112,7 @@ async fn a_failed_cordon_names_its_node_and_action_and_backs_off() {
     .await
     .expect_err("the API server failed");
     assert!(
-        matches!(&error, Error::Act { node, action: Kind::Cordon, .. } if node == NODE),
+        matches!(&error, Error::Act { node, action: ActionKind::Cordon, .. } if node == NODE),
         "{error:?}"
     );
     assert_eq!(error.retry(), Retry::BackOff);
@@ -217,7 +217,7 @@ async fn an_eviction_of_a_pod_already_gone_is_done_and_any_other_failure_fails()
         Outcome::Gone
     );
     w.api.on("POST", "/eviction", 500);
-    fails_as(&w, &spec(), evict(), Kind::Evict).await;
+    fails_as(&w, &spec(), evict(), ActionKind::Evict).await;
 }
 
 #[tokio::test]
@@ -304,7 +304,7 @@ async fn a_request_the_agent_would_refuse_is_never_written() {
         matches!(
             &error,
             Error::InvalidRequest {
-                action: Kind::RequestReset,
+                action: ActionKind::RequestReset,
                 ..
             }
         ),
@@ -351,7 +351,7 @@ async fn a_validation_pod_that_exists_is_left_and_one_refused_is_said() {
 
     let w = world();
     w.api.on("POST", "/pods", 500);
-    fails_as(&w, &spec, create(), Kind::CreateValidationPod).await;
+    fails_as(&w, &spec, create(), ActionKind::CreateValidationPod).await;
 }
 
 #[tokio::test]
@@ -378,7 +378,7 @@ async fn a_fence_where_the_cluster_serves_no_device_taints_is_refused_unwritten(
         matches!(
             error,
             Error::InvalidRequest {
-                action: Kind::TaintDevice,
+                action: ActionKind::TaintDevice,
                 ..
             }
         ),
@@ -435,7 +435,7 @@ async fn a_gpus_fence_names_its_incident_and_one_already_up_is_left() {
         Outcome::Gone
     );
     w.api.on("POST", "/devicetaintrules", 500);
-    fails_as(&w, &spec(), taint(), Kind::TaintDevice).await;
+    fails_as(&w, &spec(), taint(), ActionKind::TaintDevice).await;
 }
 
 #[tokio::test]

@@ -62,7 +62,7 @@ pub async fn record(
     } = decided;
     let (fences, rest): (Vec<Action>, Vec<Action>) = std::mem::take(&mut decision.actions)
         .into_iter()
-        .partition(is_fence);
+        .partition(Action::fences);
     decision.actions = rest;
     let status = &decision.status;
     if let Some(term) = starts_after_takeover(ctx, read, status) {
@@ -115,12 +115,6 @@ pub async fn record(
     }
     pending.keep();
     Ok(Recorded::Written(Box::new(decision)))
-}
-
-/// The actions that quarantine, each carrying the incident's id: written
-/// before the status that records them.
-fn is_fence(action: &Action) -> bool {
-    matches!(action, Action::Cordon { .. } | Action::TaintDevice { .. })
 }
 
 /// Starting a remediation takes from the budget, and the budget was

@@ -11,12 +11,12 @@ use gpuhealth_api::{
     node_health::{GpuNodeHealthStatus, Phase},
     vocabulary::Reason,
 };
+use gpuhealth_engine::machine::ActionKind;
 use k8s_openapi::{api::core::v1::Node, jiff::Timestamp};
 use serde_json::{Value, json};
 
 use super::reconcile_node;
 use crate::{
-    actions::Kind,
     context::Error,
     testing::{World, cache},
 };
@@ -151,7 +151,7 @@ async fn a_cordon_that_fails_writes_no_status_and_takes_its_record_back() {
         .await
         .expect_err("the cordon failed");
     assert!(
-        matches!(&error, Error::Act { node, action: Kind::Cordon, .. } if node == NODE),
+        matches!(&error, Error::Act { node, action: ActionKind::Cordon, .. } if node == NODE),
         "{error:?}"
     );
     let lines = w.api.lines();
