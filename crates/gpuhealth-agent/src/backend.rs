@@ -6,13 +6,10 @@
 
 use std::future::Future;
 
-use gpuhealth_api::contract::{Capabilities, GpuEntry, Outcome};
+use gpuhealth_api::contract::{Capabilities, GpuEntry};
 use k8s_openapi::api::core::v1::Node;
 
-use crate::capability_checks::CapabilityChecks;
-
-/// What a backend did with a request, and why.
-pub type Done = (Outcome, String);
+use crate::{capability_checks::CapabilityChecks, done::Done};
 
 pub trait Backend: Send {
     /// The report's `source`.

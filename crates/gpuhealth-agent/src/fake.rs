@@ -12,10 +12,7 @@ use prometheus_client::metrics::{counter::Counter, family::Family};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
-use crate::{
-    backend::{Backend, Done},
-    metrics::CodeLabels,
-};
+use crate::{backend::Backend, done::Done, metrics::CodeLabels};
 
 /// The simulated hardware of a KWOK node, written by a test or `gpuhealth-sim`.
 pub const SIM_HARDWARE_ANNOTATION: &str = "gpuhealth.io/sim-hardware";

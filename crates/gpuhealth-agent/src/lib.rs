@@ -6,6 +6,7 @@ pub mod backend;
 pub mod capability_checks;
 pub mod dcgm;
 pub mod diagnostics;
+pub mod done;
 pub mod driver_root;
 pub mod fake;
 pub mod handoff;

@@ -14,8 +14,9 @@ use k8s_openapi::{
 use kube::{Api, Client, ResourceExt, api::ListParams};
 
 use crate::{
-    backend::{Backend, Done},
+    backend::Backend,
     capability_checks::{CapabilityChecks, Offered, Offering, ResetNeeds},
+    done::Done,
     handoff::Handoff,
     kmsg::{Feed, PciAddress},
     node_agent::REQUEST_MAY_TAKE,

@@ -12,7 +12,7 @@ use std::{path::PathBuf, time::Duration};
 
 use gpuhealth_api::contract::{Outcome, RebootMethod as Method};
 
-use crate::backend::Done;
+use crate::done::Done;
 
 /// How long the bus gets to answer.
 const BUS_DEADLINE: Duration = Duration::from_secs(30);

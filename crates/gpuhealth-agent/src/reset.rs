@@ -15,7 +15,7 @@ use k8s_openapi::{api::core::v1::Node, apimachinery::pkg::api::resource::Quantit
 use kube::{Api, Client, ResourceExt};
 
 use crate::{
-    backend::Done,
+    done::Done,
     handoff::Handoff,
     holders::{self, Holder},
     nvidia_smi::NvidiaSmi,

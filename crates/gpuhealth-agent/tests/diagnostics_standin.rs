@@ -14,8 +14,9 @@ use std::{
 };
 
 use gpuhealth_agent::{
-    backend::{Backend, Done},
+    backend::Backend,
     diagnostics::{self, Dcgm, Diagnosed, MARGIN},
+    done::Done,
 };
 use gpuhealth_api::contract::{
     AnnotationValue, Capabilities, DiagnosticsLevel, DiagnosticsVerdict, GpuEntry, Outcome,
