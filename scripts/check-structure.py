@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Structure checks run by `make lint`:
 
-- no two modules of a crate use each other (`a` uses `b` while `b` uses
-  `a`), which would make them one room with two doors;
+- no circle of modules inside a crate (`a` uses `b`, `b` uses `c`, `c`
+  uses `a`; two modules using each other the shortest), which would make
+  them one room with many doors;
 - no Rust file over LIMIT lines unless a line near its top says why
   (`Long because ...` in a comment).
 """
@@ -62,6 +63,61 @@ def uses(text, module):
     return found
 
 
+def circles(edges):
+    """Each circle of `edges` (module -> modules it uses), as one path
+    around it: Tarjan's strongly connected components, then a shortest way
+    round each from its first module, so that the message names real uses."""
+    index, low, stack, on_stack, found = {}, {}, [], set(), []
+    counter = [0]
+
+    def visit(v):
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(edges.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(set(component))
+
+    for v in sorted(edges):
+        if v not in index:
+            visit(v)
+    paths = []
+    for component in found:
+        start = min(component)
+        # Breadth first from `start` back to it, within the component.
+        previous = {start: None}
+        queue, end = [start], None
+        while queue and end is None:
+            v = queue.pop(0)
+            for w in sorted(edges.get(v, ())):
+                if w == start:
+                    end = v
+                    break
+                if w in component and w not in previous:
+                    previous[w] = v
+                    queue.append(w)
+        path = []
+        while end is not None:
+            path.append(end)
+            end = previous[end]
+        paths.append(path[::-1])
+    return sorted(paths)
+
+
 def main():
     problems = []
     by_crate = {}
@@ -96,13 +152,10 @@ def main():
                     r[: len(module)] == module or module[: len(r)] == r
                 ):
                     edges.setdefault(module, set()).add(r)
-        for a, bs in edges.items():
-            for b in bs:
-                if a < b and a in edges.get(b, set()):
-                    rel = src.relative_to(ROOT)
-                    problems.append(
-                        f"{rel}: modules {'::'.join(a)} and {'::'.join(b)} use each other"
-                    )
+        rel = src.relative_to(ROOT)
+        for circle in circles(edges):
+            names = " -> ".join("::".join(m) for m in circle + [circle[0]])
+            problems.append(f"{rel}: modules use each other in a circle: {names}")
 
     for p in problems:
         print(p, file=sys.stderr)
