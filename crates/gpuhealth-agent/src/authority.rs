@@ -386,7 +386,7 @@ mod tests {
     fn a_reset_of_gpus_fenced_alone_for_the_incident_needs_no_cordon() {
         use gpuhealth_api::{
             quarantine::{Fenced, FencedGpu, GpuFence, QuarantineStatus},
-            vocabulary::QuarantineWhy,
+            vocabulary::{DeviceId, QuarantineWhy},
         };
         let gpus = vec!["GPU-7".to_owned()];
         let reset = Asked::Reset { gpus: &gpus };
@@ -402,7 +402,7 @@ mod tests {
                 uuid: uuid.into(),
                 index: Some(7),
                 fence: GpuFence::DeviceTaintRule,
-                device: Some("gpu.nvidia.com/n/gpu-7".into()),
+                device: Some(DeviceId::new("gpu.nvidia.com", "n", "gpu-7")),
                 rule: Some("gpuhealth-inc-1-gpu-7".into()),
             }],
             since: Time(Timestamp::UNIX_EPOCH),

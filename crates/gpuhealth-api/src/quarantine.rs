@@ -106,7 +106,7 @@ pub struct FencedGpu {
     pub fence: GpuFence,
     /// Its DRA device, as `driver/pool/device`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub device: Option<String>,
+    pub device: Option<crate::vocabulary::DeviceId>,
     /// The `DeviceTaintRule` that fences it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rule: Option<String>,

@@ -5,7 +5,7 @@ use gpuhealth_api::{
     RecoveryAction,
     policy::DrainScope,
     quarantine::{Fenced, FencedGpu, GpuFence, Quarantine, QuarantineScope, rule_name},
-    vocabulary::QuarantineWhy,
+    vocabulary::{DeviceId, QuarantineWhy},
 };
 use k8s_openapi::jiff::Timestamp;
 
@@ -23,9 +23,9 @@ pub struct DeviceView {
 }
 
 impl DeviceView {
-    /// `driver/pool/device`, as DRA names a device in a claim's results.
-    pub fn id(&self) -> String {
-        format!("{}/{}/{}", self.driver, self.pool, self.name)
+    /// Its id, as DRA names a device in a claim's results.
+    pub fn id(&self) -> DeviceId {
+        DeviceId::new(&self.driver, &self.pool, &self.name)
     }
 }
 
@@ -332,8 +332,8 @@ mod tests {
         assert_eq!(c.scope, Fenced::Gpu, "{c:?}");
         assert_eq!(c.gpus.len(), 1);
         assert_eq!(
-            c.gpus[0].device.as_deref(),
-            Some("gpu.nvidia.com/node-a/gpu-7")
+            c.gpus[0].device,
+            Some(DeviceId::new("gpu.nvidia.com", "node-a", "gpu-7"))
         );
         assert_eq!(c.gpus[0].rule.as_deref(), Some("gpuhealth-inc-1-ab-gpu-7"));
         assert!(

@@ -14,6 +14,7 @@ use std::{
 };
 
 use futures::{StreamExt, channel::mpsc::UnboundedSender};
+use gpuhealth_api::vocabulary::DeviceId;
 use gpuhealth_engine::fence::{DeviceTaintView, DeviceView};
 use k8s_openapi::api::{
     core::v1::{Node, Pod},
@@ -197,7 +198,7 @@ pub fn claimed_gpus(
     pods: &[Pod],
     devices: &[DeviceView],
 ) -> BTreeMap<String, Vec<String>> {
-    let uuid_of: BTreeMap<String, &str> = devices
+    let uuid_of: BTreeMap<DeviceId, &str> = devices
         .iter()
         .filter_map(|d| Some((d.id(), d.uuid.as_deref()?)))
         .collect();
@@ -235,7 +236,7 @@ pub fn reserved_among<'a>(
     claims: impl IntoIterator<Item = &'a ResourceClaim>,
     devices: &[DeviceView],
 ) -> Vec<(String, String)> {
-    let ids: BTreeSet<String> = devices.iter().map(DeviceView::id).collect();
+    let ids: BTreeSet<DeviceId> = devices.iter().map(DeviceView::id).collect();
     if ids.is_empty() {
         return Vec::new();
     }
@@ -274,24 +275,23 @@ fn claim_names(pod: &Pod) -> BTreeSet<&str> {
     named.chain(made).collect()
 }
 
-/// The devices claim `namespace/name` was allocated, as
-/// `driver/pool/device`, from the watch.
-pub fn allocated_to(claims: &Store<ResourceClaim>, namespace: &str, name: &str) -> Vec<String> {
+/// The devices claim `namespace/name` was allocated, from the watch.
+pub fn allocated_to(claims: &Store<ResourceClaim>, namespace: &str, name: &str) -> Vec<DeviceId> {
     claims
         .get(&ObjectRef::new(name).within(namespace))
         .map(|c| allocated(&c).collect())
         .unwrap_or_default()
 }
 
-/// The devices a claim was allocated, as `driver/pool/device`.
-fn allocated(claim: &ResourceClaim) -> impl Iterator<Item = String> + '_ {
+/// The devices a claim was allocated.
+fn allocated(claim: &ResourceClaim) -> impl Iterator<Item = DeviceId> + '_ {
     claim
         .status
         .iter()
         .filter_map(|s| s.allocation.as_ref())
         .filter_map(|a| a.devices.as_ref())
         .flat_map(|d| d.results.iter().flatten())
-        .map(|r| format!("{}/{}/{}", r.driver, r.pool, r.device))
+        .map(|r| DeviceId::new(&r.driver, &r.pool, &r.device))
 }
 
 #[cfg(test)]
@@ -461,7 +461,10 @@ mod tests {
             seen,
             [("gpu-0", Some("GPU-0"), 0), ("gpu-7", Some("GPU-7"), 1)]
         );
-        assert_eq!(devices[1].id(), "gpu.nvidia.com/node-a/gpu-7");
+        assert_eq!(
+            devices[1].id(),
+            DeviceId::new("gpu.nvidia.com", "node-a", "gpu-7")
+        );
         assert!(devices_of(&store, "node-b", "gpu.nvidia.com").is_empty());
         assert!(devices_of(&store, "node-a", "other.example.com").is_empty());
     }

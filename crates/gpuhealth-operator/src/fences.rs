@@ -7,6 +7,7 @@ use futures::{StreamExt, channel::mpsc::UnboundedSender};
 use gpuhealth_api::{
     device_taint_rule::{self, DeviceTaintRule, RuleVersion},
     quarantine::{DEVICE_TAINT_KEY, MANAGED_BY_LABEL, RULE_INCIDENT_LABEL, RULE_NODE_LABEL},
+    vocabulary::DeviceId,
 };
 use gpuhealth_engine::fence::RuleView;
 use k8s_openapi::{
@@ -110,19 +111,16 @@ pub fn rules_of(store: &Store<DeviceTaintRule>, node: &str) -> Vec<RuleView> {
         .collect()
 }
 
-/// The rule, in `version`, that taints `device` (`driver/pool/device`)
-/// `NoSchedule` for `incident` on `node`. None if `device` is not three
-/// names.
+/// The rule, in `version`, that taints `device` `NoSchedule` for
+/// `incident` on `node`.
 pub fn rule(
     version: RuleVersion,
     name: &str,
-    device: &str,
+    device: &DeviceId,
     incident: &str,
     node: &str,
-) -> Option<DeviceTaintRule> {
-    let mut parts = device.splitn(3, '/');
-    let (driver, pool, device) = (parts.next()?, parts.next()?, parts.next()?);
-    Some(DeviceTaintRule::new(
+) -> DeviceTaintRule {
+    DeviceTaintRule::new(
         version,
         ObjectMeta {
             name: Some(name.to_owned()),
@@ -138,9 +136,9 @@ pub fn rule(
         },
         DeviceTaintRuleSpec {
             device_selector: Some(DeviceTaintSelector {
-                driver: Some(driver.to_owned()),
-                pool: Some(pool.to_owned()),
-                device: Some(device.to_owned()),
+                driver: Some(device.driver.clone()),
+                pool: Some(device.pool.clone()),
+                device: Some(device.device.clone()),
             }),
             taint: DeviceTaint {
                 key: DEVICE_TAINT_KEY.to_owned(),
@@ -149,7 +147,7 @@ pub fn rule(
                 time_added: Some(Time(Timestamp::now())),
             },
         },
-    ))
+    )
 }
 
 #[cfg(test)]
@@ -158,24 +156,21 @@ mod tests {
 
     #[test]
     fn a_rule_selects_one_device_by_driver_pool_and_name() {
+        // A pool of several subdomains is selected whole.
+        let device = DeviceId::new("gpu.nvidia.com", "rack-1/node-a", "gpu-7");
         let r = rule(
             RuleVersion::V1,
             "gpuhealth-inc-1-ab-gpu-7",
-            "gpu.nvidia.com/node-a/gpu-7",
+            &device,
             "inc-1-ab",
             "node-a",
-        )
-        .expect("a rule");
+        );
         let s = r.spec.device_selector.clone().expect("a selector");
         assert_eq!(s.driver.as_deref(), Some("gpu.nvidia.com"));
-        assert_eq!(s.pool.as_deref(), Some("node-a"));
+        assert_eq!(s.pool.as_deref(), Some("rack-1/node-a"));
         assert_eq!(s.device.as_deref(), Some("gpu-7"));
         assert_eq!(r.spec.taint.effect, "NoSchedule");
         assert_eq!(node_of(&r).as_deref(), Some("node-a"));
         assert_eq!(r.api_version, "resource.k8s.io/v1");
-        assert!(
-            rule(RuleVersion::V1beta2, "x", "gpu-7", "inc-1-ab", "node-a").is_none(),
-            "a selector names all three"
-        );
     }
 }

@@ -9,7 +9,7 @@ use std::{
 };
 
 use futures::{StreamExt, channel::mpsc::UnboundedSender};
-use gpuhealth_api::quarantine::Quarantine;
+use gpuhealth_api::{quarantine::Quarantine, vocabulary::DeviceId};
 use gpuhealth_engine::{
     diagnosis::{HeldDevice, UnhealthyDevice},
     fence::DeviceView,
@@ -294,7 +294,7 @@ fn place(
         Resource::Claim(claim) => claim,
     };
     let (claims, devices) = dra?;
-    let ours = |id: &str| devices.iter().find(|d| d.id() == id);
+    let ours = |id: &DeviceId| devices.iter().find(|d| d.id() == *id);
     let dra_device = |d: &DeviceView| HeldDevice::Dra {
         id: d.id(),
         uuid: d.uuid.clone(),
@@ -302,10 +302,11 @@ fn place(
     // A CDI device id (`vendor/class=name`) does not name the DRA device:
     // the claim's allocation does, if it holds one device only.
     if !held.id.contains('=') {
-        return ours(&held.id).map(dra_device);
+        let id = held.id.parse::<DeviceId>().ok()?;
+        return ours(&id).map(dra_device);
     }
     let allocated = devices::allocated_to(claims, namespace, claim.as_deref()?);
-    let mine: Vec<&DeviceView> = allocated.iter().filter_map(|id| ours(id)).collect();
+    let mine: Vec<&DeviceView> = allocated.iter().filter_map(ours).collect();
     match (mine.as_slice(), allocated.len()) {
         ([], _) => None,
         ([d], 1) => Some(dra_device(d)),
@@ -455,28 +456,19 @@ mod tests {
             })
             .collect();
         let (claims, mut writer) = kube::runtime::reflector::store::<ResourceClaim>();
+        // Claims allocated devices of node-a's pool, by device name.
         let claim = |name: &str, allocated: &[&str]| {
             serde_json::from_value::<ResourceClaim>(serde_json::json!({
                 "metadata": {"name": name, "namespace": "serving"},
                 "spec": {},
                 "status": {"allocation": {"devices": {"results": allocated.iter().map(|d| {
-                    let mut p = d.splitn(3, '/');
-                    serde_json::json!({"driver": p.next(), "pool": p.next(), "device": p.next(), "request": "gpu"})
+                    serde_json::json!({"driver": "gpu.example.com", "pool": "node-a", "device": d, "request": "gpu"})
                 }).collect::<Vec<_>>()}}}
             }))
             .expect("claim")
         };
-        writer.apply_watcher_event(&Event::Apply(claim(
-            "one-gpu",
-            &["gpu.example.com/node-a/gpu-1"],
-        )));
-        writer.apply_watcher_event(&Event::Apply(claim(
-            "two-gpu",
-            &[
-                "gpu.example.com/node-a/gpu-0",
-                "gpu.example.com/node-a/gpu-1",
-            ],
-        )));
+        writer.apply_watcher_event(&Event::Apply(claim("one-gpu", &["gpu-1"])));
+        writer.apply_watcher_event(&Event::Apply(claim("two-gpu", &["gpu-0", "gpu-1"])));
         let quarantine = Quarantine {
             dra_driver: "gpu.example.com".into(),
             ..Default::default()
@@ -510,7 +502,7 @@ mod tests {
             .map(|u| (u.pod, u.device))
             .collect();
         let dra = |i: u32| HeldDevice::Dra {
-            id: format!("gpu.example.com/node-a/gpu-{i}"),
+            id: DeviceId::new("gpu.example.com", "node-a", format!("gpu-{i}")),
             uuid: Some(format!("GPU-{i}")),
         };
         assert_eq!(

@@ -468,7 +468,7 @@ mod tests {
         node_health::{ActionStatus, Finding, GpuStatus},
         policy::{GpuHealthPolicyStatus, Mode},
         quarantine::{FencedGpu, GpuFence, QuarantineStatus},
-        vocabulary::QuarantineWhy,
+        vocabulary::{DeviceId, QuarantineWhy},
     };
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector};
 
@@ -579,7 +579,7 @@ mod tests {
                     uuid: gpu(7, GpuHealth::ResetRequired, &[]).uuid,
                     index: Some(7),
                     fence: GpuFence::DeviceTaintRule,
-                    device: Some("gpu.nvidia.com/192.168.1.1/gpu-7".into()),
+                    device: Some(DeviceId::new("gpu.nvidia.com", "192.168.1.1", "gpu-7")),
                     rule: Some("gpuhealth-inc-1-gpu-7".into()),
                 }],
                 since: Time(t("2026-05-29T08:16:00Z")),

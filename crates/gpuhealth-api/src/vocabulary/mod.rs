@@ -6,6 +6,7 @@
 
 mod attempt;
 mod condition;
+mod device;
 mod finding;
 mod outcome;
 mod pod;
@@ -14,6 +15,7 @@ mod reason;
 
 pub use attempt::{Attempt, AttemptAction, AttemptOutcome};
 pub use condition::PolicyCondition;
+pub use device::DeviceId;
 pub use finding::{FindingKind, FindingSubject};
 pub use outcome::{IncidentOutcome, WorkloadOutcome};
 pub use pod::PodKey;

@@ -2,7 +2,11 @@
 //! puts on it, and the kubelet's health of it in the status of the pod
 //! that holds it.
 
-use gpuhealth_api::{contract::GpuReport, policy::Detection, vocabulary::Reason};
+use gpuhealth_api::{
+    contract::GpuReport,
+    policy::Detection,
+    vocabulary::{DeviceId, Reason},
+};
 use k8s_openapi::jiff::Timestamp;
 
 use super::{Diagnosis, Evidence, Signal};
@@ -28,11 +32,21 @@ pub enum HeldDevice {
     /// A device plugin's device, by the plugin's id for it (NVIDIA's: the
     /// GPU's UUID, or its index with `DEVICE_ID_STRATEGY=index`).
     Plugin(String),
-    /// A DRA device (`driver/pool/device`) and the UUID it publishes.
-    Dra { id: String, uuid: Option<String> },
+    /// A DRA device and the UUID it publishes.
+    Dra { id: DeviceId, uuid: Option<String> },
     /// A DRA device of a claim holding several GPUs, named by an id that
     /// does not say which (a CDI device id).
     Unplaced(String),
+}
+
+/// How the kubelet names it.
+impl std::fmt::Display for HeldDevice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            HeldDevice::Plugin(id) | HeldDevice::Unplaced(id) => f.write_str(id),
+            HeldDevice::Dra { id, .. } => write!(f, "{id}"),
+        }
+    }
 }
 
 impl HeldDevice {
@@ -46,12 +60,6 @@ impl HeldDevice {
                 .map(|g| g.uuid.clone()),
             HeldDevice::Dra { uuid, .. } => uuid.clone(),
             HeldDevice::Unplaced(_) => None,
-        }
-    }
-
-    fn id(&self) -> &str {
-        match self {
-            HeldDevice::Plugin(id) | HeldDevice::Dra { id, .. } | HeldDevice::Unplaced(id) => id,
         }
     }
 }
@@ -132,9 +140,7 @@ pub(super) fn pod_device_health_signals(
             reason: Reason::DeviceUnhealthy,
             message: format!(
                 "the kubelet reports device {} ({which}) of pod {} Unhealthy since {}{why}",
-                u.device.id(),
-                u.pod,
-                u.since
+                u.device, u.pod, u.since
             ),
             gpu,
             xid: None,
@@ -258,7 +264,7 @@ mod tests {
             HeldDevice::Plugin(gpu3.into()),
             HeldDevice::Plugin("3".into()),
             HeldDevice::Dra {
-                id: "gpu.nvidia.com/node-a/gpu-3".into(),
+                id: DeviceId::new("gpu.nvidia.com", "node-a", "gpu-3"),
                 uuid: Some(gpu3.into()),
             },
         ] {

@@ -6,7 +6,7 @@ use std::{fmt, time::Duration};
 use gpuhealth_api::{
     contract::{DiagnosticsLevel, RequestId},
     node_health::GpuNodeHealthStatus,
-    vocabulary::PodKey,
+    vocabulary::{DeviceId, PodKey},
 };
 use k8s_openapi::jiff::Timestamp;
 
@@ -28,12 +28,11 @@ pub enum Action {
     ForgetCordonRecord {
         incident: String,
     },
-    /// Create the `DeviceTaintRule` `rule`, tainting `device` (as
-    /// `driver/pool/device`) `NoSchedule` for `incident`; one that exists
-    /// already is left as it is.
+    /// Create the `DeviceTaintRule` `rule`, tainting `device` `NoSchedule`
+    /// for `incident`; one that exists already is left as it is.
     TaintDevice {
         rule: String,
-        device: String,
+        device: DeviceId,
         incident: String,
     },
     /// Delete gpuhealth's `DeviceTaintRule` `rule`; one already gone is done.

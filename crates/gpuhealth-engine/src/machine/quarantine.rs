@@ -15,7 +15,7 @@ use gpuhealth_api::{
     node_health::PlannedQuarantine,
     policy::Mode,
     quarantine::{Fenced, GpuFence, QuarantineScope, QuarantineStatus},
-    vocabulary::{FindingKind, QuarantineWhy},
+    vocabulary::{DeviceId, FindingKind, QuarantineWhy},
 };
 use k8s_openapi::{apimachinery::pkg::apis::meta::v1::Time, jiff::Timestamp};
 
@@ -236,7 +236,7 @@ impl Stepper<'_> {
             return;
         }
         self.fence_still_holds();
-        let wanted: Vec<(String, String)> = match &self.status.quarantine {
+        let wanted: Vec<(String, DeviceId)> = match &self.status.quarantine {
             Some(q)
                 if q.lifted_at.is_none()
                     && self.status.incident.as_deref() == Some(&q.incident) =>

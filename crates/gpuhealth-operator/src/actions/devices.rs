@@ -1,5 +1,6 @@
 //! A GPU's fence: gpuhealth's `DeviceTaintRule` for it.
 
+use gpuhealth_api::vocabulary::DeviceId;
 use k8s_openapi::api::core::v1::Node;
 use kube::{ResourceExt, api::DeleteParams};
 use tracing::info;
@@ -12,20 +13,19 @@ pub(super) async fn taint(
     ctx: &Context,
     node: &Node,
     rule: &str,
-    device: &str,
+    device: &DeviceId,
     incident: &str,
 ) -> Carried {
     let name = node.name_any();
     let served = served_rules(ctx)?;
-    let object = fences::rule(served.version, rule, device, incident, &name)
-        .ok_or_else(|| Failure::Invalid(format!("device {device:?} is not driver/pool/device")))?;
+    let object = fences::rule(served.version, rule, device, incident, &name);
     match served
         .api(&ctx.client)
         .create(&post_params(), &object)
         .await
     {
         Ok(_) => {
-            info!(node = %name, rule, device, "fenced a GPU");
+            info!(node = %name, rule, %device, "fenced a GPU");
             Ok(Outcome::Done)
         }
         Err(kube::Error::Api(s)) if s.code == 409 => Ok(Outcome::Gone),

@@ -7,7 +7,7 @@ use gpuhealth_api::{
     contract::{CORDONED_BY_ANNOTATION, GPU_HEALTHY_CONDITION, RequestId},
     gang::EVICT_AT_ANNOTATION,
     policy::GpuHealthPolicySpec,
-    vocabulary::{FindingKind, PodKey},
+    vocabulary::{DeviceId, FindingKind, PodKey},
 };
 use gpuhealth_engine::machine::{Action, ActionKind};
 use k8s_openapi::{api::core::v1::Node, jiff::Timestamp};
@@ -370,7 +370,7 @@ async fn a_fence_where_the_cluster_serves_no_device_taints_is_refused_unwritten(
     let w = world();
     let taint = Action::TaintDevice {
         rule: "gpuhealth-gpu-node-1-gpu-0".into(),
-        device: "gpu.nvidia.com/gpu-node-1/gpu-0".into(),
+        device: DeviceId::new("gpu.nvidia.com", "gpu-node-1", "gpu-0"),
         incident: INCIDENT.into(),
     };
     let error = carry(&w, &spec(), taint).await.expect_err("refused");
@@ -410,7 +410,7 @@ async fn each_outcome_is_counted() {
 fn taint() -> Action {
     Action::TaintDevice {
         rule: "gpuhealth-inc-1764950400-00000000abcd-gpu-7".into(),
-        device: "gpu.nvidia.com/gpu-node-1/gpu-7".into(),
+        device: DeviceId::new("gpu.nvidia.com", "gpu-node-1", "gpu-7"),
         incident: INCIDENT.into(),
     }
 }
