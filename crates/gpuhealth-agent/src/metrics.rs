@@ -1,14 +1,12 @@
 //! The agent's Prometheus metrics (prefix `gpuhealth_agent_`).
 
 use std::{
-    sync::{
-        Mutex,
-        atomic::{AtomicU64, Ordering},
-    },
+    sync::atomic::{AtomicU64, Ordering},
     time::{Duration, Instant},
 };
 
 use gpuhealth_api::GpuHealth;
+use parking_lot::Mutex;
 use prometheus_client::{
     encoding::EncodeLabelSet,
     metrics::{counter::Counter, family::Family, gauge::Gauge},
@@ -193,7 +191,7 @@ impl AgentMetrics {
     }
 
     pub fn set_readiness(&self, state: Result<(), String>) {
-        *self.readiness.lock().unwrap_or_else(|p| p.into_inner()) = state;
+        *self.readiness.lock() = state;
     }
 
     pub fn set_gpus(&self, healths: impl Iterator<Item = GpuHealth>) {
@@ -215,10 +213,7 @@ impl gpuhealth_http::Exposition for AgentMetrics {
     }
 
     fn ready(&self) -> Result<(), String> {
-        self.readiness
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
+        self.readiness.lock().clone()
     }
 
     fn live(&self) -> Result<(), String> {

@@ -1,9 +1,6 @@
 //! What every reconcile shares.
 
-use std::{
-    collections::HashMap,
-    sync::{Arc, Mutex, MutexGuard},
-};
+use std::{collections::HashMap, sync::Arc};
 
 use gpuhealth_api::{GpuHealthPolicy, GpuNodeHealth, node_health::GpuNodeHealthStatus};
 use k8s_openapi::api::{core::v1::Node, policy::v1::PodDisruptionBudget};
@@ -11,6 +8,7 @@ use kube::{
     Client,
     runtime::reflector::{Store, store::WriterDropped},
 };
+use parking_lot::{Mutex, MutexGuard};
 
 pub use crate::error::Error;
 use crate::{leader::Leadership, metrics::Metrics};

@@ -1,9 +1,10 @@
 //! What can go wrong in a reconcile, where, and how soon each kind is
 //! tried again.
 
-use std::{collections::HashMap, sync::Mutex, time::Duration};
+use std::{collections::HashMap, time::Duration};
 
 use gpuhealth_engine::machine::ActionKind;
+use parking_lot::{Mutex, MutexGuard};
 
 /// A failed reconcile, with the stage that failed and what it failed on.
 #[derive(Debug, thiserror::Error)]
@@ -211,8 +212,8 @@ impl Failures {
             .retain(|(subject, name), _| *subject != Subject::Node || still_there(name));
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<(Subject, String), u32>> {
-        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    fn lock(&self) -> MutexGuard<'_, HashMap<(Subject, String), u32>> {
+        self.0.lock()
     }
 }
 

@@ -9,7 +9,7 @@
 //! else may take over.
 
 use std::{
-    sync::{Arc, Mutex},
+    sync::Arc,
     time::{Duration, Instant},
 };
 
@@ -22,6 +22,7 @@ use kube::{
     Api, Client,
     api::{PostParams, ResourceExt},
 };
+use parking_lot::Mutex;
 use tracing::{info, warn};
 
 #[derive(Clone, Debug)]
@@ -63,7 +64,7 @@ impl Leadership {
         let leadership = Leadership::new(Duration::from_secs(10));
         let now = Instant::now();
         let since = now.checked_sub(ago).unwrap_or(now);
-        *leadership.term.lock().unwrap_or_else(|p| p.into_inner()) = Some(Term {
+        *leadership.term.lock() = Some(Term {
             since,
             renewed: now,
         });
@@ -103,18 +104,18 @@ impl Leadership {
     }
 
     fn term(&self) -> Option<Term> {
-        *self.term.lock().unwrap_or_else(|p| p.into_inner())
+        *self.term.lock()
     }
 
     /// A renewal, or the start of a term when none is running.
     fn renewed_at(&self, at: Instant) {
-        let mut term = self.term.lock().unwrap_or_else(|p| p.into_inner());
+        let mut term = self.term.lock();
         let since = term.map_or(at, |t| t.since);
         *term = Some(Term { since, renewed: at });
     }
 
     fn drop_it(&self) {
-        *self.term.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        *self.term.lock() = None;
     }
 }
 

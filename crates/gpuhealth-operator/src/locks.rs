@@ -5,11 +5,7 @@
 //! that cannot be read (the operator may not, or the read fails) is kept
 //! for the policies' `Ready` condition to name.
 
-use std::{
-    collections::BTreeMap,
-    sync::{Arc, RwLock},
-    time::Duration,
-};
+use std::{collections::BTreeMap, sync::Arc, time::Duration};
 
 use futures::channel::mpsc::UnboundedSender;
 use gpuhealth_api::{
@@ -23,6 +19,7 @@ use kube::{
     api::{ApiResource, DynamicObject, GroupVersionKind, ListParams},
     runtime::reflector::Store,
 };
+use parking_lot::RwLock;
 use tracing::{debug, warn};
 
 /// How often the locks are read again.
@@ -50,10 +47,7 @@ pub struct Locks {
 impl Locks {
     /// The actors naming `node`.
     pub fn of(&self, node: &str) -> BTreeMap<String, String> {
-        self.named
-            .read()
-            .map(|m| m.get(node).cloned().unwrap_or_default())
-            .unwrap_or_default()
+        self.named.read().get(node).cloned().unwrap_or_default()
     }
 
     /// Resolves once the first round of reads is made: before it, no lock
@@ -66,7 +60,6 @@ impl Locks {
     pub fn unreadable(&self, actor: &OtherActor) -> Option<String> {
         self.unreadable
             .read()
-            .ok()?
             .iter()
             .find(|(a, _)| a == actor)
             .map(|(_, why)| why.clone())
@@ -137,14 +130,17 @@ pub async fn poll(
             }
         }
         failing = streaks(&failing, failed);
-        if complete && let Ok(mut m) = locks.named.write() {
-            *m = named;
+        if complete {
+            *locks.named.write() = named;
         }
         let unreadable = unreadable(&failing);
-        if let Ok(mut u) = locks.unreadable.write()
-            && *u != unreadable
-        {
+        let news = {
+            let mut u = locks.unreadable.write();
+            let news = *u != unreadable;
             *u = unreadable;
+            news
+        };
+        if news {
             // The policies' status says it; a closed channel means the
             // controllers have stopped, and so will this.
             let _ = changed.unbounded_send(());

@@ -3,13 +3,11 @@
 //! decision until the watch shows it, the pods last seen holding its GPUs,
 //! and when its report (or its lack of one) was first seen as it is.
 
-use std::{
-    collections::HashMap,
-    sync::{Mutex, MutexGuard},
-};
+use std::collections::HashMap;
 
 use gpuhealth_api::node_health::GpuNodeHealthStatus;
 use k8s_openapi::jiff::Timestamp;
+use parking_lot::{Mutex, MutexGuard};
 
 /// What a node's last reconcile saw of the pods holding its GPUs.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -48,15 +46,15 @@ impl NodeMemory {
     /// This process's latest decision for each node it decided on, until
     /// the watch shows it.
     pub fn lock_decisions(&self) -> MutexGuard<'_, HashMap<String, GpuNodeHealthStatus>> {
-        lock(&self.decisions)
+        self.decisions.lock()
     }
 
     pub fn holders_seen(&self, node: &str) -> Option<HoldersSeen> {
-        lock(&self.holders).get(node).copied()
+        self.holders.lock().get(node).copied()
     }
 
     pub fn remember_holders(&self, node: &str, seen: HoldersSeen) {
-        lock(&self.holders).insert(node.to_owned(), seen);
+        self.holders.lock().insert(node.to_owned(), seen);
     }
 
     /// When this process first saw `node`'s report observed at
@@ -64,7 +62,7 @@ impl NodeMemory {
     /// clock whatever the agent's says. With None, when it first saw the
     /// node managed with no report: how long one has been awaited.
     pub fn report_first_seen(&self, node: &str, observed_at: Option<Timestamp>) -> Timestamp {
-        let mut reports = lock(&self.reports);
+        let mut reports = self.reports.lock();
         let seen = reports.entry(node.to_owned()).or_insert(ReportSeen {
             observed_at,
             first_seen: Timestamp::now(),
@@ -81,16 +79,16 @@ impl NodeMemory {
     /// Forgets what was seen of `node`'s report, now that no policy
     /// manages it: selected again, it awaits a report afresh.
     pub fn forget_report(&self, node: &str) {
-        lock(&self.reports).remove(node);
+        self.reports.lock().remove(node);
     }
 
     /// Forgets every node `still_there` does not name: a deleted node's
     /// decision (its record, if any, is then the watch's), holders and
     /// report.
     pub fn forget_gone(&self, still_there: impl Fn(&str) -> bool) {
-        lock(&self.decisions).retain(|n, _| still_there(n));
-        lock(&self.holders).retain(|n, _| still_there(n));
-        lock(&self.reports).retain(|n, _| still_there(n));
+        self.decisions.lock().retain(|n, _| still_there(n));
+        self.holders.lock().retain(|n, _| still_there(n));
+        self.reports.lock().retain(|n, _| still_there(n));
     }
 
     /// How many nodes each kind of memory holds: (decisions, holders,
@@ -98,15 +96,11 @@ impl NodeMemory {
     #[cfg(test)]
     pub fn sizes(&self) -> (usize, usize, usize) {
         (
-            lock(&self.decisions).len(),
-            lock(&self.holders).len(),
-            lock(&self.reports).len(),
+            self.decisions.lock().len(),
+            self.holders.lock().len(),
+            self.reports.lock().len(),
         )
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 #[cfg(test)]

@@ -5,7 +5,7 @@
 
 use std::{
     collections::{BTreeMap, BTreeSet},
-    sync::{Arc, Mutex, MutexGuard},
+    sync::Arc,
 };
 
 use futures::{StreamExt, channel::mpsc::UnboundedSender};
@@ -29,6 +29,7 @@ use kube::{
         watcher::{self, Event},
     },
 };
+use parking_lot::{Mutex, MutexGuard};
 use tracing::warn;
 
 use crate::devices;
@@ -118,7 +119,7 @@ pub fn watch(client: Client, changed: UnboundedSender<ObjectRef<Node>>) -> Arc<P
 
 impl PodHealth {
     fn lock(&self) -> MutexGuard<'_, ByNode> {
-        self.by_node.lock().unwrap_or_else(|e| e.into_inner())
+        self.by_node.lock()
     }
 
     /// A pod as the watch saw it change at `now`: its node, if what it

@@ -246,10 +246,7 @@ async fn tell(
     // Once per change of what cannot be honoured, and once when all can.
     let now = (ready.reason == honour::REASON).then(|| ready.message.clone());
     let before = {
-        let mut announced = ctx
-            .honour_announced
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
+        let mut announced = ctx.honour_announced.lock();
         announced
             .insert(name.to_owned(), now.clone())
             .unwrap_or_else(|| {

@@ -16,10 +16,7 @@
 //! and not the other would leave a type the operator acts on open to
 //! anyone who may patch a Node's status.
 
-use std::{
-    sync::{Arc, RwLock},
-    time::Duration,
-};
+use std::{sync::Arc, time::Duration};
 
 use futures::channel::mpsc::UnboundedSender;
 use gpuhealth_api::{
@@ -38,6 +35,7 @@ use kube::{
     Api, Client, ResourceExt,
     api::{ListParams, Patch, PatchParams},
 };
+use parking_lot::RwLock;
 use serde_json::json;
 use tracing::{error, info, warn};
 
@@ -80,15 +78,12 @@ impl Protection {
 
     /// Why nothing may be enforced now, if so.
     pub fn missing(&self) -> Option<String> {
-        self.missing
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
+        self.missing.read().clone()
     }
 
     /// Records a check's finding; true if it changed.
     fn set(&self, now: Option<String>) -> bool {
-        let mut missing = self.missing.write().unwrap_or_else(|e| e.into_inner());
+        let mut missing = self.missing.write();
         let changed = *missing != now;
         *missing = now;
         changed

@@ -7,7 +7,7 @@
 use std::{
     collections::{BTreeMap, HashMap},
     hash::{DefaultHasher, Hash, Hasher},
-    sync::{Arc, Mutex, MutexGuard},
+    sync::Arc,
 };
 
 use gpuhealth_api::{
@@ -20,6 +20,7 @@ use k8s_openapi::{
     api::core::v1::{Node, NodeCondition, NodeStatus, NodeSystemInfo},
     apimachinery::pkg::api::resource::Quantity,
 };
+use parking_lot::{Mutex, MutexGuard};
 
 /// Written by `kubectl apply` (client-side): a copy of the whole object.
 const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
@@ -100,7 +101,7 @@ impl GpuTables {
     }
 
     fn lock(&self) -> MutexGuard<'_, HashMap<String, u64>> {
-        self.0.lock().unwrap_or_else(|e| e.into_inner())
+        self.0.lock()
     }
 }
 

@@ -4,11 +4,7 @@
 //! real one (the same client, the same requests, the API server's error
 //! statuses), in milliseconds.
 
-use std::{
-    convert::Infallible,
-    sync::{Arc, Mutex},
-    time::Duration,
-};
+use std::{convert::Infallible, sync::Arc, time::Duration};
 
 use gpuhealth_api::{GpuHealthPolicy, GpuNodeHealth};
 use gpuhealth_engine::guardrails::Guardrails;
@@ -23,6 +19,7 @@ use kube::{
         watcher::Event,
     },
 };
+use parking_lot::Mutex;
 use serde_json::{Value, json};
 
 use crate::{context::Context, leader::Leadership, validation};
@@ -91,12 +88,12 @@ impl FakeApi {
             matches.then(|| answer(seen))
         });
         // Newest first: a test's later rule overrides an earlier one.
-        lock(&self.rules).insert(0, rule);
+        self.rules.lock().insert(0, rule);
     }
 
     /// Every request so far, in order.
     pub fn seen(&self) -> Vec<Seen> {
-        lock(&self.seen).clone()
+        self.seen.lock().clone()
     }
 
     /// Every request so far, as `method path` lines (Events left out:
@@ -121,8 +118,10 @@ impl FakeApi {
             uri: parts.uri.to_string(),
             body: serde_json::from_slice(&bytes).unwrap_or(Value::Null),
         };
-        lock(&self.seen).push(seen.clone());
-        let (code, body) = lock(&self.rules)
+        self.seen.lock().push(seen.clone());
+        let (code, body) = self
+            .rules
+            .lock()
             .iter()
             .find_map(|rule| rule(&seen))
             .unwrap_or_else(|| (200, answer_ok(&seen)));
@@ -270,8 +269,4 @@ where
     K::DynamicType: Clone + Eq + std::hash::Hash + Default,
 {
     writer.apply_watcher_event(&Event::Apply(object));
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }

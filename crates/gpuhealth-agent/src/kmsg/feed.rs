@@ -2,12 +2,10 @@
 //! NVML's Xid events go in beside them, and each new Xid is counted and
 //! wakes the agent, so it publishes at once rather than at its next poll.
 
-use std::{
-    path::PathBuf,
-    sync::{Arc, Mutex},
-};
+use std::{path::PathBuf, sync::Arc};
 
 use k8s_openapi::jiff::Timestamp;
+use parking_lot::Mutex;
 use prometheus_client::metrics::{counter::Counter, family::Family};
 
 use super::{
@@ -112,8 +110,7 @@ impl Feed {
     }
 
     pub fn with<T>(&self, f: impl FnOnce(&mut KernelLog) -> T) -> T {
-        let mut guard = self.log.lock().unwrap_or_else(|p| p.into_inner());
-        f(&mut guard)
+        f(&mut self.log.lock())
     }
 }
 
