@@ -197,7 +197,10 @@ fuzz:
 fuzz-smoke:
 	$(MAKE) fuzz FUZZ_SECS=15 FUZZ_KEEP=no
 
-test: lint unit release-smoke e2e e2e-node chaos-bounded fuzz-smoke bench-smoke
+# Everything, in this order, each stage timed (target/test-times.md).
+TEST_STAGES := lint unit release-smoke e2e e2e-node chaos-bounded fuzz-smoke bench-smoke
+test:
+	@MAKE='$(MAKE)' scripts/timed-stages.sh $(TEST_STAGES)
 
 cluster-up:
 	@$(CLUSTER) up
