@@ -4,7 +4,11 @@
 //! (`gpuhealth_e2e::host`: the NVML stand-in library and a kernel log). The
 //! bench writes an Xid where the driver would, into the kernel log or as an
 //! NVML event, never both, and the fleet's watch sees the agent's report
-//! name the Xid and then the cordon. Each node recovers (the agent resets the
+//! name the Xid and then the cordon. While NVML's events are up the agent
+//! believes a kernel-log-only Xid only once NVML corroborates it (a
+//! tenant's process can print into the log), so the kernel log's path
+//! sets the GPU's recovery action to a reset first, as the driver does for
+//! this Xid: that path's figure includes the corroboration. Each node recovers (the agent resets the
 //! GPU through the stand-in's nvidia-smi) before its next fault.
 //!
 //! Two stand-ins poll where a real node would block: the kernel log is a
@@ -59,7 +63,10 @@ enum Path {
 impl Path {
     fn write(self, host: &Host, gpu: usize) -> Result<()> {
         match self {
-            Path::KernelLog => host.kernel_log_xid(gpu, XID, XID_TEXT, Duration::ZERO)?,
+            Path::KernelLog => {
+                host.set(gpu, "recovery_action", "1")?;
+                host.kernel_log_xid(gpu, XID, XID_TEXT, Duration::ZERO)?
+            }
             Path::Nvml => host.nvml_xid(gpu, XID)?,
         }
         Ok(())

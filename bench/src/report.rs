@@ -6,6 +6,7 @@ use std::{fmt::Write, path::PathBuf};
 use crate::{
     Args, Result,
     results::{Cost, Detection, GangComparison, Large, Peer, Results, StormCost},
+    watch::CONDITION,
 };
 
 /// Writes `<label>.json` and `<label>.md` under `--out`, and the summary
@@ -376,7 +377,7 @@ fn peer_rows(s: &mut String, peer: &Peer) {
         let (g, n) = (&size.gpuhealth, &size.nhc);
         let _ = writeln!(
             s,
-            "| {} nodes: `GpuHealthy=False` to first action, gpuhealth (cordon) against Medik8s NHC (remediation object), p50 / p99 over {} and {} faults | {:.3} / {:.3} s against {:.3} / {:.3} s; ratio {:.2} / {:.2} ({} and {} missed) | | |",
+            "| {} nodes: `{CONDITION}=False` to first action, gpuhealth (cordon) against Medik8s NHC (remediation object), p50 / p99 over {} and {} faults | {:.3} / {:.3} s against {:.3} / {:.3} s; ratio {:.2} / {:.2} ({} and {} missed) | | |",
             size.nodes,
             g.first_action.n,
             n.first_action.n,

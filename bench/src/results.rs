@@ -232,7 +232,8 @@ pub struct PeerSize {
     pub ratio_p99: f64,
 }
 
-/// One tool's reaction to `GpuHealthy=False`, and what it costs.
+/// One tool's reaction to the bench's condition turned `False`, and what
+/// it costs.
 #[derive(Debug, Default, Serialize)]
 pub struct Reaction {
     /// From the condition seen to the first action seen.

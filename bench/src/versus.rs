@@ -1,5 +1,5 @@
 //! gpuhealth beside the peer (Medik8s Node Healthcheck) at one fleet size:
-//! the same signal (`GpuHealthy=False` written on a node), the same API
+//! the same signal (`BenchGpuHealthy=False` written on a node), the same API
 //! server, faults alternating between the nodes left to each. For each, the
 //! time from the condition seen on a watch to its first action seen
 //! (gpuhealth's cordon on the same watch; the peer's remediation object on
@@ -400,7 +400,7 @@ async fn storm(
     })
 }
 
-/// Sets `node`'s `GpuHealthy` condition, as a node problem detector would:
+/// Sets `node`'s [`CONDITION`], as a node problem detector would:
 /// a strategic merge of the one condition, its transition time now.
 async fn set_condition(client: &Client, node: &str, healthy: bool) -> Result<()> {
     let now = k8s_openapi::jiff::Timestamp::now().to_string();

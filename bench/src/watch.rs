@@ -40,7 +40,7 @@ struct Seen {
     cordoned: HashMap<String, Vec<Instant>>,
     /// When each node's report turned from all healthy to showing a bad GPU.
     sick: HashMap<String, Vec<Instant>>,
-    /// When each node's `GpuHealthy` condition turned `False`.
+    /// When each node's [`CONDITION`] turned `False`.
     condition_false: HashMap<String, Vec<Instant>>,
     /// When each node's report turned from naming no Xid to naming one.
     xid: HashMap<String, Vec<Instant>>,
@@ -140,8 +140,8 @@ impl Cordons {
         first_after(&self.seen().cordoned, node, since)
     }
 
-    /// The first time after `since` that `node`'s `GpuHealthy` condition
-    /// was seen `False`.
+    /// The first time after `since` that `node`'s [`CONDITION`] was seen
+    /// `False`.
     pub fn condition_false(&self, node: &str, since: Instant) -> Option<Instant> {
         first_after(&self.seen().condition_false, node, since)
     }
@@ -187,8 +187,9 @@ pub async fn awaited<T>(deadline: Instant, seen: impl Fn() -> Option<T>) -> Opti
 }
 
 /// The node condition the peer comparison writes and both tools react to,
-/// as an agent or a node problem detector would set it.
-pub const CONDITION: &str = "GpuHealthy";
+/// as a node problem detector would set it: not `GpuHealthy`, which is
+/// gpuhealth's agent's own and which no policy may act on.
+pub const CONDITION: &str = "BenchGpuHealthy";
 
 /// The first of `node`'s moments in `seen` at or after `since`.
 pub fn first_after(
