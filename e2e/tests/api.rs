@@ -10,7 +10,7 @@ use gpuhealth_api::{
     node_health::{ActionStatus, GpuNodeHealthStatus, Phase},
     policy::GpuHealthPolicyStatus,
     types::RecoveryAction,
-    vocabulary::Reason,
+    vocabulary::{QuarantineWhy, Reason},
 };
 use gpuhealth_e2e::{client, crds, kubectl, unique};
 use k8s_openapi::{
@@ -446,6 +446,82 @@ async fn invalid_policies_are_refused_naming_the_field() {
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// A record's ids are read back by their parsers when a watch lists the
+/// records, and one that would not read back fails the whole list: the
+/// API server refuses such a value, naming the field, whoever writes it.
+#[tokio::test]
+async fn a_record_whose_ids_would_not_read_back_is_refused_naming_the_field() {
+    let client = setup().await;
+    let api: Api<GpuNodeHealth> = Api::all(client.clone());
+    let name = unique("unreadable");
+    api.create(
+        &PostParams::default(),
+        &GpuNodeHealth::new(&name, Default::default()),
+    )
+    .await
+    .expect("record created");
+    let quarantine = |device: &str| {
+        json!({"quarantine": {
+            "incident": "inc-1780000000-0123456789ab", "scope": "Gpu", "why": QuarantineWhy::GpusFenced.as_str(),
+            "message": "m", "since": "2026-12-08T00:00:00Z",
+            "gpus": [{"uuid": "GPU-1", "fence": "DeviceTaintRule", "device": device}],
+        }})
+    };
+    let holders = |pod: &str| {
+        json!({"gpus": [{"uuid": "GPU-1", "index": 0, "pciBusId": "00000000:3B:00.0",
+            "health": "Healthy", "pods": [pod]}]})
+    };
+    let cases = [
+        (quarantine("gpu-0"), "status.quarantine.gpus[0].device"),
+        (
+            quarantine("gpu.nvidia.com/gpu-0"),
+            "status.quarantine.gpus[0].device",
+        ),
+        (holders("llama-0"), "status.gpus[0].pods[0]"),
+        (holders("ml/llama/0"), "status.gpus[0].pods[0]"),
+    ];
+    let mut failures = Vec::new();
+    for (status, field) in cases {
+        let patch = Patch::Merge(json!({"status": status}));
+        match api
+            .patch_status(&name, &PatchParams::default(), &patch)
+            .await
+        {
+            Ok(_) => failures.push(format!("{status}: accepted")),
+            Err(kube::Error::Api(e)) if e.code == 422 && e.message.contains(field) => {}
+            Err(other) => failures.push(format!("{status}: {other}")),
+        }
+    }
+    // What the parsers read is accepted: the refusals above are the ids'.
+    for status in [
+        quarantine("gpu.nvidia.com/rack-1/node-a/gpu-0"),
+        holders("ml/llama-0"),
+    ] {
+        let patch = Patch::Merge(json!({"status": status}));
+        if let Err(e) = api
+            .patch_status(&name, &PatchParams::default(), &patch)
+            .await
+        {
+            failures.push(format!("{status}: refused: {e}"));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    let read = api.get(&name).await.expect("the record still reads back");
+    let device = read
+        .status
+        .and_then(|s| s.quarantine)
+        .and_then(|q| q.gpus.into_iter().next())
+        .and_then(|g| g.device);
+    assert_eq!(
+        device.map(|d| d.pool),
+        Some("rack-1/node-a".to_owned()),
+        "a pool of several subdomains reads back whole"
+    );
+    api.delete(&name, &Default::default())
+        .await
+        .expect("deleted");
 }
 
 fn now() -> Time {

@@ -5,10 +5,9 @@
 //! `f64` and panics on values such as `1e400h`; this one uses integers, refuses
 //! negative and absurd values with a typed error, and never panics.
 
-use std::{borrow::Cow, fmt, str::FromStr, time};
+use std::{fmt, str::FromStr, time};
 
-use schemars::{JsonSchema, Schema, SchemaGenerator, json_schema};
-use serde::{Deserialize, Deserializer, Serialize, Serializer, de};
+use crate::string_form::string_form;
 
 /// The longest duration any policy field accepts: a year is already absurd
 /// for a timeout, and the bound keeps arithmetic on deadlines overflow-free.
@@ -188,36 +187,11 @@ impl fmt::Display for Duration {
     }
 }
 
-impl Serialize for Duration {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.collect_str(self)
-    }
-}
-
-impl<'de> Deserialize<'de> for Duration {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let raw = Cow::<str>::deserialize(d)?;
-        raw.parse().map_err(de::Error::custom)
-    }
-}
-
-impl JsonSchema for Duration {
-    fn schema_name() -> Cow<'static, str> {
-        "Duration".into()
-    }
-
-    fn inline_schema() -> bool {
-        true
-    }
-
-    fn json_schema(_: &mut SchemaGenerator) -> Schema {
-        json_schema!({
-            "type": "string",
-            "pattern": PATTERN,
-            "maxLength": 64,
-        })
-    }
-}
+string_form!(Duration, "Duration", {
+    "type": "string",
+    "pattern": PATTERN,
+    "maxLength": 64,
+});
 
 #[cfg(test)]
 mod tests {

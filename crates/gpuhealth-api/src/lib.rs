@@ -11,6 +11,7 @@ pub mod node_health;
 pub mod policy;
 pub mod quarantine;
 pub mod reference;
+mod string_form;
 pub mod types;
 pub mod vocabulary;
 

@@ -7,7 +7,9 @@ use std::{fmt, str::FromStr};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use crate::RecoveryAction;
-use serde::{Deserialize, Deserializer, Serialize, Serializer, de};
+use serde::{Deserialize, Serialize};
+
+use crate::string_form::string_form;
 
 use super::{
     AnnotationValue, CORDONED_BY_ANNOTATION, ContractError, DiagnosticsResult,
@@ -106,35 +108,10 @@ impl fmt::Display for RequestId {
     }
 }
 
-impl Serialize for RequestId {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(&self.0)
-    }
-}
-
-impl<'de> Deserialize<'de> for RequestId {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let raw = String::deserialize(d)?;
-        raw.parse().map_err(de::Error::custom)
-    }
-}
-
-impl schemars::JsonSchema for RequestId {
-    fn schema_name() -> std::borrow::Cow<'static, str> {
-        "RequestId".into()
-    }
-
-    fn inline_schema() -> bool {
-        true
-    }
-
-    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
-        schemars::json_schema!({
-            "type": "string",
-            "pattern": "^[a-z0-9][a-z0-9-]{0,62}$",
-        })
-    }
-}
+string_form!(RequestId, "RequestId", {
+    "type": "string",
+    "pattern": "^[a-z0-9][a-z0-9-]{0,62}$",
+});
 
 /// `gpuhealth.io/reset-request`: reset these GPUs (by UUID, never by index).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

@@ -4,10 +4,13 @@
 //! `/`); a driver's and a device's never do, which is how the written
 //! form is read back.
 
-use std::{borrow::Cow, fmt, str::FromStr};
+use std::{fmt, str::FromStr};
 
-use schemars::{JsonSchema, Schema, SchemaGenerator, json_schema};
-use serde::{Deserialize, Deserializer, Serialize, Serializer, de};
+use crate::string_form::string_form;
+
+/// What [`DeviceId::from_str`] reads: a driver and a device without a
+/// slash, a pool between them.
+pub const PATTERN: &str = "^[^/]+/.+/[^/]+$";
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct DeviceId {
@@ -53,35 +56,11 @@ impl FromStr for DeviceId {
     }
 }
 
-impl Serialize for DeviceId {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.collect_str(self)
-    }
-}
-
-impl<'de> Deserialize<'de> for DeviceId {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let raw = String::deserialize(d)?;
-        raw.parse().map_err(de::Error::custom)
-    }
-}
-
-impl JsonSchema for DeviceId {
-    fn schema_name() -> Cow<'static, str> {
-        "DeviceId".into()
-    }
-
-    fn inline_schema() -> bool {
-        true
-    }
-
-    fn json_schema(_: &mut SchemaGenerator) -> Schema {
-        json_schema!({
-            "type": "string",
-            "description": "A DRA device, as `driver/pool/device`.",
-        })
-    }
-}
+string_form!(DeviceId, "DeviceId", {
+    "type": "string",
+    "description": "A DRA device, as `driver/pool/device`.",
+    "pattern": PATTERN,
+});
 
 #[cfg(test)]
 mod tests {

@@ -83,4 +83,29 @@ mod tests {
         check(AttemptAction::ALL, AttemptAction::as_str);
         check(AttemptOutcome::ALL, AttemptOutcome::as_str);
     }
+
+    /// The pattern the CRD gives each string form admits exactly what its
+    /// parser reads back: every string of names and slashes up to eight
+    /// characters long, so that the API server refuses all that a watch
+    /// could not read, and nothing it could.
+    #[test]
+    fn each_string_forms_pattern_admits_exactly_what_it_reads_back() {
+        fn check<T: std::str::FromStr>(pattern: &str) {
+            let re = regex::Regex::new(pattern).expect("a pattern");
+            let mut strings = vec![String::new()];
+            for _ in 0..8 {
+                let longer: Vec<String> = strings
+                    .iter()
+                    .filter(|s| s.len() == strings.last().map_or(0, String::len))
+                    .flat_map(|s| ["a", "/"].map(|c| format!("{s}{c}")))
+                    .collect();
+                strings.extend(longer);
+            }
+            for s in &strings {
+                assert_eq!(re.is_match(s), s.parse::<T>().is_ok(), "{s:?}");
+            }
+        }
+        check::<PodKey>(pod::PATTERN);
+        check::<DeviceId>(device::PATTERN);
+    }
 }

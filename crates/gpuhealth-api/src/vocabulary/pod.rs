@@ -1,10 +1,12 @@
 //! A pod named by namespace and name: written `namespace/name` in status
 //! and logs, and never split back by anyone else.
 
-use std::{borrow::Cow, fmt, str::FromStr};
+use std::{fmt, str::FromStr};
 
-use schemars::{JsonSchema, Schema, SchemaGenerator, json_schema};
-use serde::{Deserialize, Deserializer, Serialize, Serializer, de};
+use crate::string_form::string_form;
+
+/// What [`PodKey::from_str`] reads: two names and one slash.
+pub const PATTERN: &str = "^[^/]+/[^/]+$";
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct PodKey {
@@ -60,35 +62,11 @@ impl FromStr for PodKey {
     }
 }
 
-impl Serialize for PodKey {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.collect_str(self)
-    }
-}
-
-impl<'de> Deserialize<'de> for PodKey {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let raw = String::deserialize(d)?;
-        raw.parse().map_err(de::Error::custom)
-    }
-}
-
-impl JsonSchema for PodKey {
-    fn schema_name() -> Cow<'static, str> {
-        "PodKey".into()
-    }
-
-    fn inline_schema() -> bool {
-        true
-    }
-
-    fn json_schema(_: &mut SchemaGenerator) -> Schema {
-        json_schema!({
-            "type": "string",
-            "description": "A pod, as `namespace/name`.",
-        })
-    }
-}
+string_form!(PodKey, "PodKey", {
+    "type": "string",
+    "description": "A pod, as `namespace/name`.",
+    "pattern": PATTERN,
+});
 
 #[cfg(test)]
 mod tests {
