@@ -27,6 +27,11 @@ impl DeviceView {
     pub fn id(&self) -> DeviceId {
         DeviceId::new(&self.driver, &self.pool, &self.name)
     }
+
+    /// Whether `id` names it (without building its own id to compare).
+    pub fn is(&self, id: &DeviceId) -> bool {
+        self.driver == id.driver && self.pool == id.pool && self.name == id.device
+    }
 }
 
 /// A taint on a device.

@@ -295,7 +295,7 @@ fn place(
         Resource::Claim(claim) => claim,
     };
     let (claims, devices) = dra?;
-    let ours = |id: &DeviceId| devices.iter().find(|d| d.id() == *id);
+    let ours = |id: &DeviceId| devices.iter().find(|d| d.is(id));
     let dra_device = |d: &DeviceView| HeldDevice::Dra {
         id: d.id(),
         uuid: d.uuid.clone(),
